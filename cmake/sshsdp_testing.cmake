@@ -1,0 +1,43 @@
+# Test helpers.
+#
+#   sshsdp_test(NAME name SOURCES a_test.cc LIBS lib...)
+#     One single-process GoogleTest binary, one ctest entry.
+#
+#   sshsdp_mpi_test(NAME name SOURCES a_test.cc LIBS lib... RANKS 1 2 3 4 8 [TIMEOUT s])
+#     One GoogleTest binary (linked with sshsdp_mpi_gtest_main, which initialises MPI and
+#     makes every rank fail if any rank fails) run as real processes through mpirun, one
+#     ctest entry per world size: name_np<N>.
+#
+# Multi-rank launches oversubscribe the 2 CI cores and run as root, so they pass
+# --oversubscribe/--allow-run-as-root, let idle ranks yield (mpi_yield_when_idle) and pin
+# compute threads to one per rank.
+
+set(SSHSDP_MPIRUN ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
+    --mca btl self,vader --mca mpi_yield_when_idle 1)
+set(SSHSDP_MPI_ENV "OMP_NUM_THREADS=1;DNNL_MAX_CPU_ISA=ALL;OMPI_MCA_mpi_yield_when_idle=1")
+
+function(sshsdp_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
+  add_test(NAME ${T_NAME} COMMAND ${T_NAME})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "OMP_NUM_THREADS=1")
+endfunction()
+
+function(sshsdp_mpi_test)
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;RANKS;ARGS" ${ARGN})
+  add_executable(${T_NAME} ${T_SOURCES})
+  target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} sshsdp_mpi_gtest_main GTest::gtest)
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  foreach(np ${T_RANKS})
+    add_test(NAME ${T_NAME}_np${np}
+             COMMAND ${SSHSDP_MPIRUN} -np ${np} $<TARGET_FILE:${T_NAME}> ${T_ARGS})
+    set_tests_properties(${T_NAME}_np${np} PROPERTIES TIMEOUT ${T_TIMEOUT}
+                         ENVIRONMENT "${SSHSDP_MPI_ENV}" PROCESSORS 2)
+  endforeach()
+endfunction()

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs every Debian package sshsdp needs to build, test and run, idempotently.
+# Usage: scripts/setup.sh        (as root, or with sudo available)
+set -euo pipefail
+PKGS=(
+  g++ cmake make clang-format
+  openmpi-bin libopenmpi-dev          # multi-process ranks (mpirun) and MPI headers
+  libdnnl-dev                         # oneDNN: fp32/bf16 GEMMs (AMX where the CPU has it)
+  libgtest-dev libgmock-dev           # unit and multi-rank tests
+  libbenchmark-dev                    # micro-benchmarks
+  libcli11-dev nlohmann-json3-dev libfmt-dev   # CLI, JSON metrics/manifests, formatting
+)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PKGS[@]} packages already installed"
+  exit 0
+fi
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,96 @@
+// Communicator: the only seam through which sshsdp moves bytes between ranks (DESIGN §8).
+//
+// A Communicator is a context object for one ordered group of ranks (gloo style: no
+// global state). Position i in the group reads/writes the i-th slice of a collective's
+// buffer, so groups built from a Topology act on ZeRO buffers in place. Every call checks
+// its preconditions (sizes, dtypes, aliasing) before any transfer and throws CommError
+// naming the call, the group and the failing argument. Every byte this rank sends is
+// counted, split intra-/inter-node by the world's ranks_per_node.
+//
+// Backends: MpiCommunicator (always built). A CUDA/NCCL backend slots in behind this
+// interface.
+//
+//   auto world = MpiCommunicator::World(/*ranks_per_node=*/4);
+//   auto z3 = world->Split(topo.GroupColor(Group::kZero3, r), topo.GroupPosition(Group::kZero3, r));
+//   z3->AllGatherInPlace(buf, shard_count, DType::kBF16);       // input at buf + pos*shard
+//   z2->ReduceScatter(grad, shard, n, DType::kF32, /*accumulate=*/true);  // shard += sum
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sshsdp/numerics/dtype.h"
+
+namespace sshsdp {
+
+// Bytes this rank sent, by destination locality. Deterministic: tests assert them exactly.
+struct CommCounters {
+  uint64_t intra_node_bytes = 0;
+  uint64_t inter_node_bytes = 0;
+  uint64_t calls = 0;
+  uint64_t total() const { return intra_node_bytes + inter_node_bytes; }
+  CommCounters& operator+=(const CommCounters& o) {
+    intra_node_bytes += o.intra_node_bytes;
+    inter_node_bytes += o.inter_node_bytes;
+    calls += o.calls;
+    return *this;
+  }
+};
+
+// One message of a batched point-to-point exchange. `peer` is a position in this group.
+struct P2POp {
+  int peer = 0;
+  void* data = nullptr;  // send: read from; recv: written to
+  size_t bytes = 0;
+  int tag = 0;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;  // position in this group
+  virtual int size() const = 0;
+  virtual int world_rank(int position) const = 0;  // world rank of a member
+  virtual std::string name() const = 0;             // for error messages, e.g. "zero3{0,1}"
+
+  // All-gather of `count` elements per rank. In place: this rank's input already sits at
+  // buf + rank()*count elements; on return buf holds size()*count elements.
+  virtual void AllGatherInPlace(void* buf, size_t count, DType dtype) = 0;
+  // Out of place: `send` (count elements) -> `recv` (size()*count elements).
+  virtual void AllGather(const void* send, void* recv, size_t count, DType dtype) = 0;
+
+  // Reduce-scatter (SUM) of size()*count elements of `send`; this rank receives the sum of
+  // slice rank() in `recv` (count elements, fp32 or the input dtype). With accumulate,
+  // the final reduction adds straight into the existing `recv` (recv += Σ slices), so no
+  // separate result buffer or add pass is needed. `send` may be fp32 or bf16 (summed in
+  // fp32); `recv` dtype is given separately. `send` and `recv` must not overlap.
+  virtual void ReduceScatter(const void* send, DType send_dtype, void* recv, DType recv_dtype,
+                             size_t count, bool accumulate) = 0;
+
+  // In-place all-reduce (SUM) of `count` elements (fp32 or bf16, summed in fp32).
+  virtual void AllReduce(void* buf, size_t count, DType dtype) = 0;
+
+  // Batched point-to-point: all sends and receives are posted together and completed
+  // before return. Peers are positions in this group.
+  virtual void Exchange(const std::vector<P2POp>& sends, const std::vector<P2POp>& recvs) = 0;
+
+  virtual void Barrier() = 0;
+
+  // A sub-group of the ranks passing the same `color`, ordered by `key` (the buffer
+  // position). Collective over this group.
+  virtual std::unique_ptr<Communicator> Split(int color, int key) = 0;
+  // A duplicate with its own message space (for a communication thread).
+  virtual std::unique_ptr<Communicator> Duplicate() = 0;
+
+  const CommCounters& counters() const { return counters_; }
+  void ResetCounters() { counters_ = {}; }
+
+ protected:
+  CommCounters counters_;
+};
+
+}  // namespace sshsdp
