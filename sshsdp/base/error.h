@@ -60,7 +60,7 @@ class IoError : public Error {
 }  // namespace sshsdp
 
 // Throws `ErrorType` with a fmt-formatted message when `cond` is false.
-#define SSHSDP_CHECK(cond, ErrorType, ...)               \
-  do {                                                   \
+#define SSHSDP_CHECK(cond, ErrorType, ...)                  \
+  do {                                                      \
     if (!(cond)) throw ErrorType(fmt::format(__VA_ARGS__)); \
   } while (0)

@@ -29,8 +29,8 @@ DType ParseDType(std::string_view name) {
   if (name == "e4m3" || name == "fp8_e4m3") return DType::kE4M3;
   if (name == "e5m2" || name == "fp8_e5m2") return DType::kE5M2;
   if (name == "ue8m0" || name == "e8m0") return DType::kUE8M0;
-  throw NumericsError(fmt::format(
-      "unknown dtype '{}': use one of fp32, bf16, e4m3, e5m2, ue8m0", std::string(name)));
+  throw NumericsError(fmt::format("unknown dtype '{}': use one of fp32, bf16, e4m3, e5m2, ue8m0",
+                                  std::string(name)));
 }
 
 void FloatToBf16(const float* src, bf16* dst, size_t n) {
