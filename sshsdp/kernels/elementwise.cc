@@ -1,0 +1,82 @@
+// Elementwise loops (see elementwise.h). Kept trivially vectorisable: no aliasing tricks,
+// no branches inside the loops; `omp simd` (compiled with -fopenmp-simd, no OpenMP runtime)
+// asks for vectorisation where -O2's cost model would not, including reductions.
+#include "sshsdp/kernels/elementwise.h"
+
+#include <cstring>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp::kernels {
+
+void Fill(float* x, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i) x[i] = value;
+}
+
+void Scale(float* x, int64_t n, float a) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= a;
+}
+
+void Axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+void Add(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+double SumSquares(const float* x, int64_t n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+
+void FillZero(void* dst, DType dtype, int64_t n) {
+  if (n > 0) std::memset(dst, 0, static_cast<size_t>(n) * DTypeSize(dtype));
+}
+
+void WriteOrAccumulate(const float* src, void* dst, DType dst_dtype, int64_t n, bool accumulate) {
+  if (dst_dtype == DType::kF32) {
+    float* d = static_cast<float*>(dst);
+    if (accumulate) {
+      for (int64_t i = 0; i < n; ++i) d[i] += src[i];
+    } else {
+      std::memcpy(d, src, static_cast<size_t>(n) * sizeof(float));
+    }
+    return;
+  }
+  SSHSDP_CHECK(dst_dtype == DType::kBF16, NumericsError,
+               "WriteOrAccumulate: destination must be fp32 or bf16, got {}", DTypeName(dst_dtype));
+  bf16* d = static_cast<bf16*>(dst);
+  if (accumulate) {
+    for (int64_t i = 0; i < n; ++i) d[i] = FloatToBf16(Bf16ToFloat(d[i]) + src[i]);
+  } else {
+    CastToBf16(src, d, n);
+  }
+}
+
+void CastToBf16(const float* src, bf16* dst, int64_t n) {
+  static_assert(sizeof(bf16) == 2);
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, src + i, 4);
+    const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (x >> 16) | 0x40u;
+    out[i] = static_cast<uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+  }
+}
+
+void ToFloat(const void* src, DType src_dtype, float* dst, int64_t n) {
+  if (src_dtype == DType::kF32) {
+    std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));
+    return;
+  }
+  SSHSDP_CHECK(src_dtype == DType::kBF16, NumericsError,
+               "ToFloat: source must be fp32 or bf16, got {}", DTypeName(src_dtype));
+  Bf16ToFloat(static_cast<const bf16*>(src), dst, static_cast<size_t>(n));
+}
+
+}  // namespace sshsdp::kernels

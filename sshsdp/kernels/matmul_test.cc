@@ -1,0 +1,261 @@
+// Tests of the oneDNN GEMMs against a naive triple loop in double: odd shapes, fp32 and
+// bf16 operands (bf16 compared against the naive loop on the same bf16-rounded operands,
+// so the only difference is fp32 accumulation order), fp32 and bf16 destinations,
+// transposes and batches, and the overwrite/accumulate contract (overwrite must replace a
+// NaN-filled destination; accumulate must add to what is there).
+#include "sshsdp/kernels/matmul.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp::kernels {
+namespace {
+
+struct Shape {
+  int64_t m, n, k;
+};
+
+const Shape kShapes[] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {64, 48, 80}, {130, 7, 257}};
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<float> RoundedToBf16(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = RoundToBf16(v[i]);
+  return r;
+}
+
+std::vector<bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16> r(v.size());
+  FloatToBf16(v.data(), r.data(), v.size());
+  return r;
+}
+
+// Naive C = op(A)·op(B) in double; also returns Σ|a·b| per element (the error scale).
+struct Ref {
+  std::vector<double> c, abs;
+};
+Ref Naive(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const std::vector<float>& a,
+          const std::vector<float>& b) {
+  Ref r{std::vector<double>(m * n), std::vector<double>(m * n)};
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0, s_abs = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double av = ta ? a[p * m + i] : a[i * k + p];
+        double bv = tb ? b[j * k + p] : b[p * n + j];
+        s += av * bv;
+        s_abs += std::abs(av * bv);
+      }
+      r.c[i * n + j] = s;
+      r.abs[i * n + j] = s_abs;
+    }
+  }
+  return r;
+}
+
+// got[i] ≈ base[i] + ref.c[i] within fp32 accumulation error (relative to Σ|terms|).
+void ExpectClose(const std::vector<float>& got, const Ref& ref, const std::vector<float>& base,
+                 double rel, const char* what) {
+  ASSERT_EQ(got.size(), ref.c.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    double want = ref.c[i] + (base.empty() ? 0.0 : base[i]);
+    double scale = ref.abs[i] + (base.empty() ? 0.0 : std::abs(base[i]));
+    ASSERT_NEAR(got[i], want, rel * scale + 1e-30) << what << " element " << i;
+  }
+}
+
+TEST(Matmul, LinearForwardFp32AndBf16) {
+  for (const Shape& s : kShapes) {
+    auto x = Random(s.m * s.k, 1);
+    auto w = Random(s.n * s.k, 2);
+    std::vector<float> y(s.m * s.n, std::numeric_limits<float>::quiet_NaN());
+    LinearForward(x.data(), w.data(), DType::kF32, y.data(), s.m, s.n, s.k);
+    ExpectClose(y, Naive(false, true, s.m, s.n, s.k, x, w), {}, 1e-5, "fp32");
+
+    auto wb = ToBf16(w);
+    std::fill(y.begin(), y.end(), std::numeric_limits<float>::quiet_NaN());
+    LinearForward(x.data(), wb.data(), DType::kBF16, y.data(), s.m, s.n, s.k);
+    ExpectClose(y, Naive(false, true, s.m, s.n, s.k, RoundedToBf16(x), RoundedToBf16(w)), {}, 1e-5,
+                "bf16");
+  }
+}
+
+TEST(Matmul, LinearBackwardDataOverwriteAndAccumulate) {
+  for (const Shape& s : kShapes) {
+    auto dy = Random(s.m * s.n, 3);
+    auto w = Random(s.n * s.k, 4);
+    auto base = Random(s.m * s.k, 5);
+    for (DType t : {DType::kF32, DType::kBF16}) {
+      auto wb = ToBf16(w);
+      const void* wp = t == DType::kF32 ? static_cast<const void*>(w.data()) : wb.data();
+      Ref ref = t == DType::kF32
+                    ? Naive(false, false, s.m, s.k, s.n, dy, w)
+                    : Naive(false, false, s.m, s.k, s.n, RoundedToBf16(dy), RoundedToBf16(w));
+      std::vector<float> dx(s.m * s.k, std::numeric_limits<float>::quiet_NaN());
+      LinearBackwardData(dy.data(), wp, t, dx.data(), s.m, s.n, s.k, false);
+      ExpectClose(dx, ref, {}, 1e-5, "overwrite");
+      dx = base;
+      LinearBackwardData(dy.data(), wp, t, dx.data(), s.m, s.n, s.k, true);
+      ExpectClose(dx, ref, base, 1e-5, "accumulate");
+    }
+  }
+}
+
+TEST(Matmul, LinearBackwardWeightAllDtypes) {
+  for (const Shape& s : kShapes) {
+    auto dy = Random(s.m * s.n, 6);
+    auto x = Random(s.m * s.k, 7);
+    auto base = RoundedToBf16(Random(s.n * s.k, 8));  // representable in both dw dtypes
+    for (DType compute : {DType::kF32, DType::kBF16}) {
+      Ref ref = compute == DType::kF32
+                    ? Naive(true, false, s.n, s.k, s.m, dy, x)
+                    : Naive(true, false, s.n, s.k, s.m, RoundedToBf16(dy), RoundedToBf16(x));
+      // fp32 destination.
+      std::vector<float> dw(s.n * s.k, std::numeric_limits<float>::quiet_NaN());
+      LinearBackwardWeight(dy.data(), x.data(), compute, dw.data(), DType::kF32, s.m, s.n, s.k,
+                           false);
+      ExpectClose(dw, ref, {}, 1e-5, "fp32 overwrite");
+      dw = base;
+      LinearBackwardWeight(dy.data(), x.data(), compute, dw.data(), DType::kF32, s.m, s.n, s.k,
+                           true);
+      ExpectClose(dw, ref, base, 1e-5, "fp32 accumulate");
+      // bf16 destination: one rounding of the fp32 result (2^-8 relative) on top.
+      std::vector<bf16> dwb(s.n * s.k, bf16{0x7FC0});  // NaN
+      LinearBackwardWeight(dy.data(), x.data(), compute, dwb.data(), DType::kBF16, s.m, s.n, s.k,
+                           false);
+      std::vector<float> got(dwb.size());
+      Bf16ToFloat(dwb.data(), got.data(), got.size());
+      ExpectClose(got, ref, {}, 1e-5 + 1.0 / 256, "bf16 overwrite");
+      dwb = ToBf16(base);
+      LinearBackwardWeight(dy.data(), x.data(), compute, dwb.data(), DType::kBF16, s.m, s.n, s.k,
+                           true);
+      Bf16ToFloat(dwb.data(), got.data(), got.size());
+      ExpectClose(got, ref, base, 1e-5 + 1.0 / 256, "bf16 accumulate");
+    }
+  }
+}
+
+TEST(Matmul, GemmTransposesAndBatches) {
+  const int64_t batch = 3, m = 9, n = 11, k = 13;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      auto a = Random(batch * m * k, 9);
+      auto b = Random(batch * k * n, 10);
+      std::vector<float> c(batch * m * n, std::numeric_limits<float>::quiet_NaN());
+      Gemm(ta, tb, m, n, k, a.data(), b.data(), DType::kF32, c.data(), DType::kF32, false, batch);
+      for (int64_t i = 0; i < batch; ++i) {
+        std::vector<float> ai(a.begin() + i * m * k, a.begin() + (i + 1) * m * k);
+        std::vector<float> bi(b.begin() + i * k * n, b.begin() + (i + 1) * k * n);
+        std::vector<float> ci(c.begin() + i * m * n, c.begin() + (i + 1) * m * n);
+        ExpectClose(ci, Naive(ta, tb, m, n, k, ai, bi), {}, 1e-5, "batched");
+      }
+      // bf16 operands and a bf16 destination with accumulate (the Newton–Schulz shape).
+      auto ab = ToBf16(a), bb = ToBf16(b);
+      std::vector<bf16> cb(batch * m * n, FloatToBf16(1.0f));
+      Gemm(ta, tb, m, n, k, ab.data(), bb.data(), DType::kBF16, cb.data(), DType::kBF16, true,
+           batch);
+      auto ar = RoundedToBf16(a), br = RoundedToBf16(b);
+      for (int64_t i = 0; i < batch; ++i) {
+        std::vector<float> ai(ar.begin() + i * m * k, ar.begin() + (i + 1) * m * k);
+        std::vector<float> bi(br.begin() + i * k * n, br.begin() + (i + 1) * k * n);
+        std::vector<float> ci(m * n);
+        Bf16ToFloat(cb.data() + i * m * n, ci.data(), m * n);
+        ExpectClose(ci, Naive(ta, tb, m, n, k, ai, bi), std::vector<float>(m * n, 1.0f),
+                    1e-5 + 1.0 / 256, "bf16 batched accumulate");
+      }
+    }
+  }
+}
+
+TEST(Matmul, GemmStridedOnSubBlocksWithAlpha) {
+  // A, B and C are column blocks of wider row-major arrays (like one head inside a packed
+  // QKV activation); elements outside the blocks must stay untouched.
+  const int64_t m = 7, n = 5, k = 6, lda = 20, ldb = 17, ldc = 11;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k;
+      const int64_t b_rows = tb ? n : k, b_cols = tb ? k : n;
+      auto a_full = Random(a_rows * lda, 21);
+      auto b_full = Random(b_rows * ldb, 22);
+      std::vector<float> a(a_rows * a_cols), b(b_rows * b_cols);
+      for (int64_t r = 0; r < a_rows; ++r) {
+        for (int64_t c = 0; c < a_cols; ++c) a[r * a_cols + c] = a_full[r * lda + 3 + c];
+      }
+      for (int64_t r = 0; r < b_rows; ++r) {
+        for (int64_t c = 0; c < b_cols; ++c) b[r * b_cols + c] = b_full[r * ldb + 2 + c];
+      }
+      Ref ref = Naive(ta, tb, m, n, k, a, b);
+      for (double& v : ref.c) v *= 0.5;
+      for (double& v : ref.abs) v *= 0.5;
+      std::vector<float> c_full(m * ldc, 7.0f);
+      GemmStrided(ta, tb, m, n, k, a_full.data() + 3, lda, b_full.data() + 2, ldb, DType::kF32,
+                  c_full.data() + 4, ldc, DType::kF32, true, 0.5f);
+      std::vector<float> c(m * n);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          if (j >= 4 && j < 4 + n) {
+            c[r * n + j - 4] = c_full[r * ldc + j];
+          } else {
+            ASSERT_EQ(c_full[r * ldc + j], 7.0f) << "outside the C block";
+          }
+        }
+      }
+      ExpectClose(c, ref, std::vector<float>(m * n, 7.0f), 1e-5, "strided accumulate");
+      // bf16 destination through the fp32 fallback, overwriting NaN, strided.
+      std::vector<bf16> cb(m * ldc, bf16{0x7FC0});
+      GemmStrided(ta, tb, m, n, k, a_full.data() + 3, lda, b_full.data() + 2, ldb, DType::kF32,
+                  cb.data() + 4, ldc, DType::kBF16, false, 0.5f);
+      for (int64_t r = 0; r < m; ++r) {
+        for (int64_t j = 0; j < n; ++j) c[r * n + j] = Bf16ToFloat(cb[r * ldc + 4 + j]);
+        EXPECT_EQ(cb[r * ldc].bits, 0x7FC0) << "outside the C block";
+      }
+      ExpectClose(c, ref, {}, 1e-5 + 1.0 / 256, "strided bf16");
+    }
+  }
+  float x = 0;
+  EXPECT_THROW(
+      GemmStrided(false, false, 2, 2, 3, &x, 2, &x, 2, DType::kF32, &x, 2, DType::kF32, false),
+      NumericsError);  // lda 2 < k 3
+}
+
+TEST(Matmul, EmptyInnerDimensionWritesZerosOrKeeps) {
+  std::vector<float> c(6, std::numeric_limits<float>::quiet_NaN());
+  float dummy = 0;
+  Gemm(false, false, 2, 3, 0, &dummy, &dummy, DType::kF32, c.data(), DType::kF32, false);
+  for (float v : c) EXPECT_EQ(v, 0.0f);
+  std::fill(c.begin(), c.end(), 2.0f);
+  Gemm(false, false, 2, 3, 0, &dummy, &dummy, DType::kF32, c.data(), DType::kF32, true);
+  for (float v : c) EXPECT_EQ(v, 2.0f);
+}
+
+TEST(Matmul, RejectsUnsupportedDtypes) {
+  float x = 1, y = 0;
+  uint8_t w = 0;
+  EXPECT_THROW(LinearForward(&x, &w, DType::kE4M3, &y, 1, 1, 1), NumericsError);
+  EXPECT_THROW(LinearBackwardWeight(&x, &x, DType::kF32, &w, DType::kE5M2, 1, 1, 1, false),
+               NumericsError);
+}
+
+TEST(Matmul, PeakIsPositiveAndImplementationNamed) {
+  double fp32 = MeasureGemmPeak(DType::kF32, 128, 3);
+  double b16 = MeasureGemmPeak(DType::kBF16, 128, 3);
+  EXPECT_GT(fp32, 1e8);
+  EXPECT_GT(b16, 1e8);
+  EXPECT_FALSE(GemmImplementation(false, true, 64, 64, 64, DType::kBF16, DType::kF32).empty());
+}
+
+}  // namespace
+}  // namespace sshsdp::kernels

@@ -1,0 +1,243 @@
+// Synthetic Markov token source and token-file readers (see data.h).
+#include "sshsdp/models/data.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp {
+namespace {
+
+uint64_t Mix(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Counter-based stream: the k-th draw depends only on (key, k).
+struct Stream {
+  uint64_t key, counter = 0;
+  uint64_t Next() { return Mix(key ^ Mix(counter++)); }
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }  // [0, 1)
+};
+
+Stream SampleStream(uint64_t seed, int64_t index) {
+  return Stream{Mix(seed * 0x2545F4914F6CDD1Dull + 0x5851F42D4C957F2Dull) ^
+                Mix(static_cast<uint64_t>(index))};
+}
+
+}  // namespace
+
+void TokenSource::Batch(int64_t first_index, int B, int T, int32_t* tokens,
+                        int32_t* targets) const {
+  for (int b = 0; b < B; ++b) {
+    Sample(first_index + b, T, tokens + static_cast<int64_t>(b) * T,
+           targets + static_cast<int64_t>(b) * T);
+  }
+}
+
+int64_t SampleIndex(int64_t step, int micro, int n_micro, int rank, int n_ranks, int b, int B) {
+  SSHSDP_CHECK(
+      step >= 0 && micro >= 0 && micro < n_micro && rank >= 0 && rank < n_ranks && b >= 0 && b < B,
+      ConfigError, "SampleIndex: step {} micro {}/{} rank {}/{} sample {}/{} invalid", step, micro,
+      n_micro, rank, n_ranks, b, B);
+  const int64_t per_step = static_cast<int64_t>(n_micro) * n_ranks * B;
+  return step * per_step + (static_cast<int64_t>(micro) * n_ranks + rank) * B + b;
+}
+
+// ---- SyntheticTokens ----
+
+SyntheticTokens::SyntheticTokens(int vocab, uint64_t seed, int branching, int max_seq_len)
+    : vocab_(vocab), branching_(branching), max_seq_len_(max_seq_len), seed_(seed) {
+  SSHSDP_CHECK(vocab >= 2 && branching >= 1 && max_seq_len >= 1, ConfigError,
+               "SyntheticTokens: need vocab >= 2, branching >= 1, max_seq_len >= 1 (got {}, {}, "
+               "{})",
+               vocab, branching, max_seq_len);
+  branching_ = std::min(branching_, vocab_);
+  Stream rng{Mix(seed ^ 0xA0761D6478BD642Full)};
+
+  // A random Hamiltonian cycle makes the chain irreducible (unique stationary distribution).
+  std::vector<int> order(vocab_);
+  std::iota(order.begin(), order.end(), 0);
+  for (int i = vocab_ - 1; i > 0; --i) std::swap(order[i], order[rng.Next() % (i + 1)]);
+  std::vector<int> cycle_next(vocab_);
+  for (int i = 0; i < vocab_; ++i) cycle_next[order[i]] = order[(i + 1) % vocab_];
+
+  next_.resize(vocab_);
+  prob_.resize(vocab_);
+  cdf_.resize(vocab_);
+  for (int s = 0; s < vocab_; ++s) {
+    std::vector<int>& nx = next_[s];
+    nx.push_back(cycle_next[s]);
+    while (static_cast<int>(nx.size()) < branching_) {
+      int c = static_cast<int>(rng.Next() % vocab_);
+      if (std::find(nx.begin(), nx.end(), c) == nx.end()) nx.push_back(c);
+    }
+    // Dirichlet(1, ..., 1) weights: normalised Exponential(1) draws.
+    std::vector<double>& p = prob_[s];
+    for (size_t j = 0; j < nx.size(); ++j) p.push_back(-std::log(1.0 - rng.Uniform()) + 1e-3);
+    double sum = std::accumulate(p.begin(), p.end(), 0.0);
+    double acc = 0.0;
+    for (double& v : p) {
+      v /= sum;
+      acc += v;
+      cdf_[s].push_back(acc);
+    }
+    cdf_[s].back() = 1.0;
+  }
+
+  // Stationary distribution by power iteration on the lazy chain (P + I)/2, which has the
+  // same stationary distribution and is aperiodic, so the iteration converges.
+  std::vector<double> pi(vocab_, 1.0 / vocab_), nxt(vocab_);
+  for (int it = 0;; ++it) {
+    SSHSDP_CHECK(it < 1000000, ConfigError,
+                 "SyntheticTokens: stationary distribution of the "
+                 "vocab {} chain did not converge",
+                 vocab_);
+    for (int s = 0; s < vocab_; ++s) nxt[s] = 0.5 * pi[s];
+    for (int s = 0; s < vocab_; ++s) {
+      for (size_t j = 0; j < next_[s].size(); ++j) nxt[next_[s][j]] += 0.5 * pi[s] * prob_[s][j];
+    }
+    double total = std::accumulate(nxt.begin(), nxt.end(), 0.0), diff = 0.0;
+    for (int s = 0; s < vocab_; ++s) {
+      nxt[s] /= total;
+      diff += std::abs(nxt[s] - pi[s]);
+    }
+    pi.swap(nxt);
+    if (diff < 1e-15) break;
+  }
+  stationary_ = pi;
+  double acc = 0.0;
+  for (double v : pi) stationary_cdf_.push_back(acc += v);
+  stationary_cdf_.back() = 1.0;
+
+  entropy_rate_ = 0.0;
+  for (int s = 0; s < vocab_; ++s) {
+    double h = 0.0;
+    for (double p : prob_[s]) h -= p * std::log(p);
+    entropy_rate_ += stationary_[s] * h;
+  }
+}
+
+double SyntheticTokens::Transition(int i, int j) const {
+  SSHSDP_CHECK(i >= 0 && i < vocab_ && j >= 0 && j < vocab_, ConfigError,
+               "SyntheticTokens::Transition({}, {}) outside vocab {}", i, j, vocab_);
+  for (size_t k = 0; k < next_[i].size(); ++k) {
+    if (next_[i][k] == j) return prob_[i][k];
+  }
+  return 0.0;
+}
+
+int SyntheticTokens::Draw(const std::vector<int>& next, const std::vector<double>& cdf,
+                          uint64_t bits) const {
+  double u = static_cast<double>(bits >> 11) * 0x1.0p-53;
+  size_t k = std::upper_bound(cdf.begin(), cdf.end(), u) - cdf.begin();
+  k = std::min(k, cdf.size() - 1);
+  return next.empty() ? static_cast<int>(k) : next[k];
+}
+
+void SyntheticTokens::Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const {
+  SSHSDP_CHECK(index >= 0 && T >= 1 && T <= max_seq_len_, ConfigError,
+               "SyntheticTokens::Sample: index {} T {} invalid (max_seq_len {})", index, T,
+               max_seq_len_);
+  Stream rng = SampleStream(seed_, index);
+  static const std::vector<int> kIdentity;  // empty: index into the stationary cdf directly
+  int cur = Draw(kIdentity, stationary_cdf_, rng.Next());
+  for (int t = 0; t < T; ++t) {
+    tokens[t] = cur;
+    cur = Draw(next_[cur], cdf_[cur], rng.Next());
+    targets[t] = cur;
+  }
+}
+
+// ---- TokenFile ----
+
+TokenFile::TokenFile(const std::string& path, int vocab, int seq_len, uint64_t seed)
+    : path_(path), vocab_(vocab), seq_len_(seq_len), seed_(seed) {
+  SSHSDP_CHECK(vocab > 0 && vocab <= 65536 && seq_len > 0, ConfigError,
+               "TokenFile '{}': vocab {} (1..65536) or seq_len {} invalid", path, vocab, seq_len);
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  SSHSDP_CHECK(in.good(), IoError, "token file '{}': cannot open ({})", path, std::strerror(errno));
+  const int64_t size = static_cast<int64_t>(in.tellg());
+  in.seekg(0);
+  SSHSDP_CHECK(size % 2 == 0, IoError,
+               "token file '{}': odd byte size {} (uint16 tokens need an even size)", path, size);
+
+  int64_t data_offset = 0;
+  int64_t count = size / 2;
+  const int64_t header_bytes = kLlmcHeaderInts * 4;
+  if (size >= 4) {
+    int32_t magic = 0;
+    in.read(reinterpret_cast<char*>(&magic), 4);
+    in.seekg(0);
+    if (magic == kLlmcMagic) {
+      SSHSDP_CHECK(size >= header_bytes, IoError,
+                   "token file '{}': llm.c magic {} but only {} bytes (header is {} bytes)", path,
+                   kLlmcMagic, size, header_bytes);
+      std::vector<int32_t> header(kLlmcHeaderInts);
+      in.read(reinterpret_cast<char*>(header.data()), header_bytes);
+      SSHSDP_CHECK(header[1] == kLlmcVersion, IoError,
+                   "token file '{}': llm.c version {} unsupported (expected {})", path, header[1],
+                   kLlmcVersion);
+      const int64_t payload = (size - header_bytes) / 2;
+      SSHSDP_CHECK(header[2] >= 0 && header[2] == payload, IoError,
+                   "token file '{}': header count mismatch: header says {} tokens, file holds {}",
+                   path, header[2], payload);
+      llmc_ = true;
+      data_offset = header_bytes;
+      count = payload;
+    }
+  }
+  SSHSDP_CHECK(count >= static_cast<int64_t>(seq_len) + 1, IoError,
+               "token file '{}': {} tokens, fewer than seq_len + 1 = {}", path, count,
+               static_cast<int64_t>(seq_len) + 1);
+  tokens_.resize(count);
+  in.seekg(data_offset);
+  in.read(reinterpret_cast<char*>(tokens_.data()), count * 2);
+  SSHSDP_CHECK(in.good(), IoError, "token file '{}': read of {} tokens failed", path, count);
+  for (int64_t i = 0; i < count; ++i) {
+    SSHSDP_CHECK(tokens_[i] < vocab_, IoError,
+                 "token file '{}': token {} at position {} is outside the vocabulary of {}", path,
+                 tokens_[i], i, vocab_);
+  }
+}
+
+void TokenFile::Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const {
+  SSHSDP_CHECK(index >= 0 && T >= 1 && T <= seq_len_, ConfigError,
+               "TokenFile '{}': sample index {} T {} invalid (seq_len {})", path_, index, T,
+               seq_len_);
+  const uint64_t windows = static_cast<uint64_t>(tokens_.size()) - static_cast<uint64_t>(T);
+  Stream rng = SampleStream(seed_, index);
+  const int64_t pos = static_cast<int64_t>(rng.Next() % windows);
+  for (int t = 0; t < T; ++t) {
+    tokens[t] = tokens_[pos + t];
+    targets[t] = tokens_[pos + t + 1];
+  }
+}
+
+void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens, bool llmc) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  SSHSDP_CHECK(out.good(), IoError, "token file '{}': cannot create ({})", path,
+               std::strerror(errno));
+  if (llmc) {
+    std::vector<int32_t> header(kLlmcHeaderInts, 0);
+    header[0] = kLlmcMagic;
+    header[1] = kLlmcVersion;
+    SSHSDP_CHECK(tokens.size() <= 0x7FFFFFFFu, IoError,
+                 "token file '{}': {} tokens do not fit llm.c's int32 count", path, tokens.size());
+    header[2] = static_cast<int32_t>(tokens.size());
+    out.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderInts * 4);
+  }
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 2));
+  out.close();
+  SSHSDP_CHECK(out.good(), IoError, "token file '{}': write failed", path);
+}
+
+}  // namespace sshsdp

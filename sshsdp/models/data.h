@@ -1,0 +1,106 @@
+// Training data that needs no download, and readers for token files.
+//
+// A TokenSource maps a global sample index to T input tokens and T targets (the same T+1
+// consecutive tokens shifted by one). Samples depend only on (source, seed, index), so
+// different ranks and microbatches read different data and one process can rebuild any
+// global batch exactly (SampleIndex fixes the numbering).
+//
+//   SyntheticTokens src(/*vocab=*/256, /*seed=*/7);
+//   fmt::print("optimal loss {:.3f} nats\n", src.OptimalLoss());
+//   src.Batch(SampleIndex(step, micro, n_micro, rank, n_ranks, 0, B), B, T, tok, tgt);
+//
+//   TokenFile file("train.bin", /*vocab=*/50257, /*seq_len=*/1024, /*seed=*/1);
+//
+// SyntheticTokens is an order-1 Markov chain over the vocabulary with a sparse random
+// transition table (each state has `branching` successors, one of them on a random
+// Hamiltonian cycle so the chain is irreducible). Every sample starts from the stationary
+// distribution, so every position's best achievable loss is the entropy rate
+// H = Σ_i π_i Σ_j −P_ij ln P_ij, which OptimalLoss() returns exactly: a model trained on it
+// should approach that number.
+//
+// TokenFile reads uint16 tokens in either raw nanoGPT format (a flat uint16 array) or
+// llm.c's format (256 int32 header: magic 20240520, version 1, token count; then uint16
+// tokens). Anything malformed throws IoError naming the file and the problem.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sshsdp {
+
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int vocab() const = 0;
+  // Longest T a sample may have.
+  virtual int max_seq_len() const = 0;
+  // tokens[0..T) and targets[0..T) of global sample `index` (targets[t] = tokens[t+1] of the
+  // underlying stream).
+  virtual void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const = 0;
+  // Samples first_index .. first_index+B-1 as [B, T] row-major arrays.
+  void Batch(int64_t first_index, int B, int T, int32_t* tokens, int32_t* targets) const;
+};
+
+// Global index of sample b (of B) in microbatch `micro` (of n_micro) on data-parallel rank
+// `rank` (of n_ranks) at optimizer step `step`: steps take consecutive blocks of
+// n_micro·n_ranks·B samples, ordered (micro, rank, b).
+int64_t SampleIndex(int64_t step, int micro, int n_micro, int rank, int n_ranks, int b, int B);
+
+class SyntheticTokens final : public TokenSource {
+ public:
+  SyntheticTokens(int vocab, uint64_t seed, int branching = 4, int max_seq_len = 1 << 20);
+
+  int vocab() const override { return vocab_; }
+  int max_seq_len() const override { return max_seq_len_; }
+  void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const override;
+
+  // Entropy rate of the chain in nats: the lowest expected loss any model can reach.
+  double OptimalLoss() const { return entropy_rate_; }
+  // P(next = j | current = i) and the stationary distribution.
+  double Transition(int i, int j) const;
+  const std::vector<double>& Stationary() const { return stationary_; }
+
+ private:
+  int Draw(const std::vector<int>& next, const std::vector<double>& cdf, uint64_t bits) const;
+
+  int vocab_, branching_, max_seq_len_;
+  uint64_t seed_;
+  std::vector<std::vector<int>> next_;     // successors of each state
+  std::vector<std::vector<double>> prob_;  // their probabilities
+  std::vector<std::vector<double>> cdf_;   // cumulative, last entry 1
+  std::vector<double> stationary_, stationary_cdf_;
+  double entropy_rate_ = 0.0;
+};
+
+class TokenFile final : public TokenSource {
+ public:
+  // Reads and validates the whole file. Samples are windows at positions drawn from
+  // (seed, index).
+  TokenFile(const std::string& path, int vocab, int seq_len, uint64_t seed = 0);
+
+  int vocab() const override { return vocab_; }
+  int max_seq_len() const override { return seq_len_; }
+  void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const override;
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  bool is_llmc_format() const { return llmc_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  int vocab_, seq_len_;
+  uint64_t seed_;
+  bool llmc_ = false;
+  std::vector<uint16_t> tokens_;
+};
+
+// Writes tokens as a raw nanoGPT .bin (llmc=false) or an llm.c file (llmc=true). Throws
+// IoError if the file cannot be written.
+void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens, bool llmc);
+
+inline constexpr int32_t kLlmcMagic = 20240520;
+inline constexpr int32_t kLlmcVersion = 1;
+inline constexpr int kLlmcHeaderInts = 256;
+
+}  // namespace sshsdp

@@ -1,0 +1,207 @@
+// Tests of the built-in data: the synthetic chain's optimal loss against an empirical
+// estimate, its stationary distribution, determinism of samples by global index, and the
+// token-file reader on good files of both formats and on every malformed case (each must
+// throw IoError naming the file).
+#include "sshsdp/models/data.h"
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp {
+namespace {
+
+TEST(SyntheticTokens, OptimalLossMatchesEmpiricalCrossEntropy) {
+  for (int vocab : {32, 256}) {
+    SyntheticTokens src(vocab, 17);
+    const int T = 64, n = 4000;
+    std::vector<int32_t> tok(T), tgt(T);
+    double nll = 0.0;
+    for (int i = 0; i < n; ++i) {
+      src.Sample(i, T, tok.data(), tgt.data());
+      for (int t = 0; t < T; ++t) {
+        double p = src.Transition(tok[t], tgt[t]);
+        ASSERT_GT(p, 0.0);
+        nll -= std::log(p);
+      }
+    }
+    nll /= static_cast<double>(n) * T;
+    // 256k tokens: standard error of the mean is well under 0.01 nats.
+    EXPECT_NEAR(nll, src.OptimalLoss(), 0.02) << "vocab " << vocab;
+    EXPECT_GT(src.OptimalLoss(), 0.1);
+    EXPECT_LT(src.OptimalLoss(), std::log(4.0));  // 4 successors per state
+  }
+}
+
+TEST(SyntheticTokens, StationaryDistributionIsStationary) {
+  SyntheticTokens src(64, 3);
+  const auto& pi = src.Stationary();
+  double total = 0;
+  for (int j = 0; j < 64; ++j) {
+    double in = 0;
+    for (int i = 0; i < 64; ++i) in += pi[i] * src.Transition(i, j);
+    EXPECT_NEAR(in, pi[j], 1e-12);
+    total += pi[j];
+  }
+  EXPECT_NEAR(total, 1.0, 1e-12);
+  for (int i = 0; i < 64; ++i) {
+    double row = 0;
+    for (int j = 0; j < 64; ++j) row += src.Transition(i, j);
+    EXPECT_NEAR(row, 1.0, 1e-12);
+  }
+}
+
+TEST(SyntheticTokens, DeterministicByIndexAndSeed) {
+  SyntheticTokens a(256, 5), b(256, 5), c(256, 6);
+  const int T = 32;
+  std::vector<int32_t> t1(T), g1(T), t2(T), g2(T);
+  a.Sample(123, T, t1.data(), g1.data());
+  b.Sample(123, T, t2.data(), g2.data());
+  EXPECT_EQ(t1, t2);
+  EXPECT_EQ(g1, g2);
+  for (int t = 0; t + 1 < T; ++t) EXPECT_EQ(g1[t], t1[t + 1]);
+  a.Sample(124, T, t2.data(), g2.data());
+  EXPECT_NE(t1, t2);
+  c.Sample(123, T, t2.data(), g2.data());
+  EXPECT_NE(t1, t2);
+  // Shorter samples are prefixes of longer ones.
+  std::vector<int32_t> t3(8), g3(8);
+  a.Sample(123, 8, t3.data(), g3.data());
+  EXPECT_TRUE(std::equal(t3.begin(), t3.end(), t1.begin()));
+  // A batch is the run of consecutive samples.
+  std::vector<int32_t> bt(3 * T), bg(3 * T);
+  a.Batch(122, 3, T, bt.data(), bg.data());
+  EXPECT_TRUE(std::equal(t1.begin(), t1.end(), bt.begin() + T));
+  EXPECT_TRUE(std::equal(g1.begin(), g1.end(), bg.begin() + T));
+}
+
+TEST(SampleIndex, PartitionsEachStepExactly) {
+  const int n_micro = 3, n_ranks = 4, B = 2;
+  std::set<int64_t> seen;
+  for (int m = 0; m < n_micro; ++m) {
+    for (int r = 0; r < n_ranks; ++r) {
+      for (int b = 0; b < B; ++b) seen.insert(SampleIndex(5, m, n_micro, r, n_ranks, b, B));
+    }
+  }
+  EXPECT_EQ(seen.size(), 24u);
+  EXPECT_EQ(*seen.begin(), 5 * 24);
+  EXPECT_EQ(*seen.rbegin(), 6 * 24 - 1);
+  EXPECT_THROW(SampleIndex(0, 3, 3, 0, 1, 0, 1), ConfigError);
+}
+
+class TokenFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ =
+        std::filesystem::temp_directory_path() / ("sshsdp_data_test_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Path(const std::string& name) { return (dir_ / name).string(); }
+  void WriteBytes(const std::string& path, const std::vector<char>& bytes) {
+    std::ofstream(path, std::ios::binary).write(bytes.data(), bytes.size());
+  }
+  // Expects IoError whose message names the file and contains `what`.
+  void ExpectIoError(const std::string& path, int vocab, int seq_len, const std::string& what) {
+    try {
+      TokenFile f(path, vocab, seq_len);
+      ADD_FAILURE() << "no IoError for " << path;
+    } catch (const IoError& e) {
+      std::string msg = e.what();
+      EXPECT_NE(msg.find(path), std::string::npos) << msg;
+      EXPECT_NE(msg.find(what), std::string::npos) << msg;
+    }
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(TokenFileTest, ReadsBothFormats) {
+  std::vector<uint16_t> tokens(500);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 300);
+  for (bool llmc : {false, true}) {
+    std::string path = Path(llmc ? "llmc.bin" : "raw.bin");
+    WriteTokenFile(path, tokens, llmc);
+    TokenFile f(path, 300, 16, 9);
+    EXPECT_EQ(f.num_tokens(), 500);
+    EXPECT_EQ(f.is_llmc_format(), llmc);
+    std::vector<int32_t> tok(16), tgt(16), tok2(16), tgt2(16);
+    for (int64_t idx = 0; idx < 20; ++idx) {
+      f.Sample(idx, 16, tok.data(), tgt.data());
+      // The window is consecutive file tokens: find its start from the first token.
+      int64_t start = -1;
+      for (int64_t s = 0; s + 16 < 500; ++s) {
+        bool match = true;
+        for (int t = 0; t < 16 && match; ++t) {
+          match = tok[t] == tokens[s + t] && tgt[t] == tokens[s + t + 1];
+        }
+        if (match) start = s;
+      }
+      EXPECT_GE(start, 0) << "sample " << idx;
+      f.Sample(idx, 16, tok2.data(), tgt2.data());
+      EXPECT_EQ(tok, tok2);
+    }
+  }
+}
+
+TEST_F(TokenFileTest, MalformedFilesThrowIoErrorNamingTheFile) {
+  std::vector<uint16_t> tokens(100, 3);
+  // Odd byte size.
+  std::string odd = Path("odd.bin");
+  WriteBytes(odd, std::vector<char>(201, 0));
+  ExpectIoError(odd, 256, 8, "odd byte size");
+  // Header count mismatch (llm.c header says more tokens than the file holds).
+  std::string mismatch = Path("mismatch.bin");
+  WriteTokenFile(mismatch, tokens, true);
+  {
+    std::fstream f(mismatch, std::ios::binary | std::ios::in | std::ios::out);
+    int32_t count = 101;
+    f.seekp(8);
+    f.write(reinterpret_cast<const char*>(&count), 4);
+  }
+  ExpectIoError(mismatch, 256, 8, "header count mismatch");
+  // Unsupported version.
+  std::string version = Path("version.bin");
+  WriteTokenFile(version, tokens, true);
+  {
+    std::fstream f(version, std::ios::binary | std::ios::in | std::ios::out);
+    int32_t v = 2;
+    f.seekp(4);
+    f.write(reinterpret_cast<const char*>(&v), 4);
+  }
+  ExpectIoError(version, 256, 8, "version 2");
+  // Truncated header.
+  std::string shortheader = Path("short.bin");
+  std::vector<char> bytes(40, 0);
+  int32_t magic = kLlmcMagic;
+  std::memcpy(bytes.data(), &magic, 4);
+  WriteBytes(shortheader, bytes);
+  ExpectIoError(shortheader, 256, 8, "header is 1024 bytes");
+  // Token >= vocab, in both formats.
+  std::vector<uint16_t> bad = tokens;
+  bad[57] = 256;
+  for (bool llmc : {false, true}) {
+    std::string path = Path(llmc ? "badtok_llmc.bin" : "badtok_raw.bin");
+    WriteTokenFile(path, bad, llmc);
+    ExpectIoError(path, 256, 8, "token 256 at position 57");
+  }
+  // Fewer than seq_len + 1 tokens.
+  std::string few = Path("few.bin");
+  WriteTokenFile(few, std::vector<uint16_t>(8, 1), false);
+  ExpectIoError(few, 256, 8, "fewer than seq_len + 1");
+  WriteTokenFile(few, std::vector<uint16_t>(8, 1), true);
+  ExpectIoError(few, 256, 8, "fewer than seq_len + 1");
+  // Missing file.
+  ExpectIoError(Path("missing.bin"), 256, 8, "cannot open");
+}
+
+}  // namespace
+}  // namespace sshsdp

@@ -1,0 +1,537 @@
+// Reference GPT forward/backward (see gpt.h), llm.c style: every layer is a plain pair of
+// loops or GEMM calls over activations stored in one arena; GEMMs go through
+// kernels/matmul so bf16 runtime weights run bf16 GEMMs; weight gradients are written
+// straight into the views the engine passes, in overwrite or accumulate mode. Reductions
+// marked `omp simd` are vectorised (-fopenmp-simd; no OpenMP runtime).
+#include "sshsdp/models/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/kernels/elementwise.h"
+#include "sshsdp/kernels/matmul.h"
+
+namespace sshsdp {
+namespace {
+
+using kernels::LinearBackwardData;
+using kernels::LinearBackwardWeight;
+using kernels::LinearForward;
+
+constexpr float kRmsEps = 1e-5f;
+
+bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+
+// ---- RMSNorm: y = x · rstd · g, rstd = 1/sqrt(mean(x²) + eps). ----
+
+void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * d;
+    float* yr = y + r * d;
+    float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+    for (int i = 0; i < d; ++i) ss += xr[i] * xr[i];
+    float s = 1.0f / std::sqrt(ss / static_cast<float>(d) + kRmsEps);
+    rstd[r] = s;
+    for (int i = 0; i < d; ++i) yr[i] = xr[i] * s * g[i];
+  }
+}
+
+// dx (+)= ∂/∂x, dg = Σ_rows dy·x·rstd (overwritten).
+void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
+                     float* dg, int64_t rows, int d, bool accumulate_dx) {
+  std::fill_n(dg, d, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * d;
+    const float* xr = x + r * d;
+    float* dxr = dx + r * d;
+    const float s = rstd[r];
+    float dot = 0.0f;  // Σ dy·g·x
+#pragma omp simd reduction(+ : dot)
+    for (int i = 0; i < d; ++i) dot += dyr[i] * g[i] * xr[i];
+    const float c = s * s * dot / static_cast<float>(d);
+    for (int i = 0; i < d; ++i) {
+      float v = s * (g[i] * dyr[i] - xr[i] * c);
+      dxr[i] = accumulate_dx ? dxr[i] + v : v;
+      dg[i] += dyr[i] * xr[i] * s;
+    }
+  }
+}
+
+// ---- GELU, tanh approximation. ----
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/π)
+
+// tanh(z) = 1 − 2/(e^{2z} + 1): one expf instead of libm's slower tanhf; saturates correctly
+// (e^{2z} = inf gives 1, e^{2z} = 0 gives −1). Absolute error a few fp32 ulps of 1.
+inline float FastTanh(float z) { return 1.0f - 2.0f / (std::exp(2.0f * z) + 1.0f); }
+
+void GeluForward(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    y[i] = 0.5f * v * (1.0f + FastTanh(kGeluC * (v + 0.044715f * v * v * v)));
+  }
+}
+
+// dx = dy · gelu'(x), in place on dy.
+void GeluBackwardInPlace(const float* x, float* dy, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float t = FastTanh(kGeluC * (v + 0.044715f * v * v * v));
+    float dt = (1.0f - t * t) * kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
+    dy[i] *= 0.5f * (1.0f + t) + 0.5f * v * dt;
+  }
+}
+
+// ---- Causal multi-head attention over packed qkv rows [q (d) | k (d) | v (d)]. ----
+// Per (batch, head), with Q, K, V the head's [T, dh] column blocks of qkv (row stride 3d):
+//   S = Q·Kᵀ/√dh (fp32 GEMM), P = causal softmax(S) (fp32 loops), O = P·V.
+// The GEMMs compute the full T×T product; the masked upper triangle of P is zero, so the
+// products that use P are exact. Attention always runs in fp32, whatever the weight dtype.
+
+void AttentionForward(const float* qkv, float* att, float* out, int B, int T, int H, int dh) {
+  const int64_t d = static_cast<int64_t>(H) * dh, d3 = 3 * d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  for (int b = 0; b < B; ++b) {
+    const float* base = qkv + static_cast<int64_t>(b) * T * d3;
+    for (int h = 0; h < H; ++h) {
+      const float* q = base + h * dh;
+      const float* k = base + d + h * dh;
+      const float* v = base + 2 * d + h * dh;
+      float* p = att + (static_cast<int64_t>(b) * H + h) * T * T;
+      kernels::GemmStrided(false, true, T, T, dh, q, d3, k, d3, DType::kF32, p, T, DType::kF32,
+                           false, scale);
+      for (int t = 0; t < T; ++t) {
+        float* row = p + static_cast<int64_t>(t) * T;
+        float mx = row[0];
+        for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
+        float sum = 0.0f;
+        for (int u = 0; u <= t; ++u) {
+          row[u] = std::exp(row[u] - mx);
+          sum += row[u];
+        }
+        const float inv = 1.0f / sum;
+        for (int u = 0; u <= t; ++u) row[u] *= inv;
+        for (int u = t + 1; u < T; ++u) row[u] = 0.0f;
+      }
+      kernels::GemmStrided(false, false, T, dh, T, p, T, v, d3, DType::kF32,
+                           out + static_cast<int64_t>(b) * T * d + h * dh, d, DType::kF32, false);
+    }
+  }
+}
+
+// dqkv is overwritten (every head's Q, K and V block is written by one GEMM each).
+// dp is a [T, T] scratch.
+void AttentionBackward(const float* dout, const float* qkv, const float* att, float* dqkv,
+                       float* dp, int B, int T, int H, int dh) {
+  const int64_t d = static_cast<int64_t>(H) * dh, d3 = 3 * d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
+  for (int b = 0; b < B; ++b) {
+    const float* base = qkv + static_cast<int64_t>(b) * T * d3;
+    float* dbase = dqkv + static_cast<int64_t>(b) * T * d3;
+    const float* go = dout + static_cast<int64_t>(b) * T * d;
+    for (int h = 0; h < H; ++h) {
+      const float* q = base + h * dh;
+      const float* k = base + d + h * dh;
+      const float* v = base + 2 * d + h * dh;
+      const float* p = att + (static_cast<int64_t>(b) * H + h) * T * T;
+      const float* goh = go + h * dh;
+      // dV = Pᵀ·dO, dP = dO·Vᵀ.
+      kernels::GemmStrided(true, false, T, dh, T, p, T, goh, d, DType::kF32, dbase + 2 * d + h * dh,
+                           d3, DType::kF32, false);
+      kernels::GemmStrided(false, true, T, T, dh, goh, d, v, d3, DType::kF32, dp, T, DType::kF32,
+                           false);
+      // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √dh (zero above the diagonal, where P is).
+      for (int t = 0; t < T; ++t) {
+        const float* pr = p + static_cast<int64_t>(t) * T;
+        float* dr = dp + static_cast<int64_t>(t) * T;
+        float pdp = 0.0f;
+#pragma omp simd reduction(+ : pdp)
+        for (int u = 0; u <= t; ++u) pdp += pr[u] * dr[u];
+#pragma omp simd
+        for (int u = 0; u <= t; ++u) dr[u] = pr[u] * (dr[u] - pdp) * scale;
+        for (int u = t + 1; u < T; ++u) dr[u] = 0.0f;
+      }
+      // dQ = dS·K, dK = dSᵀ·Q.
+      kernels::GemmStrided(false, false, T, dh, T, dp, T, k, d3, DType::kF32, dbase + h * dh, d3,
+                           DType::kF32, false);
+      kernels::GemmStrided(true, false, T, dh, T, dp, T, q, d3, DType::kF32, dbase + d + h * dh, d3,
+                           DType::kF32, false);
+    }
+  }
+}
+
+// Row `row` of a [rows, d] fp32/bf16 table as fp32.
+void LoadRow(const TensorRef& t, int64_t row, int d, float* out) {
+  if (t.dtype == DType::kF32) {
+    std::copy_n(static_cast<const float*>(t.data) + row * d, d, out);
+  } else {
+    Bf16ToFloat(static_cast<const bf16*>(t.data) + row * d, out, static_cast<size_t>(d));
+  }
+}
+
+RuntimeParamSpec Single(std::string name, std::vector<int64_t> shape, UpdateKind kind,
+                        InitSpec init) {
+  RuntimeParamSpec s{name, shape, {}};
+  s.parts.push_back(UpdatePart{std::move(name), std::move(shape), 0, kind, init});
+  return s;
+}
+
+InitSpec Normal(float std) { return InitSpec{InitSpec::Kind::kNormal, std}; }
+const InitSpec kOnes{InitSpec::Kind::kOnes, 0.0f};
+
+}  // namespace
+
+GptConfig GptConfig::Preset(std::string_view name) {
+  GptConfig c;
+  if (name == "tiny") {
+    c.d_model = 64, c.n_layer = 2, c.n_head = 4, c.seq_len = 64;
+  } else if (name == "small") {
+    c.d_model = 128, c.n_layer = 4, c.n_head = 4, c.seq_len = 128;
+  } else if (name == "base") {
+    c.d_model = 256, c.n_layer = 6, c.n_head = 8, c.seq_len = 256;
+  } else {
+    throw ConfigError(fmt::format("unknown GPT preset '{}': use tiny, small or base", name));
+  }
+  return c;
+}
+
+void GptConfig::Validate() const {
+  SSHSDP_CHECK(vocab > 0 && seq_len > 0 && d_model > 0 && n_head > 0 && n_layer > 0 && ff() > 0,
+               ConfigError,
+               "GPT config sizes must be positive: vocab={} seq_len={} d_model={} n_head={} "
+               "n_layer={} d_ff={}",
+               vocab, seq_len, d_model, n_head, n_layer, ff());
+  SSHSDP_CHECK(d_model % n_head == 0, ConfigError,
+               "GPT config: d_model {} is not divisible by n_head {}", d_model, n_head);
+}
+
+Gpt::Gpt(const GptConfig& config) : c_(config) {
+  c_.Validate();
+  if (c_.d_ff <= 0) c_.d_ff = 4 * c_.d_model;
+  gain_scratch_.resize(c_.d_model);
+  dgain_scratch_.resize(c_.d_model);
+}
+
+std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
+  SSHSDP_CHECK(g >= 0 && g < num_groups(), PlanError, "GPT has groups 0..{}, asked for {}",
+               num_groups() - 1, g);
+  const int64_t V = c_.vocab, d = c_.d_model, ff = c_.ff();
+  const float std = 0.02f;
+  const float proj_std = std / std::sqrt(2.0f * c_.n_layer);  // GPT-2 residual scaling
+  if (g == 0) {
+    return {Single("wte", {V, d}, UpdateKind::kEmbedding, Normal(std)),
+            Single("wpe", {c_.seq_len, d}, UpdateKind::kEmbedding, Normal(std))};
+  }
+  if (g == num_groups() - 1) {
+    return {Single("lnf.g", {d}, UpdateKind::kVector, kOnes),
+            Single("lm_head", {V, d}, UpdateKind::kEmbedding, Normal(std))};
+  }
+  const std::string p = fmt::format("blocks.{}.", g - 1);
+  RuntimeParamSpec qkv{p + "attn.qkv", {3 * d, d}, {}};
+  const int64_t dh = c_.head_dim();
+  int64_t offset = 0;
+  for (const char* which : {"q", "k", "v"}) {
+    for (int h = 0; h < c_.n_head; ++h) {
+      qkv.parts.push_back(UpdatePart{fmt::format("{}attn.{}.h{}", p, which, h),
+                                     {dh, d},
+                                     offset,
+                                     UpdateKind::kMatrix,
+                                     Normal(std)});
+      offset += dh * d;
+    }
+  }
+  return {Single(p + "ln1.g", {d}, UpdateKind::kVector, kOnes),
+          std::move(qkv),
+          Single(p + "attn.proj", {d, d}, UpdateKind::kMatrix, Normal(proj_std)),
+          Single(p + "ln2.g", {d}, UpdateKind::kVector, kOnes),
+          Single(p + "mlp.fc1", {ff, d}, UpdateKind::kMatrix, Normal(std)),
+          Single(p + "mlp.fc2", {d, ff}, UpdateKind::kMatrix, Normal(proj_std))};
+}
+
+void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  SSHSDP_CHECK(B > 0 && T > 0 && T <= c_.seq_len, ConfigError,
+               "GPT batch B={} T={} invalid (need B > 0 and 0 < T <= seq_len {})", B, T,
+               c_.seq_len);
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  for (int64_t i = 0; i < BT; ++i) {
+    SSHSDP_CHECK(tokens[i] >= 0 && tokens[i] < c_.vocab && targets[i] >= 0 && targets[i] < c_.vocab,
+                 ConfigError, "GPT batch position {}: token {} / target {} outside vocab {}", i,
+                 tokens[i], targets[i], c_.vocab);
+  }
+  tokens_.assign(tokens, tokens + BT);
+  targets_.assign(targets, targets + BT);
+  B_ = B, T_ = T;
+
+  // Arena: one allocation, each tensor 64-byte aligned.
+  const int64_t L = c_.n_layer, d = c_.d_model, ff = c_.ff(), V = c_.vocab, H = c_.n_head;
+  float** slots[] = {
+      &acts_.residual, &acts_.ln1,     &acts_.ln1_rstd, &acts_.qkv,  &acts_.att,      &acts_.atty,
+      &acts_.res_mid,  &acts_.ln2,     &acts_.ln2_rstd, &acts_.fch,  &acts_.fch_gelu, &acts_.lnf,
+      &acts_.lnf_rstd, &acts_.probs,   &acts_.losses,   &acts_.dres, &acts_.dtmp,     &acts_.dqkv,
+      &acts_.dfch,     &acts_.dlogits, &acts_.datt};
+  const int64_t sizes[] = {(L + 1) * BT * d,
+                           L * BT * d,
+                           L * BT,
+                           L * BT * 3 * d,
+                           L * B * H * T * T,
+                           L * BT * d,
+                           L * BT * d,
+                           L * BT * d,
+                           L * BT,
+                           L * BT * ff,
+                           L * BT * ff,
+                           BT * d,
+                           BT,
+                           BT * V,
+                           BT,
+                           BT * d,
+                           BT * d,
+                           BT * 3 * d,
+                           BT * ff,
+                           BT * V,
+                           static_cast<int64_t>(T) * T};
+  static_assert(sizeof(slots) / sizeof(slots[0]) == sizeof(sizes) / sizeof(sizes[0]));
+  int64_t offsets[sizeof(sizes) / sizeof(sizes[0])];
+  int64_t total = 0;
+  for (size_t i = 0; i < std::size(sizes); ++i) {
+    offsets[i] = total;
+    total += (sizes[i] + 15) / 16 * 16;
+  }
+  if (static_cast<int64_t>(arena_.size()) < total) {
+    arena_.clear();
+    arena_.shrink_to_fit();
+    arena_.resize(total);
+  }
+  for (size_t i = 0; i < std::size(sizes); ++i) *slots[i] = arena_.data() + offsets[i];
+
+  fwd_next_ = 0;
+  fwd_done_ = false;
+  bwd_next_ = -1;
+}
+
+void Gpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const {
+  const size_t want = g == 0 || g == num_groups() - 1 ? 2 : 6;
+  SSHSDP_CHECK(v.size() == want, PlanError, "GPT group {}: got {} {} views, expected {}", g,
+               v.size(), what, want);
+  for (size_t i = 0; i < v.size(); ++i) {
+    SSHSDP_CHECK(v[i].data != nullptr && IsFloatType(v[i].dtype), PlanError,
+                 "GPT group {}: {} view {} must be non-null fp32 or bf16 (got {})", g, what, i,
+                 DTypeName(v[i].dtype));
+  }
+}
+
+const float* Gpt::Gain(const TensorRef& t) {
+  if (t.dtype == DType::kF32) return static_cast<const float*>(t.data);
+  Bf16ToFloat(static_cast<const bf16*>(t.data), gain_scratch_.data(), gain_scratch_.size());
+  return gain_scratch_.data();
+}
+
+void Gpt::Forward(int g, const std::vector<TensorRef>& w) {
+  SSHSDP_CHECK(B_ > 0, PlanError, "GPT Forward({}) before SetBatch", g);
+  SSHSDP_CHECK(g == 0 || g == fwd_next_, PlanError,
+               "GPT Forward({}) out of order: expected group {} (forward runs 0..{})", g, fwd_next_,
+               num_groups() - 1);
+  CheckViews(g, w, "weight");
+  if (g == 0) {
+    fwd_done_ = false;
+    bwd_next_ = -1;
+    ForwardEmbedding(w);
+  } else if (g == num_groups() - 1) {
+    ForwardHead(w);
+  } else {
+    ForwardBlock(g - 1, w);
+  }
+  fwd_next_ = g + 1;
+  if (fwd_next_ == num_groups()) {
+    fwd_done_ = true;
+    bwd_next_ = num_groups() - 1;
+  }
+}
+
+double Gpt::Loss() const {
+  SSHSDP_CHECK(fwd_done_, PlanError, "GPT Loss() before the last group's Forward");
+  return loss_;
+}
+
+void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                   GradWrite mode) {
+  SSHSDP_CHECK(fwd_done_ && g == bwd_next_, PlanError,
+               "GPT Backward({}) out of order: {} (backward runs {}..0 after a full forward)", g,
+               fwd_done_ ? fmt::format("expected group {}", bwd_next_)
+                         : std::string("forward pass incomplete"),
+               num_groups() - 1);
+  CheckViews(g, w, "weight");
+  CheckViews(g, grad, "gradient");
+  const bool acc = mode == GradWrite::kAccumulate;
+  if (g == num_groups() - 1) {
+    BackwardHead(w, grad, acc);
+  } else if (g == 0) {
+    BackwardEmbedding(grad, acc);
+  } else {
+    BackwardBlock(g - 1, w, grad, acc);
+  }
+  // After group 0 the pass may be repeated (activations are untouched by backward).
+  bwd_next_ = g == 0 ? num_groups() - 1 : g - 1;
+}
+
+void Gpt::ForwardEmbedding(const std::vector<TensorRef>& w) {
+  const int d = c_.d_model;
+  std::vector<float> pos(d);
+  for (int b = 0; b < B_; ++b) {
+    for (int t = 0; t < T_; ++t) {
+      float* x = acts_.residual + (static_cast<int64_t>(b) * T_ + t) * d;
+      LoadRow(w[0], tokens_[static_cast<int64_t>(b) * T_ + t], d, x);
+      LoadRow(w[1], t, d, pos.data());
+      for (int i = 0; i < d; ++i) x[i] += pos[i];
+    }
+  }
+}
+
+void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, ff = c_.ff();
+  const float* x = acts_.residual + l * BT * d;
+  float* out = acts_.residual + (l + 1) * BT * d;
+  float* ln1 = acts_.ln1 + l * BT * d;
+  float* qkv = acts_.qkv + l * BT * 3 * d;
+  float* att = acts_.att + l * B_ * c_.n_head * static_cast<int64_t>(T_) * T_;
+  float* atty = acts_.atty + l * BT * d;
+  float* res_mid = acts_.res_mid + l * BT * d;
+  float* ln2 = acts_.ln2 + l * BT * d;
+  float* fch = acts_.fch + l * BT * ff;
+  float* fch_gelu = acts_.fch_gelu + l * BT * ff;
+
+  RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
+  LinearForward(ln1, w[1].data, w[1].dtype, qkv, BT, 3 * d, d);
+  AttentionForward(qkv, att, atty, B_, T_, c_.n_head, c_.head_dim());
+  LinearForward(atty, w[2].data, w[2].dtype, res_mid, BT, d, d);
+  kernels::Add(x, res_mid, res_mid, BT * d);
+  RmsNormForward(res_mid, Gain(w[3]), ln2, acts_.ln2_rstd + l * BT, BT, d);
+  LinearForward(ln2, w[4].data, w[4].dtype, fch, BT, ff, d);
+  GeluForward(fch, fch_gelu, BT * ff);
+  LinearForward(fch_gelu, w[5].data, w[5].dtype, out, BT, d, ff);
+  kernels::Add(res_mid, out, out, BT * d);
+}
+
+void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.vocab;
+  const float* x = acts_.residual + c_.n_layer * BT * d;
+  RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
+  LinearForward(acts_.lnf, w[1].data, w[1].dtype, acts_.probs, BT, V, d);
+  // Softmax in place with the loss from log-sum-exp (sums in double).
+  double total = 0.0;
+  for (int64_t r = 0; r < BT; ++r) {
+    float* p = acts_.probs + r * V;
+    float mx = *std::max_element(p, p + V);
+    double sum = 0.0;
+    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(p[v] - mx));
+    const double lse = mx + std::log(sum);
+    const double loss = lse - p[targets_[r]];
+    acts_.losses[r] = static_cast<float>(loss);
+    total += loss;
+    for (int64_t v = 0; v < V; ++v) p[v] = static_cast<float>(std::exp(p[v] - lse));
+  }
+  loss_ = total / static_cast<double>(BT);
+}
+
+void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                       bool acc) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.vocab;
+  const float* x = acts_.residual + c_.n_layer * BT * d;
+  const float s = static_cast<float>(grad_scale_ / static_cast<double>(BT));
+  for (int64_t r = 0; r < BT; ++r) {
+    const float* p = acts_.probs + r * V;
+    float* dl = acts_.dlogits + r * V;
+    for (int64_t v = 0; v < V; ++v) dl[v] = p[v] * s;
+    dl[targets_[r]] -= s;
+  }
+  LinearBackwardWeight(acts_.dlogits, acts_.lnf, w[1].dtype, grad[1].data, grad[1].dtype, BT, V, d,
+                       acc);
+  LinearBackwardData(acts_.dlogits, w[1].data, w[1].dtype, acts_.dtmp, BT, V, d, false);
+  RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.lnf_rstd, acts_.dres, dgain_scratch_.data(), BT,
+                  d, /*accumulate_dx=*/false);
+  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+}
+
+void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                        bool acc) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, ff = c_.ff();
+  const float* x = acts_.residual + l * BT * d;
+  const float* ln1 = acts_.ln1 + l * BT * d;
+  const float* qkv = acts_.qkv + l * BT * 3 * d;
+  const float* att = acts_.att + l * B_ * c_.n_head * static_cast<int64_t>(T_) * T_;
+  const float* atty = acts_.atty + l * BT * d;
+  const float* res_mid = acts_.res_mid + l * BT * d;
+  const float* ln2 = acts_.ln2 + l * BT * d;
+  const float* fch = acts_.fch + l * BT * ff;
+  const float* fch_gelu = acts_.fch_gelu + l * BT * ff;
+  float* dres = acts_.dres;  // in: d out; after MLP: d res_mid; out: d x
+
+  // MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))).
+  LinearBackwardWeight(dres, fch_gelu, w[5].dtype, grad[5].data, grad[5].dtype, BT, d, ff, acc);
+  LinearBackwardData(dres, w[5].data, w[5].dtype, acts_.dfch, BT, d, ff, false);
+  GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
+  LinearBackwardWeight(acts_.dfch, ln2, w[4].dtype, grad[4].data, grad[4].dtype, BT, ff, d, acc);
+  LinearBackwardData(acts_.dfch, w[4].data, w[4].dtype, acts_.dtmp, BT, ff, d, false);
+  RmsNormBackward(acts_.dtmp, res_mid, Gain(w[3]), acts_.ln2_rstd + l * BT, dres,
+                  dgain_scratch_.data(), BT, d, /*accumulate_dx=*/true);
+  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[3].data, grad[3].dtype, d, acc);
+
+  // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
+  LinearBackwardWeight(dres, atty, w[2].dtype, grad[2].data, grad[2].dtype, BT, d, d, acc);
+  LinearBackwardData(dres, w[2].data, w[2].dtype, acts_.dtmp, BT, d, d, false);
+  AttentionBackward(acts_.dtmp, qkv, att, acts_.dqkv, acts_.datt, B_, T_, c_.n_head, c_.head_dim());
+  LinearBackwardWeight(acts_.dqkv, ln1, w[1].dtype, grad[1].data, grad[1].dtype, BT, 3 * d, d, acc);
+  LinearBackwardData(acts_.dqkv, w[1].data, w[1].dtype, acts_.dtmp, BT, 3 * d, d, false);
+  RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres, dgain_scratch_.data(),
+                  BT, d, /*accumulate_dx=*/true);
+  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+}
+
+void Gpt::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
+  const int d = c_.d_model;
+  // Each table: scatter-add rows into fp32 (the view itself when it is fp32; a scratch table
+  // when bf16, written once at the end so bf16 rounding happens once per element).
+  auto scatter = [&](const TensorRef& g, int64_t rows, auto&& row_of) {
+    const int64_t n = rows * d;
+    float* dst;
+    bool direct = g.dtype == DType::kF32;
+    if (direct) {
+      dst = static_cast<float*>(g.data);
+      if (!acc) kernels::Fill(dst, n, 0.0f);  // rows that never occur get explicit zeros
+    } else {
+      if (static_cast<int64_t>(table_scratch_.size()) < n) table_scratch_.resize(n);
+      dst = table_scratch_.data();
+      kernels::Fill(dst, n, 0.0f);
+    }
+    for (int b = 0; b < B_; ++b) {
+      for (int t = 0; t < T_; ++t) {
+        const float* dx = acts_.dres + (static_cast<int64_t>(b) * T_ + t) * d;
+        float* row = dst + row_of(b, t) * d;
+        for (int i = 0; i < d; ++i) row[i] += dx[i];  // repeated tokens add up
+      }
+    }
+    if (!direct) kernels::WriteOrAccumulate(dst, g.data, g.dtype, n, acc);
+  };
+  scatter(grad[0], c_.vocab, [&](int b, int t) {
+    return static_cast<int64_t>(tokens_[static_cast<int64_t>(b) * T_ + t]);
+  });
+  scatter(grad[1], c_.seq_len, [](int, int t) { return static_cast<int64_t>(t); });
+}
+
+double Gpt::FlopsPerToken() const {
+  const double d = c_.d_model, ff = c_.ff(), L = c_.n_layer, V = c_.vocab;
+  const double n_gemm = L * (3 * d * d + d * d + 2 * d * ff) + V * d;
+  const double T = T_ > 0 ? T_ : c_.seq_len;
+  return 6.0 * n_gemm + 12.0 * L * d * T;
+}
+
+int64_t Gpt::ActivationBytes() const {
+  return static_cast<int64_t>(
+      (arena_.size() + table_scratch_.size() + gain_scratch_.size() + dgain_scratch_.size()) *
+      sizeof(float));
+}
+
+}  // namespace sshsdp

@@ -1,0 +1,122 @@
+// Reference dense GPT with a manual forward and backward, written against runtime-parameter
+// views (model.h): it never sees shards, communicators or optimizer state.
+//
+// Pre-norm GPT over bytes by default: token embedding wte [V,d] + learned positions
+// wpe [seq_len,d]; per block RMSNorm → causal multi-head attention with ONE packed QKV
+// runtime parameter [3d,d] (update parts: every head's Q, then every head's K, then every
+// head's V, [d_head,d] each, so per-head Muon sees each head as its own matrix) → output
+// projection [d,d] → residual; RMSNorm → fc1 [d_ff,d] → GELU (tanh) → fc2 [d,d_ff] →
+// residual. Final RMSNorm, untied LM head [V,d], mean cross-entropy. No biases.
+//
+//   Gpt model(GptConfig::Preset("small"));
+//   model.GroupParams(1)[1].parts[2].name;   // "blocks.0.attn.q.h2"
+//
+// Runtime groups: 0 = {wte, wpe}; 1..L = block l-1 {ln1.g, attn.qkv, attn.proj, ln2.g,
+// mlp.fc1, mlp.fc2}; L+1 = {lnf.g, lm_head}. Weights may be fp32 or bf16 (GEMMs go through
+// kernels/matmul; bf16 weights run bf16 GEMMs), gradients fp32 or bf16. Attention scores
+// and softmax run in fp32 (GEMMs per head, softmax loops). Activations live in one arena (a flat
+// allocation with a table of offsets, llm.c style) sized from (B, T, config).
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "sshsdp/models/model.h"
+
+namespace sshsdp {
+
+struct GptConfig {
+  int vocab = 256;  // bytes
+  int seq_len = 64;
+  int d_model = 64;
+  int n_head = 4;
+  int n_layer = 2;
+  int d_ff = 0;  // 0 means 4 * d_model
+
+  // "tiny" (d=64, L=2, H=4, T=64), "small" (d=128, L=4, H=4, T=128),
+  // "base" (d=256, L=6, H=8, T=256). Throws ConfigError naming the presets otherwise.
+  static GptConfig Preset(std::string_view name);
+  int ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
+  int head_dim() const { return d_model / n_head; }
+  // Throws ConfigError on non-positive sizes or d_model not divisible by n_head.
+  void Validate() const;
+};
+
+class Gpt final : public Model {
+ public:
+  explicit Gpt(const GptConfig& config);
+
+  const GptConfig& config() const { return c_; }
+
+  int num_groups() const override { return c_.n_layer + 2; }
+  std::vector<RuntimeParamSpec> GroupParams(int g) const override;
+  void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
+  void SetGradScale(double grad_scale) override { grad_scale_ = grad_scale; }
+  void Forward(int g, const std::vector<TensorRef>& w) override;
+  double Loss() const override;
+  void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                GradWrite mode) override;
+  // 6·N (N = all GEMM weights: blocks and LM head; embedding lookups are free) plus
+  // attention 12·L·d·T (PaLM's convention, T = the batch's sequence length).
+  double FlopsPerToken() const override;
+  int64_t ActivationBytes() const override;
+
+  // Logits' softmax of the last forward, [B*T, V] (for tests and sampling).
+  const float* probs() const { return acts_.probs; }
+
+ private:
+  // Pointers into the arena; per-layer tensors are stacked [L, ...].
+  struct Acts {
+    float* residual;  // [L+1, BT, d]: residual[0] = embeddings, residual[l+1] = block l out
+    float* ln1;       // [L, BT, d]
+    float* ln1_rstd;  // [L, BT]
+    float* qkv;       // [L, BT, 3d]
+    float* att;       // [L, B, H, T, T] softmax probabilities (upper triangle zero)
+    float* atty;      // [L, BT, d] attention output before the projection
+    float* res_mid;   // [L, BT, d] residual after attention
+    float* ln2;       // [L, BT, d]
+    float* ln2_rstd;  // [L, BT]
+    float* fch;       // [L, BT, d_ff] fc1 output
+    float* fch_gelu;  // [L, BT, d_ff]
+    float* lnf;       // [BT, d]
+    float* lnf_rstd;  // [BT]
+    float* probs;     // [BT, V]
+    float* losses;    // [BT]
+    // Backward scratch, reused by every group.
+    float* dres;     // [BT, d] gradient of the residual stream flowing down
+    float* dtmp;     // [BT, d]
+    float* dqkv;     // [BT, 3d]
+    float* dfch;     // [BT, d_ff]
+    float* dlogits;  // [BT, V]
+    float* datt;     // [T, T] attention-score gradient of one (batch, head)
+  };
+
+  void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
+  void ForwardEmbedding(const std::vector<TensorRef>& w);
+  void ForwardBlock(int l, const std::vector<TensorRef>& w);
+  void ForwardHead(const std::vector<TensorRef>& w);
+  void BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc);
+  void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                     bool acc);
+  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
+  // Gain as fp32 (converted into scratch for bf16).
+  const float* Gain(const TensorRef& t);
+
+  GptConfig c_;
+  int B_ = 0, T_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+  double grad_scale_ = 1.0;
+  double loss_ = 0.0;
+
+  std::vector<float> arena_;
+  Acts acts_{};
+  std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_;
+
+  // Execution order guards: next forward group, whether a forward pass completed, next
+  // backward group.
+  int fwd_next_ = 0;
+  bool fwd_done_ = false;
+  int bwd_next_ = -1;
+};
+
+}  // namespace sshsdp

@@ -1,0 +1,355 @@
+// Tests of the reference GPT against its own contract (model.h, gpt.h):
+// * finite-difference gradient checks per runtime group (embedding, a block, the head) in
+//   fp32: directional derivatives of every runtime parameter and single elements, with
+//   central differences at two step sizes combined by Richardson extrapolation (the
+//   "double-checked" difference), on a tiny config with weights large enough that the
+//   gradients stand well above fp32 noise;
+// * kOverwrite writes every element of NaN-prefilled gradient views (zeros for rows of
+//   tokens that did not occur and positions beyond T), kAccumulate adds (twice = 2×);
+// * the QKV update parts tile the packed runtime parameter, per head, in Q/K/V order;
+// * bf16 weights and gradients track the fp32 model; execution order is enforced;
+// * a few steps of plain SGD on synthetic data lower the loss.
+#include "sshsdp/models/gpt.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/models/data.h"
+
+namespace sshsdp {
+namespace {
+
+GptConfig TinyConfig() {
+  GptConfig c;
+  c.vocab = 32;
+  c.seq_len = 8;
+  c.d_model = 16;
+  c.n_head = 2;
+  c.n_layer = 2;
+  return c;
+}
+
+struct Batch {
+  int B, T;
+  std::vector<int32_t> tokens, targets;
+};
+
+// Tokens drawn from a subset of the vocabulary so some embedding rows get no gradient.
+Batch MakeBatch(int B, int T, int vocab_used, uint32_t seed) {
+  Batch b{B, T, std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
+  std::mt19937 rng(seed);
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens[i] = static_cast<int32_t>(rng() % vocab_used);
+    b.targets[i] = static_cast<int32_t>(rng() % vocab_used);
+  }
+  b.tokens[1] = b.tokens[0];  // a repeated token
+  return b;
+}
+
+// Weights with O(1) activations: matrices N(0, 0.35²), gains 1 + N(0, 0.2²).
+void RandomizeWeights(DenseParams& p, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  for (int g = 0; g < p.num_groups(); ++g) {
+    for (size_t i = 0; i < p.specs(g).size(); ++i) {
+      bool gain = p.specs(g)[i].shape.size() == 1;
+      for (float& v : p.master(g, i)) v = gain ? 1.0f + 0.2f * n(rng) : 0.35f * n(rng);
+    }
+  }
+  p.SyncWeights();
+}
+
+double RunForward(Gpt& m, DenseParams& p, const Batch& b) {
+  m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T);
+  for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
+  return m.Loss();
+}
+
+void RunBackward(Gpt& m, DenseParams& p, GradWrite mode) {
+  for (int g = m.num_groups() - 1; g >= 0; --g) m.Backward(g, p.Weights(g), p.Grads(g), mode);
+}
+
+// Central difference of the loss along direction `dir` of parameter (g, i), combining
+// steps h and h/2 by Richardson extrapolation.
+double NumericDirectional(Gpt& m, DenseParams& p, const Batch& b, int g, int i,
+                          const std::vector<float>& dir, double h) {
+  std::vector<float> saved = p.master(g, i);
+  auto at = [&](double eps) {
+    for (size_t k = 0; k < saved.size(); ++k) p.master(g, i)[k] = saved[k] + eps * dir[k];
+    p.SyncWeights();
+    return RunForward(m, p, b);
+  };
+  double d1 = (at(h) - at(-h)) / (2 * h);
+  double d2 = (at(h / 2) - at(-h / 2)) / h;
+  p.master(g, i) = saved;
+  p.SyncWeights();
+  return (4 * d2 - d1) / 3;
+}
+
+void CheckGroupGradients(int group) {
+  Gpt m(TinyConfig());
+  DenseParams p(m);
+  RandomizeWeights(p, 11);
+  Batch b = MakeBatch(2, 7, 24, 5);
+  RunForward(m, p, b);
+  RunBackward(m, p, GradWrite::kOverwrite);
+  std::mt19937 rng(3);
+  for (size_t i = 0; i < p.specs(group).size(); ++i) {
+    const std::string& name = p.specs(group)[i].name;
+    const std::vector<float> grad = p.GradAsFloat(group, static_cast<int>(i));
+    // Directional derivative along a random ±1 direction.
+    std::vector<float> dir(grad.size());
+    double analytic = 0.0, scale = 0.0;
+    for (size_t k = 0; k < dir.size(); ++k) {
+      dir[k] = (rng() & 1) ? 1.0f : -1.0f;
+      analytic += static_cast<double>(dir[k]) * grad[k];
+      scale += std::abs(grad[k]);
+    }
+    double numeric = NumericDirectional(m, p, b, group, static_cast<int>(i), dir, 1e-2);
+    EXPECT_NEAR(numeric, analytic, 2e-4 * scale + 1e-6) << name << " directional";
+    // The three largest-magnitude elements, one at a time.
+    std::vector<size_t> idx(grad.size());
+    for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
+    std::partial_sort(idx.begin(), idx.begin() + std::min<size_t>(3, idx.size()), idx.end(),
+                      [&](size_t a, size_t c) { return std::abs(grad[a]) > std::abs(grad[c]); });
+    for (size_t j = 0; j < std::min<size_t>(3, idx.size()); ++j) {
+      std::vector<float> e(grad.size(), 0.0f);
+      e[idx[j]] = 1.0f;
+      double num = NumericDirectional(m, p, b, group, static_cast<int>(i), e, 1e-2);
+      EXPECT_NEAR(num, grad[idx[j]], 2e-3 * std::abs(grad[idx[j]]) + 1e-5)
+          << name << " element " << idx[j];
+    }
+  }
+}
+
+TEST(GptGradients, EmbeddingGroup) { CheckGroupGradients(0); }
+TEST(GptGradients, FirstBlock) { CheckGroupGradients(1); }
+TEST(GptGradients, LastBlock) { CheckGroupGradients(2); }
+TEST(GptGradients, HeadGroup) { CheckGroupGradients(3); }
+
+TEST(Gpt, QkvPartsTileThePackedParameterPerHead) {
+  GptConfig c = TinyConfig();
+  c.n_head = 4;
+  Gpt m(c);
+  ASSERT_EQ(m.num_groups(), c.n_layer + 2);
+  for (int g = 0; g < m.num_groups(); ++g) {
+    for (const RuntimeParamSpec& s : m.GroupParams(g)) ValidateSpec(s);
+  }
+  std::vector<RuntimeParamSpec> block = m.GroupParams(2);
+  ASSERT_EQ(block.size(), 6u);
+  const RuntimeParamSpec& qkv = block[1];
+  EXPECT_EQ(qkv.name, "blocks.1.attn.qkv");
+  EXPECT_EQ(qkv.shape, (std::vector<int64_t>{48, 16}));
+  ASSERT_EQ(qkv.parts.size(), 12u);
+  const char* kinds[] = {"q", "k", "v"};
+  for (int j = 0; j < 12; ++j) {
+    const UpdatePart& part = qkv.parts[j];
+    EXPECT_EQ(part.name, fmt::format("blocks.1.attn.{}.h{}", kinds[j / 4], j % 4));
+    EXPECT_EQ(part.shape, (std::vector<int64_t>{4, 16}));
+    EXPECT_EQ(part.offset, j * 4 * 16);  // head j's rows [4j, 4j+4) of the [48, 16] matrix
+    EXPECT_EQ(part.kind, UpdateKind::kMatrix);
+  }
+  EXPECT_EQ(block[0].parts[0].kind, UpdateKind::kVector);
+  EXPECT_EQ(m.GroupParams(0)[0].parts[0].kind, UpdateKind::kEmbedding);
+  EXPECT_EQ(m.GroupParams(3)[1].name, "lm_head");
+
+  RuntimeParamSpec bad = qkv;
+  bad.parts[3].offset += 1;
+  EXPECT_THROW(ValidateSpec(bad), PlanError);
+  bad = qkv;
+  bad.parts.pop_back();
+  EXPECT_THROW(ValidateSpec(bad), PlanError);
+}
+
+TEST(Gpt, OverwriteFillsEveryGradientElementAndAccumulateAdds) {
+  for (DType gd : {DType::kF32, DType::kBF16}) {
+    Gpt m(TinyConfig());
+    DenseParams p(m, DType::kF32, gd);
+    RandomizeWeights(p, 2);
+    Batch b = MakeBatch(2, 6, 20, 9);  // tokens < 20: rows 20..31 unused; T=6 < seq_len=8
+    RunForward(m, p, b);
+    // NaN-prefill every gradient view.
+    for (int g = 0; g < m.num_groups(); ++g) {
+      for (size_t i = 0; i < p.specs(g).size(); ++i) {
+        int64_t n = p.specs(g)[i].numel();
+        TensorRef t = p.Grads(g)[i];
+        if (gd == DType::kF32) {
+          std::fill_n(static_cast<float*>(t.data), n, std::numeric_limits<float>::quiet_NaN());
+        } else {
+          std::fill_n(static_cast<bf16*>(t.data), n, bf16{0x7FC0});
+        }
+      }
+    }
+    RunBackward(m, p, GradWrite::kOverwrite);
+    std::vector<std::vector<std::vector<float>>> first(m.num_groups());
+    for (int g = 0; g < m.num_groups(); ++g) {
+      for (size_t i = 0; i < p.specs(g).size(); ++i) {
+        first[g].push_back(p.GradAsFloat(g, static_cast<int>(i)));
+        for (float v : first[g].back()) ASSERT_TRUE(std::isfinite(v)) << p.specs(g)[i].name;
+      }
+    }
+    const int d = 16;
+    for (int tok = 20; tok < 32; ++tok) {
+      for (int k = 0; k < d; ++k) EXPECT_EQ(first[0][0][tok * d + k], 0.0f) << "wte row " << tok;
+    }
+    for (int t = 6; t < 8; ++t) {
+      for (int k = 0; k < d; ++k) EXPECT_EQ(first[0][1][t * d + k], 0.0f) << "wpe row " << t;
+    }
+    // Backward again with accumulate (the activations are unchanged): every gradient doubles.
+    RunBackward(m, p, GradWrite::kAccumulate);
+    for (int g = 0; g < m.num_groups(); ++g) {
+      for (size_t i = 0; i < p.specs(g).size(); ++i) {
+        std::vector<float> twice = p.GradAsFloat(g, static_cast<int>(i));
+        for (size_t k = 0; k < twice.size(); ++k) {
+          // bf16: 2x is exact, but the second contribution is rounded once more.
+          double tol = gd == DType::kF32 ? 1e-6 * std::abs(first[g][i][k])
+                                         : 1.0 / 128 * std::abs(first[g][i][k]);
+          ASSERT_NEAR(twice[k], 2.0 * first[g][i][k], tol)
+              << p.specs(g)[i].name << "[" << k << "] " << DTypeName(gd);
+        }
+      }
+    }
+  }
+}
+
+TEST(Gpt, Bf16WeightsAndGradientsTrackFp32) {
+  Gpt m(TinyConfig());
+  DenseParams p32(m), p16(m, DType::kBF16, DType::kBF16);
+  RandomizeWeights(p16, 4);
+  // Same (bf16-representable) weights in fp32.
+  for (int g = 0; g < m.num_groups(); ++g) {
+    for (size_t i = 0; i < p16.specs(g).size(); ++i) {
+      p32.master(g, i) = p16.master(g, i);
+      for (float& v : p32.master(g, i)) v = RoundToBf16(v);
+    }
+  }
+  p32.SyncWeights();
+  Batch b = MakeBatch(2, 8, 32, 6);
+  double l32 = RunForward(m, p32, b);
+  RunBackward(m, p32, GradWrite::kOverwrite);
+  double l16 = RunForward(m, p16, b);
+  RunBackward(m, p16, GradWrite::kOverwrite);
+  EXPECT_NEAR(l16, l32, 2e-2 * l32);
+  for (int g = 0; g < m.num_groups(); ++g) {
+    for (size_t i = 0; i < p16.specs(g).size(); ++i) {
+      auto a = p32.GradAsFloat(g, static_cast<int>(i));
+      auto c = p16.GradAsFloat(g, static_cast<int>(i));
+      double dot = 0, na = 0, nc = 0;
+      for (size_t k = 0; k < a.size(); ++k) {
+        dot += static_cast<double>(a[k]) * c[k];
+        na += static_cast<double>(a[k]) * a[k];
+        nc += static_cast<double>(c[k]) * c[k];
+      }
+      EXPECT_GT(dot / std::sqrt(na * nc + 1e-300), 0.98) << p16.specs(g)[i].name;
+    }
+  }
+}
+
+TEST(Gpt, GradScaleScalesGradients) {
+  Gpt m(TinyConfig());
+  DenseParams p(m);
+  RandomizeWeights(p, 8);
+  Batch b = MakeBatch(1, 8, 32, 1);
+  RunForward(m, p, b);
+  RunBackward(m, p, GradWrite::kOverwrite);
+  std::vector<float> g1 = p.GradAsFloat(1, 1);
+  m.SetGradScale(0.25);
+  RunBackward(m, p, GradWrite::kOverwrite);
+  std::vector<float> g2 = p.GradAsFloat(1, 1);
+  for (size_t k = 0; k < g1.size(); ++k) EXPECT_NEAR(g2[k], 0.25 * g1[k], 1e-6 * std::abs(g1[k]));
+}
+
+TEST(Gpt, EnforcesExecutionOrderAndValidatesInput) {
+  Gpt m(TinyConfig());
+  DenseParams p(m);
+  p.Init(1);
+  Batch b = MakeBatch(1, 4, 32, 2);
+  EXPECT_THROW(m.Forward(0, p.Weights(0)), PlanError);  // no batch yet
+  m.SetBatch(b.tokens.data(), b.targets.data(), 1, 4);
+  EXPECT_THROW(m.Forward(1, p.Weights(1)), PlanError);
+  EXPECT_THROW(m.Backward(3, p.Weights(3), p.Grads(3), GradWrite::kOverwrite), PlanError);
+  EXPECT_THROW(m.Loss(), PlanError);
+  EXPECT_THROW(m.Forward(0, p.Weights(1)), PlanError);  // wrong number of views
+  for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
+  EXPECT_NEAR(m.Loss(), std::log(32.0), 0.1);  // small init: near uniform
+  EXPECT_THROW(m.Backward(2, p.Weights(2), p.Grads(2), GradWrite::kOverwrite), PlanError);
+  b.tokens[0] = 32;
+  EXPECT_THROW(m.SetBatch(b.tokens.data(), b.targets.data(), 1, 4), ConfigError);
+  EXPECT_THROW(m.SetBatch(b.tokens.data(), b.targets.data(), 1, 9), ConfigError);
+  EXPECT_THROW(GptConfig::Preset("huge"), ConfigError);
+  GptConfig bad = TinyConfig();
+  bad.n_head = 3;
+  EXPECT_THROW(Gpt{bad}, ConfigError);
+}
+
+TEST(Gpt, PresetsAndFlops) {
+  GptConfig s = GptConfig::Preset("small");
+  EXPECT_EQ(s.d_model, 128);
+  EXPECT_EQ(s.n_layer, 4);
+  EXPECT_EQ(s.seq_len, 128);
+  Gpt m(s);
+  const double d = 128, L = 4, V = 256, T = 128;
+  const double n_gemm = L * 12 * d * d + V * d;
+  EXPECT_DOUBLE_EQ(m.FlopsPerToken(), 6 * n_gemm + 12 * L * d * T);
+  EXPECT_EQ(m.NumParams(), static_cast<int64_t>(n_gemm + V * d + T * d + (2 * L + 1) * d));
+  EXPECT_EQ(GptConfig::Preset("base").n_head, 8);
+}
+
+TEST(Gpt, FillInitIsIndependentOfSharding) {
+  UpdatePart part{"blocks.0.attn.q.h1",
+                  {64, 32},
+                  0,
+                  UpdateKind::kMatrix,
+                  InitSpec{InitSpec::Kind::kNormal, 0.02f}};
+  std::vector<float> whole(2048), pieces(2048);
+  FillInit(part, 5, 0, 2048, whole.data());
+  FillInit(part, 5, 0, 700, pieces.data());
+  FillInit(part, 5, 700, 1348, pieces.data() + 700);
+  EXPECT_EQ(whole, pieces);
+  double s2 = 0;
+  for (float v : whole) s2 += v * v;
+  EXPECT_NEAR(std::sqrt(s2 / 2048), 0.02, 0.002);
+  std::vector<float> other(2048);
+  FillInit(part, 6, 0, 2048, other.data());
+  EXPECT_NE(whole, other);
+}
+
+TEST(Gpt, SgdLowersLossOnSyntheticData) {
+  GptConfig c = TinyConfig();
+  c.seq_len = 16;
+  c.d_model = 32;
+  Gpt m(c);
+  DenseParams p(m);
+  p.Init(1);
+  SyntheticTokens data(c.vocab, 3, /*branching=*/2);
+  const int B = 8, T = 16;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  double first = 0, last = 0;
+  const int steps = 60;
+  for (int step = 0; step < steps; ++step) {
+    data.Batch(static_cast<int64_t>(step) * B, B, T, tok.data(), tgt.data());
+    m.SetBatch(tok.data(), tgt.data(), B, T);
+    for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
+    if (step == 0) first = m.Loss();
+    if (step >= steps - 5) last += m.Loss() / 5;
+    RunBackward(m, p, GradWrite::kOverwrite);
+    for (int g = 0; g < m.num_groups(); ++g) {
+      for (size_t i = 0; i < p.specs(g).size(); ++i) {
+        std::vector<float> gr = p.GradAsFloat(g, static_cast<int>(i));
+        for (size_t k = 0; k < gr.size(); ++k) p.master(g, i)[k] -= 1.0f * gr[k];
+      }
+    }
+    p.SyncWeights();
+  }
+  EXPECT_NEAR(first, std::log(32.0), 0.1);
+  EXPECT_LT(last, first - 0.5) << "optimal " << data.OptimalLoss();
+  EXPECT_GT(last, data.OptimalLoss() - 0.05);
+}
+
+}  // namespace
+}  // namespace sshsdp

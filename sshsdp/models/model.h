@@ -1,0 +1,140 @@
+// The interface between a reference model and the training engine.
+//
+// A model is run layer by layer in "runtime groups" (group 0 = embedding, 1..L = blocks,
+// L+1 = final norm + LM head for the GPT). For each group it declares its runtime
+// parameters (what kernels consume) and, inside each, the update parts the optimizer sees
+// (a head's Q matrix, a norm gain, an embedding table). The engine owns every byte of
+// weights and gradients and hands the model views with their dtype; the model never sees a
+// shard or a communicator. The model owns only its activations.
+//
+//   Gpt model(GptConfig::Preset("tiny"));
+//   DenseParams p(model);  p.Init(/*seed=*/1);           // single-process fp32 copies
+//   model.SetBatch(tokens, targets, B, T);
+//   for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, p.Weights(g));
+//   double loss = model.Loss();
+//   for (int g = model.num_groups() - 1; g >= 0; --g)
+//     model.Backward(g, p.Weights(g), p.Grads(g), GradWrite::kOverwrite);
+//
+// Contract for Backward: gradients are written ONLY into the given views. kOverwrite writes
+// every element of every view (rows of tokens that did not occur, gains of unused ...
+// get explicit zeros), so a NaN-filled buffer comes out fully defined; kAccumulate adds.
+// Gradients are those of  grad_scale · mean cross-entropy over the B·T tokens  (grad_scale
+// defaults to 1; the engine sets it to fold microbatch/replica normalization into backward).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sshsdp/numerics/dtype.h"
+
+namespace sshsdp {
+
+// How the optimizer treats an update part.
+enum class UpdateKind {
+  kMatrix,     // 2-D weight: eligible for Muon
+  kVector,     // norm gain (1-D): AdamW
+  kEmbedding,  // embedding / LM-head table: AdamW by default
+};
+const char* UpdateKindName(UpdateKind k);
+
+// How an update part is initialised. Values depend only on (seed, part name, element index),
+// so every sharding of the same parameter produces the same weights (see FillInit).
+struct InitSpec {
+  enum class Kind { kZeros, kOnes, kNormal };
+  Kind kind = Kind::kZeros;
+  float std = 0.0f;  // kNormal only
+};
+
+// One update parameter viewed inside a runtime parameter: `shape` elements (row-major)
+// starting `offset` elements into it.
+struct UpdatePart {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  UpdateKind kind = UpdateKind::kMatrix;
+  InitSpec init;
+  int64_t numel() const;
+};
+
+// One runtime parameter of a group. Its parts are contiguous, non-overlapping, in offset
+// order and cover it exactly (checked by ValidateSpec), so update params are zero-copy views.
+struct RuntimeParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::vector<UpdatePart> parts;
+  int64_t numel() const;
+};
+
+// Throws PlanError naming the parameter if the parts do not tile the runtime parameter.
+void ValidateSpec(const RuntimeParamSpec& spec);
+
+// A view of one weight or gradient buffer: data pointer and element type (fp32 or bf16).
+struct TensorRef {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+};
+
+enum class GradWrite { kOverwrite, kAccumulate };
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual int num_groups() const = 0;
+  // Runtime parameters of group g, in the order Forward/Backward take their views.
+  virtual std::vector<RuntimeParamSpec> GroupParams(int g) const = 0;
+
+  // Copies the microbatch (tokens and targets are B·T each, row-major [B, T]) and sizes the
+  // activation arena. Throws ConfigError on out-of-range tokens or T > seq_len.
+  virtual void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) = 0;
+  // Backward computes gradients of grad_scale · mean loss (default 1).
+  virtual void SetGradScale(double grad_scale) = 0;
+
+  // Groups run forward in order 0..n-1 and backward in order n-1..0 (checked: PlanError).
+  virtual void Forward(int g, const std::vector<TensorRef>& w) = 0;
+  // Mean cross-entropy (nats) over the B·T tokens, valid after the last group's Forward.
+  virtual double Loss() const = 0;
+  virtual void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                        GradWrite mode) = 0;
+
+  // Model FLOPs per token for forward + backward (no recomputation), for MFU.
+  virtual double FlopsPerToken() const = 0;
+  // Bytes of the activation arena for the current batch (framework-accounted memory).
+  virtual int64_t ActivationBytes() const = 0;
+  // Total number of parameters.
+  int64_t NumParams() const;
+};
+
+// Writes count initial values of `part` (elements [begin, begin + count) of the part,
+// row-major) to out. Deterministic in (seed, part.name, element index) only.
+void FillInit(const UpdatePart& part, uint64_t seed, int64_t begin, int64_t count, float* out);
+
+// Dense fp32 (or bf16) copies of all runtime weights and gradients of a model, one
+// allocation per parameter: the single-process reference the engine is compared with.
+class DenseParams {
+ public:
+  explicit DenseParams(const Model& model, DType weight_dtype = DType::kF32,
+                       DType grad_dtype = DType::kF32);
+  // Initialises every update part with FillInit (then rounds to weight_dtype).
+  void Init(uint64_t seed);
+
+  int num_groups() const { return static_cast<int>(specs_.size()); }
+  const std::vector<RuntimeParamSpec>& specs(int g) const { return specs_[g]; }
+  std::vector<TensorRef> Weights(int g);
+  std::vector<TensorRef> Grads(int g);
+
+  // fp32 master copies (what the weights are rounded from) and their gradients as fp32.
+  std::vector<float>& master(int g, int i) { return master_[g][i]; }
+  std::vector<float> GradAsFloat(int g, int i) const;
+  // Re-rounds the master copies into the runtime weights (after an update).
+  void SyncWeights();
+
+ private:
+  DType weight_dtype_, grad_dtype_;
+  std::vector<std::vector<RuntimeParamSpec>> specs_;
+  std::vector<std::vector<std::vector<float>>> master_;
+  std::vector<std::vector<std::vector<uint8_t>>> weights_, grads_;
+};
+
+}  // namespace sshsdp
