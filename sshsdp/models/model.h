@@ -16,10 +16,11 @@
 //     model.Backward(g, p.Weights(g), p.Grads(g), GradWrite::kOverwrite);
 //
 // Contract for Backward: gradients are written ONLY into the given views. kOverwrite writes
-// every element of every view (rows of tokens that did not occur, gains of unused ...
-// get explicit zeros), so a NaN-filled buffer comes out fully defined; kAccumulate adds.
-// Gradients are those of  grad_scale · mean cross-entropy over the B·T tokens  (grad_scale
-// defaults to 1; the engine sets it to fold microbatch/replica normalization into backward).
+// every element of every view (embedding rows of tokens that did not occur and position rows
+// beyond T get explicit zeros), so a NaN-filled buffer comes out fully defined; kAccumulate
+// adds. Gradients are those of  grad_scale · mean cross-entropy over the B·T tokens
+// (grad_scale defaults to 1; the engine sets it to fold microbatch/replica normalization
+// into backward).
 #pragma once
 
 #include <cstdint>
