@@ -11,9 +11,11 @@
 // interface.
 //
 //   auto world = MpiCommunicator::World(/*ranks_per_node=*/4);
-//   auto z3 = world->Split(topo.GroupColor(Group::kZero3, r), topo.GroupPosition(Group::kZero3, r));
-//   z3->AllGatherInPlace(buf, shard_count, DType::kBF16);       // input at buf + pos*shard
-//   z2->ReduceScatter(grad, shard, n, DType::kF32, /*accumulate=*/true);  // shard += sum
+//   auto z3 = world->Split(topo.GroupColor(Group::kZero3, r),
+//                          topo.GroupPosition(Group::kZero3, r));
+//   z3->AllGatherInPlace(buf, shard_count, DType::kBF16);  // input at buf + pos*shard
+//   z2->ReduceScatter(grad, DType::kBF16, shard, DType::kF32, shard_count,
+//                     /*accumulate=*/true);                 // shard += Σ slices
 #pragma once
 
 #include <cstddef>
@@ -55,7 +57,7 @@ class Communicator {
   virtual int rank() const = 0;  // position in this group
   virtual int size() const = 0;
   virtual int world_rank(int position) const = 0;  // world rank of a member
-  virtual std::string name() const = 0;             // for error messages, e.g. "zero3{0,1}"
+  virtual std::string name() const = 0;            // for error messages, e.g. "zero3{0,1}"
 
   // All-gather of `count` elements per rank. In place: this rank's input already sits at
   // buf + rank()*count elements; on return buf holds size()*count elements.
@@ -64,7 +66,7 @@ class Communicator {
   virtual void AllGather(const void* send, void* recv, size_t count, DType dtype) = 0;
 
   // Reduce-scatter (SUM) of size()*count elements of `send`; this rank receives the sum of
-  // slice rank() in `recv` (count elements, fp32 or the input dtype). With accumulate,
+  // slice rank() in `recv` (count elements, fp32 or bf16). With accumulate,
   // the final reduction adds straight into the existing `recv` (recv += Σ slices), so no
   // separate result buffer or add pass is needed. `send` may be fp32 or bf16 (summed in
   // fp32); `recv` dtype is given separately. `send` and `recv` must not overlap.
