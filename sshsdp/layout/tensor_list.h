@@ -33,6 +33,7 @@ struct TensorListMember {
 
 class TensorList {
  public:
+  TensorList() : TensorList("", DType::kF32) {}
   TensorList(std::string name, DType dtype);
 
   // Appends a member; its offset is the previous end rounded up to `align` elements.

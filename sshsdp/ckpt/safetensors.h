@@ -1,0 +1,36 @@
+// safetensors files: consolidated weights under stable per-parameter names, so runs can be
+// compared from outside (PyTorch, numpy) and started from weights made elsewhere.
+//
+// Format (huggingface safetensors): 8-byte little-endian header length N, N bytes of JSON
+// {"name": {"dtype": "F32"|"BF16", "shape": [...], "data_offsets": [begin, end]}, ...,
+//  "__metadata__": {string: string}}, then the raw little-endian data. Writes go to a
+// temporary file in the same directory, are flushed, then renamed over the target, so a
+// crash never leaves a half-written file under the final name.
+//
+//   std::map<std::string, SafeTensor> t;
+//   t["blocks.0.attn.q.h0"] = {{16, 64}, std::vector<float>(...)};
+//   WriteSafetensors("weights.safetensors", t, {{"model", "gpt tiny"}});
+//   auto back = ReadSafetensors("weights.safetensors");   // IoError names file and problem
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace sshsdp {
+
+struct SafeTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // fp32 values (BF16 files are widened on read)
+};
+
+void WriteSafetensors(const std::string& path, const std::map<std::string, SafeTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata = {});
+
+// Reads F32 and BF16 tensors. Throws IoError naming the file and what is wrong (missing,
+// truncated, bad header, unsupported dtype, offsets out of range or overlapping).
+std::map<std::string, SafeTensor> ReadSafetensors(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+
+}  // namespace sshsdp

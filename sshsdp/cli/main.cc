@@ -1,0 +1,19 @@
+// sshsdp: command-line entry point. `sshsdp train` trains a reference model on real MPI
+// ranks (launch it with mpirun); `sshsdp --help` lists the commands.
+#include <CLI/CLI.hpp>
+
+#include "sshsdp/cli/train.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "sshsdp: sharded data-parallel training with runtime/update parameter decoupling.\n"
+      "Launch multi-rank runs with mpirun, e.g.\n"
+      "  mpirun -np 4 sshsdp train --model tiny --sw 2 --sg 2 --so 4 --steps 100"};
+  app.require_subcommand(1);
+  sshsdp::TrainOptions train;
+  CLI::App* t = app.add_subcommand("train", "train a reference model (run under mpirun)");
+  sshsdp::AddTrainOptions(*t, train);
+  CLI11_PARSE(app, argc, argv);
+  if (t->parsed()) return sshsdp::RunTrain(argc, argv, train);
+  return 0;
+}

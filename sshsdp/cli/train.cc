@@ -1,0 +1,242 @@
+// `sshsdp train` (see train.h): builds the model, data source and engine, runs the steps,
+// prints a progress line on rank 0 and writes metrics as JSON lines.
+#include "sshsdp/cli/train.h"
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/kernels/matmul.h"
+#include "sshsdp/models/data.h"
+#include "sshsdp/models/gpt.h"
+
+namespace sshsdp {
+
+void AddTrainOptions(CLI::App& app, TrainOptions& o) {
+  app.add_option("--model", o.model, "model preset: tiny | small | base")->capture_default_str();
+  app.add_option("--layers", o.layers, "override the preset's number of blocks");
+  app.add_option("--d-model", o.d_model, "override the preset's width");
+  app.add_option("--heads", o.heads, "override the preset's attention heads");
+  app.add_option("--seq-len", o.seq_len, "tokens per sample (<= the preset's maximum)");
+  app.add_option("--sw", o.sw, "ZeRO-3 (weight) shard degree")->capture_default_str();
+  app.add_option("--sg", o.sg, "ZeRO-2 (gradient) shard degree, a multiple of sw")
+      ->capture_default_str();
+  app.add_option("--so", o.so,
+                 "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world "
+                 "(default: world size; less gives HSDP replicas)");
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "ranks per (possibly simulated) node (default: the whole world)");
+  app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "samples per microbatch per rank")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear learning-rate warm-up steps")->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay,
+                 "decoupled weight decay (matrices and embeddings; not norm gains)")
+      ->capture_default_str();
+  app.add_option("--clip", o.clip, "global gradient-norm clipping (0: off)")->capture_default_str();
+  app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
+      ->capture_default_str();
+  app.add_option("--data", o.data,
+                 "'synthetic' (built-in Markov source with a known optimal loss) or a uint16 "
+                 "token file (nanoGPT .bin or llm.c format)")
+      ->capture_default_str();
+  app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")
+      ->capture_default_str();
+  app.add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to this file");
+  app.add_option("--save-weights", o.save_weights,
+                 "write final consolidated fp32 main weights as safetensors");
+  app.add_option("--init-weights", o.init_weights,
+                 "start from weights in this safetensors file instead of the seeded init");
+  app.add_flag("--no-prefetch", o.no_prefetch, "do not prefetch the next layer's all-gather");
+  app.add_flag("--keep-gathered", o.keep_gathered,
+               "keep gathered weights from forward for backward (no reshard after forward)");
+}
+
+namespace {
+
+double PeakRssMiB() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+GptConfig MakeGptConfig(const TrainOptions& o) {
+  GptConfig c = GptConfig::Preset(o.model);
+  if (o.layers) c.n_layer = o.layers;
+  if (o.d_model) c.d_model = o.d_model;
+  if (o.heads) c.n_head = o.heads;
+  if (o.seq_len) {
+    SSHSDP_CHECK(o.seq_len <= c.seq_len || o.d_model || o.layers, ConfigError,
+                 "--seq-len {} exceeds the '{}' preset's {}", o.seq_len, o.model, c.seq_len);
+    c.seq_len = std::max(c.seq_len, o.seq_len);
+  }
+  c.Validate();
+  return c;
+}
+
+}  // namespace
+
+int RunTrain(int argc, char** argv, const TrainOptions& o) {
+  return RunMpiMain(argc, argv, [&]() -> int {
+    // Everything below that can be wrong with the input is checked before any collective.
+    const GptConfig gc = MakeGptConfig(o);
+    const int T = o.seq_len ? o.seq_len : gc.seq_len;
+    std::unique_ptr<TokenSource> data;
+    if (o.data == "synthetic")
+      data = std::make_unique<SyntheticTokens>(gc.vocab, o.seed);
+    else
+      data = std::make_unique<TokenFile>(o.data, gc.vocab, T, o.seed);
+    SSHSDP_CHECK(o.steps >= 0, ConfigError, "--steps must be >= 0, got {}", o.steps);
+    SSHSDP_CHECK(o.log_every >= 1, ConfigError, "--log-every must be >= 1, got {}", o.log_every);
+    EngineConfig cfg;
+    cfg.sw = o.sw;
+    cfg.sg = o.sg;
+    cfg.ranks_per_node = o.ranks_per_node;
+    cfg.microbatches = o.microbatches;
+    cfg.batch_size = o.batch_size;
+    cfg.seq_len = T;
+    cfg.weight_dtype = ParseDType(o.weight_dtype);
+    cfg.reshard_after_forward = !o.keep_gathered;
+    cfg.prefetch = !o.no_prefetch;
+    cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+    cfg.clip_norm = o.clip;
+
+    int world_size = 0, world_rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    cfg.so = o.so ? o.so : world_size;
+    // Validates the layout against the world size (LayoutError names the numbers).
+    Topology check(world_size, o.ranks_per_node ? o.ranks_per_node : world_size, cfg.sw, cfg.sg,
+                   cfg.so);
+    std::map<std::string, std::vector<float>> init;
+    if (!o.init_weights.empty()) {
+      for (auto& [name, t] : ReadSafetensors(o.init_weights)) init[name] = std::move(t.data);
+    }
+
+    auto world = MpiCommunicator::World(o.ranks_per_node ? o.ranks_per_node : world_size);
+    const int W = world->size(), rank = world->rank();
+    Gpt model(gc);
+    Engine engine(model, *world, cfg);
+    if (init.empty())
+      engine.InitWeights(o.seed);
+    else
+      engine.LoadMainWeights(init);
+
+    const double peak =
+        kernels::MeasureGemmPeak(cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32);
+    std::ofstream metrics;
+    if (rank == 0 && !o.metrics.empty()) {
+      metrics.open(o.metrics, std::ios::trunc);
+      SSHSDP_CHECK(metrics.good(), IoError, "--metrics {}: cannot open for writing", o.metrics);
+    }
+    if (rank == 0) {
+      const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());
+      fmt::print(
+          "sshsdp train: {} | GPT d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
+          "batch {}x{}x{} per rank | GEMM peak {:.1f} GFLOP/s/rank{}\n",
+          o.model, gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab, model.NumParams() / 1e6,
+          engine.topology().ToString(), o.weight_dtype, cfg.microbatches, cfg.batch_size, T,
+          peak / 1e9,
+          syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
+              : fmt::format(" | data: {}", o.data));
+      std::fflush(stdout);
+    }
+    const int M = cfg.microbatches, B = cfg.batch_size;
+    int64_t cur = 0;
+    BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
+      data->Batch(SampleIndex(cur, mb, M, rank, W, 0, B), B, T, tok, tgt);
+    };
+    double ema = 0;
+    for (cur = 0; cur < o.steps; ++cur) {
+      float lr = o.lr;
+      if (o.warmup > 0 && cur < o.warmup) lr = o.lr * static_cast<float>(cur + 1) / o.warmup;
+      engine.SetLearningRate(lr);
+      StepStats st = engine.Step(batch);
+      // Slowest rank's time and largest memory decide the figures.
+      float local[3] = {static_cast<float>(st.seconds), static_cast<float>(PeakRssMiB()),
+                        static_cast<float>(engine.memory().peak_total() / 1048576.0)};
+      std::vector<float> all(3 * static_cast<size_t>(W));
+      world->AllGather(local, all.data(), 3, DType::kF32);
+      float secs = 0, rss = 0, acc = 0;
+      for (int r = 0; r < W; ++r) {
+        secs = std::max(secs, all[3 * r]);
+        rss = std::max(rss, all[3 * r + 1]);
+        acc = std::max(acc, all[3 * r + 2]);
+      }
+      const double tps = st.tokens / secs;
+      const double mfu = model.FlopsPerToken() * tps / (peak * W);
+      ema = cur == 0 ? st.loss : 0.9 * ema + 0.1 * st.loss;
+      if (rank == 0) {
+        if ((cur + 1) % o.log_every == 0 || cur == 0 || cur + 1 == o.steps) {
+          fmt::print(
+              "step {:>5}/{} | loss {:.4f} (ema {:.4f}) | norm {:.3f} | lr {:.2e} | {:.0f} tok/s | "
+              "MFU {:.1f}% | mem {:.1f} MiB accounted, {:.0f} MiB peak RSS | {:.0f} ms\n",
+              cur + 1, o.steps, st.loss, ema, st.grad_norm, lr, tps, 100 * mfu, acc, rss,
+              1000 * secs);
+          std::fflush(stdout);
+        }
+        if (metrics.is_open()) {
+          nlohmann::json j = {
+              {"step", cur + 1},
+              {"loss", st.loss},
+              {"grad_norm", st.grad_norm},
+              {"lr", lr},
+              {"step_seconds", secs},
+              {"tokens", st.tokens},
+              {"tokens_per_s", tps},
+              {"mfu", mfu},
+              {"peak_rss_mib", rss},
+              {"accounted_peak_mib", acc},
+              {"runtime_comm_intra_bytes", st.counters.runtime_comm.intra_node_bytes},
+              {"runtime_comm_inter_bytes", st.counters.runtime_comm.inter_node_bytes},
+              {"update_comm_intra_bytes", st.counters.update_comm.intra_node_bytes},
+              {"update_comm_inter_bytes", st.counters.update_comm.inter_node_bytes},
+              {"bytes_copied", st.counters.bytes_copied},
+              {"add_passes", st.counters.add_passes},
+              {"weight_preps", st.counters.weight_preps},
+              {"gathers", st.counters.gathers}};
+          metrics << j.dump() << "\n";
+          metrics.flush();
+        }
+      }
+    }
+    if (!o.save_weights.empty()) {
+      auto w = engine.GatherMainWeights();  // collective
+      if (rank == 0) {
+        std::map<std::string, SafeTensor> t;
+        for (const UpdateParam& u : engine.UpdateParams()) t[u.name] = {u.shape, w.at(u.name)};
+        WriteSafetensors(o.save_weights, t,
+                         {{"format", "sshsdp"},
+                          {"model", o.model},
+                          {"steps", std::to_string(o.steps)},
+                          {"layout", engine.topology().ToString()}});
+        fmt::print("wrote {} ({} update parameters)\n", o.save_weights, t.size());
+      }
+    }
+    if (rank == 0) {
+      fmt::print("memory per rank (accounted, rank 0):");
+      for (const auto& [cat, u] : engine.memory().by_category())
+        fmt::print(" {} {:.2f} MiB;", cat, u.peak / 1048576.0);
+      fmt::print("\n");
+    }
+    return 0;
+  });
+}
+
+}  // namespace sshsdp

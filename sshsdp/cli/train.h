@@ -1,0 +1,36 @@
+// `sshsdp train`: options, progress line, metrics file and final weights export.
+//
+//   mpirun -np 4 sshsdp train --model tiny --sw 2 --sg 2 --so 4 --microbatches 2 --steps 50
+//       (plus --metrics out/metrics.jsonl --save-weights out/final.safetensors)
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string>
+
+#include "sshsdp/engine/engine.h"
+
+namespace sshsdp {
+
+struct TrainOptions {
+  std::string model = "tiny";
+  int layers = 0, d_model = 0, heads = 0, seq_len = 0;  // 0: the preset's value
+  int sw = 1, sg = 1, so = 0, ranks_per_node = 0;       // so 0: world size
+  int microbatches = 1, batch_size = 4;
+  int steps = 50, warmup = 0;
+  float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
+  std::string weight_dtype = "bf16";
+  uint64_t seed = 1;
+  std::string data = "synthetic";
+  int log_every = 10;
+  std::string metrics;
+  std::string save_weights;
+  std::string init_weights;
+  bool no_prefetch = false, keep_gathered = false;
+};
+
+void AddTrainOptions(CLI::App& app, TrainOptions& o);
+// Initializes MPI, trains, returns the process exit code; errors on any rank end the job.
+int RunTrain(int argc, char** argv, const TrainOptions& o);
+
+}  // namespace sshsdp

@@ -1,0 +1,154 @@
+// Engine: the sharded training step of DESIGN §6 on real ranks — runtime parameters
+// decoupled from update parameters, ZeRO-3 weight all-gather, ZeRO-2 gradient
+// reduce-scatter with fused accumulation, outer ZeRO-1 reduce-scatter / all-gather, HSDP
+// replicas, AdamW on ZeRO-1 shards, weight preparation G and weight reuse.
+//
+// The engine is a library: a user hands it a Model (which declares runtime parameters and
+// their update parts, and computes a layer from views) and a world Communicator; the engine
+// owns every byte of weights, gradients and optimizer state, and the model never sees a
+// shard or a communicator.
+//
+//   auto world = MpiCommunicator::World(ranks_per_node);
+//   Gpt model(GptConfig::Preset("tiny"));
+//   EngineConfig cfg;  cfg.sw = 2; cfg.sg = 2; cfg.so = 4; cfg.microbatches = 4;
+//   Engine engine(model, *world, cfg);
+//   engine.InitWeights(/*seed=*/1);
+//   for (int s = 0; s < steps; ++s) {
+//     StepStats st = engine.Step([&](int mb, int32_t* tok, int32_t* tgt) { ...fill B*T... });
+//   }
+//
+// Per step, on every rank (R = this rank's buffers of one runtime group = one layer):
+//   microbatch m, forward g = 0..n-1: all-gather Wᶻ³ → W′ (next layer prefetched on the
+//     communication thread); Model::Forward on views; release W′ (reshard_after_forward).
+//   backward g = n-1..0: re-gather if released; Model::Backward writes straight into views of
+//     G′ (overwrite mode: covers every element); reduce-scatter G′ in the ZeRO-2 group on the
+//     communication thread, accumulating into the persistent fp32 G′ᶻ² (m > 0) — no
+//     per-parameter gradient tensors, no send-buffer copy, no add pass. With sg = 1, G′ IS
+//     G′ᶻ² and microbatches m > 0 accumulate in backward directly.
+//   after the last microbatch: outer reduce-scatter G′ᶻ² → Gᶻ¹ in the replica group (a view
+//     when so = sg), all-reduce across HSDP replicas (so < W), gradient norm over shards,
+//     AdamW with grad_scale = clip / (microbatches · W) (explicit SUM normalization), G
+//     (fp32 → runtime dtype, written into the ZeRO-1 slice of the retained Wᶻ³ buffer), and
+//     the outer all-gather in place within Wᶻ³ — retained across the next step's microbatches.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sshsdp/base/memory_account.h"
+#include "sshsdp/comm/comm_thread.h"
+#include "sshsdp/comm/communicator.h"
+#include "sshsdp/layout/data_node.h"
+#include "sshsdp/layout/shard_chain.h"
+#include "sshsdp/layout/topology.h"
+#include "sshsdp/models/model.h"
+#include "sshsdp/params/param_layout.h"
+#include "sshsdp/update/adamw.h"
+
+namespace sshsdp {
+
+struct EngineConfig {
+  int sw = 1, sg = 1, so = 1;  // weight / gradient / optimizer shard degrees (sw | sg | so | W)
+  int ranks_per_node = 0;      // 0: the whole world is one node
+  int microbatches = 1;        // per optimizer step
+  int batch_size = 1;          // samples per microbatch per rank
+  int seq_len = 0;             // 0: the model's maximum
+  DType weight_dtype = DType::kBF16;  // runtime weights w / W′: fp32 or bf16
+  bool reshard_after_forward = true;  // release gathered weights after forward (FSDP2 default)
+  bool prefetch = true;               // all-gather the next layer while this one computes
+  AdamWConfig adamw;
+  float clip_norm = 1.0f;  // global gradient-norm clipping; 0 disables
+};
+
+// Deterministic counters of one step (tests assert them exactly).
+struct StepCounters {
+  CommCounters runtime_comm;  // per-microbatch all-gathers and reduce-scatters
+  CommCounters update_comm;   // outer RS / HSDP all-reduce / outer AG / norm
+  uint64_t bytes_copied = 0;  // memcpy-style copies outside compute and collectives
+  uint64_t add_passes = 0;    // separate gradient-accumulation passes (0: fused)
+  uint64_t weight_preps = 0;  // G invocations (cast/quantize passes over ZeRO-1 shards)
+  uint64_t gathers = 0;       // ZeRO-3 all-gathers issued
+};
+
+struct StepStats {
+  int64_t step = 0;
+  double loss = 0;       // mean over all microbatches of all ranks
+  double grad_norm = 0;  // before clipping, of the normalized gradient
+  double seconds = 0;
+  int64_t tokens = 0;  // tokens processed by all ranks
+  StepCounters counters;
+};
+
+// Fills tokens and targets (batch_size · seq_len each) of microbatch `mb` for this rank.
+using BatchFn = std::function<void(int mb, int32_t* tokens, int32_t* targets)>;
+
+class Engine {
+ public:
+  // Builds topology, layouts, shard chains, buffers and communicators. Throws ConfigError /
+  // LayoutError (before any collective beyond the communicator splits) on an invalid layout
+  // or world size.
+  Engine(Model& model, Communicator& world, const EngineConfig& cfg);
+  ~Engine();
+
+  // Initializes main weights at ZeRO-1 (values depend only on seed, parameter name and
+  // element index, so every layout starts identical), zeroes optimizer state, runs G and the
+  // outer all-gather. Collective.
+  void InitWeights(uint64_t seed);
+
+  // One optimizer step over cfg.microbatches microbatches. Collective.
+  StepStats Step(const BatchFn& batch);
+
+  // Consolidated fp32 main weights of every update parameter, by name (collective; every
+  // rank receives all). For tests, safetensors export and reports.
+  std::map<std::string, std::vector<float>> GatherMainWeights();
+  // Overwrites main weights from consolidated values (missing names: ConfigError), then
+  // re-runs G and the outer all-gather. Collective.
+  void LoadMainWeights(const std::map<std::string, std::vector<float>>& weights);
+
+  const Topology& topology() const { return topo_; }
+  const EngineConfig& config() const { return cfg_; }
+  const MemoryAccount& memory() const { return memory_; }
+  int64_t step() const { return step_; }
+  // Learning rate of the next steps (schedules live in the caller).
+  void SetLearningRate(float lr) { cfg_.adamw.lr = lr; }
+  // Update parameters in model order (name, shape, kind).
+  std::vector<UpdateParam> UpdateParams() const;
+  // Analytic bytes of persistent shards and peak transient buffers (for reports).
+  std::map<std::string, uint64_t> AnalyticMemory() const;
+
+ private:
+  struct RuntimeGroup;
+  void BuildGroup(int g);
+  void StartGather(int g);
+  void WaitGather(int g);
+  void ReleaseGather(int g);
+  void PrepareAndGatherWeights();  // G + outer all-gather
+  void* Acquire(size_t bytes);
+  void Recycle(void* p, size_t bytes);
+
+  Model& model_;
+  Communicator& world_;
+  EngineConfig cfg_;
+  Topology topo_;
+  int rank_;
+  MemoryAccount memory_;
+  std::vector<std::unique_ptr<RuntimeGroup>> groups_;
+
+  // Communicators: runtime ones used only by the comm thread; update ones by this thread.
+  std::unique_ptr<Communicator> rt_dup_, rt_zero3_, rt_zero2_;
+  std::unique_ptr<Communicator> up_replica_rs_, up_replica_ag_, up_hsdp_;
+  std::unique_ptr<CommThread> comm_thread_;
+
+  // Transient gather / gradient buffers, reused by size (accounted as "transient").
+  std::multimap<size_t, void*> free_blocks_;
+  std::vector<std::pair<void*, size_t>> all_blocks_;
+
+  StepCounters counters_;
+  int64_t step_ = 0;
+};
+
+}  // namespace sshsdp

@@ -1,0 +1,93 @@
+// Update parameters, runtime parameters, atoms and the per-group flat layout that binds them.
+//
+// A runtime group (one layer) declares runtime parameters P′ (what kernels consume: the
+// packed QKV projection, an MLP matrix, a norm gain), each made of update parameters P
+// (what the optimizer updates: one head's Q matrix, a whole matrix, a gain) — paper §3.1.
+// GroupLayout packs every update parameter of the group, in runtime order, into ONE tensor
+// list, so each runtime parameter is a contiguous run of members: its weight w′ and gradient
+// g′ are views over the update params' storage (Tw/Tg are view-only, zero copy).
+// All fields (runtime weight w, fp32 main, fp32 grad, optimizer state) share this element
+// layout, each in its own buffer and dtype, so the shard chain of one list serves them all.
+//
+// An Atom groups update parameters with the same field schema (field names, dtypes,
+// optimizer-state layout); mixing schemas is rejected at plan time naming both parameters.
+//
+//   GroupLayout L = BuildGroupLayout(/*group=*/1, model.GroupParams(1), DType::kBF16, so);
+//   const RuntimeParam& qkv = L.runtime[1];          // members [first, first+count)
+//   L.list.member(qkv.first_member).offset;          // == qkv.offset
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "sshsdp/layout/tensor_list.h"
+#include "sshsdp/models/model.h"
+
+namespace sshsdp {
+
+// Which optimizer updates a parameter.
+enum class OptimizerKind { kAdamW, kMuon };
+const char* OptimizerName(OptimizerKind k);
+
+struct UpdateParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  UpdateKind kind = UpdateKind::kMatrix;
+  InitSpec init;
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  int group = 0;
+  int member = 0;   // index in the group's tensor list
+  int runtime = 0;  // index of the runtime parameter it belongs to
+};
+
+struct RuntimeParam {
+  std::string name;
+  std::vector<int64_t> shape;
+  int first_member = 0;
+  int num_members = 0;
+  size_t offset = 0;  // first element in the group's flat list
+  size_t numel = 0;
+};
+
+struct GroupLayout {
+  int group = 0;
+  std::vector<RuntimeParam> runtime;
+  std::vector<UpdateParam> update;  // indexed like the tensor list's members
+  TensorList list;
+};
+
+// Validates every spec (PlanError naming the parameter) and packs the group. `pad_multiple`
+// is the ZeRO-1 degree so every level's chunks are equal.
+GroupLayout BuildGroupLayout(int group, const std::vector<RuntimeParamSpec>& specs,
+                             DType runtime_dtype, size_t pad_multiple);
+
+// Field schema of an atom: the fields every member has, with their dtypes.
+struct FieldSpec {
+  std::string name;
+  DType dtype;
+  friend bool operator==(const FieldSpec& a, const FieldSpec& b) {
+    return a.name == b.name && a.dtype == b.dtype;
+  }
+};
+
+// Fields of an update parameter under an optimizer: w (runtime dtype), main, grad, then the
+// optimizer's state (AdamW: m, v; Muon: m).
+std::vector<FieldSpec> FieldSchema(OptimizerKind opt, DType runtime_dtype);
+
+class Atom {
+ public:
+  Atom(OptimizerKind opt, std::vector<FieldSpec> fields);
+  // Adds a parameter with its schema; PlanError naming it and the atom's first member when
+  // the schema differs.
+  void Add(const UpdateParam& p, OptimizerKind opt, const std::vector<FieldSpec>& fields);
+  OptimizerKind optimizer() const { return opt_; }
+  const std::vector<FieldSpec>& fields() const { return fields_; }
+  const std::vector<std::string>& members() const { return members_; }
+
+ private:
+  OptimizerKind opt_;
+  std::vector<FieldSpec> fields_;
+  std::vector<std::string> members_;
+};
+
+}  // namespace sshsdp

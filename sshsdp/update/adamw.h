@@ -1,0 +1,40 @@
+// AdamW as a batched multi-tensor update over ZeRO-1 fragments (DESIGN §6 step 6).
+//
+// PyTorch semantics with decoupled weight decay applied first:
+//   w *= 1 − lr·wd;   m = β1·m + (1−β1)·g;   v = β2·v + (1−β2)·g²;
+//   w −= lr · (m / (1−β1^t)) / (sqrt(v / (1−β2^t)) + ε)
+// where g = grad_scale · grad (grad_scale folds the explicit SUM normalization — loss,
+// microbatches, replicas — and the clipping coefficient into the one pass that reads g).
+// All spans of one call are updated by one loop nest: one "kernel launch" per update group.
+//
+//   std::vector<AdamWSpan> spans = {{w, g, m, v, n, /*wd=*/0.1f}, ...};
+//   AdamWStep(spans, cfg, /*step=*/1, /*grad_scale=*/1.0f / (microbatches * world));
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace sshsdp {
+
+struct AdamWConfig {
+  float lr = 1e-3f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;  // applied to matrices and embeddings, not to norm gains
+};
+
+struct AdamWSpan {
+  float* w = nullptr;        // fp32 main weight fragment
+  const float* g = nullptr;  // fp32 main gradient fragment (unscaled SUM)
+  float* m = nullptr;        // first moment
+  float* v = nullptr;        // second moment
+  int64_t n = 0;
+  float weight_decay = 0.0f;
+};
+
+// `step` is the 1-based optimizer step t used for bias correction.
+void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int64_t step,
+               float grad_scale);
+
+}  // namespace sshsdp
