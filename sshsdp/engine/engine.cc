@@ -263,6 +263,12 @@ StepStats Engine::Step(const BatchFn& batch) {
   for (int mb = 0; mb < M; ++mb) {
     batch(mb, tokens.data(), targets.data());
     model_.SetBatch(tokens.data(), targets.data(), B, T);
+    if (activation_bytes_ != static_cast<uint64_t>(model_.ActivationBytes())) {
+      // The model owns its activation arena; account it with the rest of the rank's memory.
+      memory_.Free("activations", activation_bytes_);
+      activation_bytes_ = static_cast<uint64_t>(model_.ActivationBytes());
+      memory_.Allocate("activations", activation_bytes_);
+    }
     // Forward, layer by layer, prefetching the next layer's weights.
     for (int g = 0; g < n; ++g) {
       StartGather(g);

@@ -45,7 +45,7 @@
 #include "sshsdp/layout/data_node.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/layout/topology.h"
-#include "sshsdp/models/model.h"
+#include "sshsdp/params/model.h"
 #include "sshsdp/params/param_layout.h"
 #include "sshsdp/update/adamw.h"
 
@@ -149,6 +149,7 @@ class Engine {
 
   StepCounters counters_;
   int64_t step_ = 0;
+  uint64_t activation_bytes_ = 0;
 };
 
 }  // namespace sshsdp

@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-#include "sshsdp/models/model.h"
+#include "sshsdp/params/model.h"
 
 namespace sshsdp {
 

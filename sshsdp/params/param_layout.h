@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "sshsdp/layout/tensor_list.h"
-#include "sshsdp/models/model.h"
+#include "sshsdp/params/model.h"
 
 namespace sshsdp {
 

@@ -1,6 +1,6 @@
 // Model-interface helpers: spec validation, deterministic initialisation, dense reference
 // parameters (see model.h).
-#include "sshsdp/models/model.h"
+#include "sshsdp/params/model.h"
 
 #include <cmath>
 #include <numbers>
