@@ -415,6 +415,23 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
   PrepareAndGatherWeights();
 }
 
+std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
+  std::vector<Zero1Field> out;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    const int gi = g.layout.group;
+    out.push_back({"main", gi, g.main_z1, g.z1, &g.layout, g.chain.get()});
+    out.push_back({"m", gi, g.m, g.z1, &g.layout, g.chain.get()});
+    out.push_back({"v", gi, g.v, g.z1, &g.layout, g.chain.get()});
+  }
+  return out;
+}
+
+void Engine::RestoreState(int64_t step) {
+  step_ = step;
+  PrepareAndGatherWeights();
+}
+
 std::vector<UpdateParam> Engine::UpdateParams() const {
   std::vector<UpdateParam> out;
   for (const auto& g : groups_)

@@ -109,6 +109,23 @@ class Engine {
   // re-runs G and the outer all-gather. Collective.
   void LoadMainWeights(const std::map<std::string, std::vector<float>>& weights);
 
+  // The persistent ZeRO-1 state of every runtime group, for checkpoints: fp32 arrays over
+  // this rank's ZeRO-1 chunk of the group's flat layout, one per field ("main", "m", "v";
+  // element i of `data` is element chunk.begin + i of the group buffer). Which member tensor
+  // each element belongs to comes from `layout` and `chain` (ShardChain::Fragments(kZero1)).
+  struct Zero1Field {
+    std::string field;
+    int group = 0;
+    float* data = nullptr;
+    Range chunk;
+    const GroupLayout* layout = nullptr;
+    const ShardChain* chain = nullptr;
+  };
+  std::vector<Zero1Field> Zero1Fields();
+  // After the ZeRO-1 state was overwritten (checkpoint load): sets the optimizer step and
+  // re-runs G and the outer all-gather. Collective.
+  void RestoreState(int64_t step);
+
   const Topology& topology() const { return topo_; }
   const EngineConfig& config() const { return cfg_; }
   const MemoryAccount& memory() const { return memory_; }
