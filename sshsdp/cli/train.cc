@@ -233,6 +233,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       fmt::print("memory per rank (accounted, rank 0):");
       for (const auto& [cat, u] : engine.memory().by_category())
         fmt::print(" {} {:.2f} MiB;", cat, u.peak / 1048576.0);
+      fmt::print("\nanalytic (shards + at most two live transient buffers):");
+      for (const auto& [cat, bytes] : engine.AnalyticMemory())
+        fmt::print(" {} {:.2f} MiB;", cat, bytes / 1048576.0);
       fmt::print("\n");
     }
     return 0;

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `sshsdp` program as a user runs it:
+#   * --help is complete and exits 0 without mpirun;
+#   * bad input (layout not fitting the world, unknown dtype, malformed token file) fails
+#     fast with a message naming the problem, non-zero, and no rank hangs;
+#   * a short multi-rank training run writes metrics whose loss falls, and safetensors.
+# Usage: cli_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
+set -u
+bin=$1
+shift
+mpirun=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+check() {  # check NAME CONDITION-EXIT-CODE
+  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fails=$((fails + 1)); echo "FAIL $1"; fi
+}
+
+out=$("$bin" train --help 2>&1); rc=$?
+[ $rc -eq 0 ] && for f in --model --sw --sg --so --ranks-per-node --microbatches --batch-size \
+  --steps --lr --weight-dtype --seed --data --metrics --save-weights --init-weights; do
+  grep -q -- "$f" <<<"$out" || { echo "help lacks $f"; rc=1; }
+done
+check "train --help lists every option" $rc
+
+"$bin" >/dev/null 2>&1; rc=$?
+check "no subcommand is an error" $([ $rc -ne 0 ] && echo 0 || echo 1)
+
+# expect_error NAME NEEDLE CMD...: must exit non-zero within 60 s, stderr containing NEEDLE.
+expect_error() {
+  local name=$1 needle=$2
+  shift 2
+  timeout 60 "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -q -- "$needle" "$tmp/err"; then
+    echo "  rc=$rc; stderr:"; sed 's/^/  | /' "$tmp/err" | head -20
+    check "$name" 1
+  else
+    check "$name" 0
+  fi
+}
+tiny=(train --model tiny --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch-size 2)
+expect_error "layout not dividing the world is refused before any collective" "so=3 must divide the world size 2" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --so 3 --steps 1
+expect_error "non-nested degrees are refused" "sw=2 must divide sg=1" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --sw 2 --sg 1 --steps 1
+expect_error "unknown weight dtype is refused" "unknown dtype 'fp16'" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --weight-dtype fp16 --steps 1
+printf 'abc' >"$tmp/odd.bin"
+expect_error "malformed token file is named" "odd.bin" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --data "$tmp/odd.bin" --steps 1
+expect_error "missing init weights file is named" "nope.safetensors" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --init-weights "$tmp/nope.safetensors" --steps 1
+
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --sw 2 --sg 2 --so 2 --microbatches 2 \
+  --steps 40 --lr 1e-2 --log-every 10 --metrics "$tmp/m.jsonl" \
+  --save-weights "$tmp/w.safetensors" >"$tmp/train.out" 2>&1
+rc=$?
+check "short 2-rank training run exits 0" $rc
+first=$(head -1 "$tmp/m.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
+last=$(tail -1 "$tmp/m.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
+echo "  loss $first -> $last over $(wc -l <"$tmp/m.jsonl") steps"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'
+check "loss falls by more than 1 nat" $?
+grep -q "MFU" "$tmp/train.out" && grep -q "tok/s" "$tmp/train.out"
+check "progress line shows tokens/s and MFU" $?
+[ -s "$tmp/w.safetensors" ]
+check "final weights written as safetensors" $?
+# Tensor bytes of a safetensors file: everything after the 8-byte length and the JSON header
+# (whose metadata, e.g. the step count, may differ).
+tensor_bytes() { tail -c +$((9 + $(od -An -t u8 -N8 "$1" | tr -d ' '))) "$1"; }
+timeout 120 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 0 \
+  --init-weights "$tmp/w.safetensors" --save-weights "$tmp/w2.safetensors" >/dev/null 2>&1 &&
+  cmp -s <(tensor_bytes "$tmp/w.safetensors") <(tensor_bytes "$tmp/w2.safetensors")
+check "--init-weights round-trips the saved weights bit for bit" $?
+
+echo "$pass passed, $fails failed"
+[ "$fails" -eq 0 ]
