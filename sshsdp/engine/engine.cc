@@ -286,7 +286,10 @@ StepStats Engine::Step(const BatchFn& batch) {
       WaitGather(g);
       GradWrite mode = GradWrite::kOverwrite;
       if (topo_.sg() == 1) {
-        if (mb > 0) mode = GradWrite::kAccumulate;  // G′ is G′ᶻ²: accumulate in backward
+        if (mb > 0) {
+          mode = GradWrite::kAccumulate;  // G′ is G′ᶻ²: accumulate in backward
+          counters_.fused_accumulations++;
+        }
       } else {
         const size_t bytes = G.padded * 4;
         G.grad_block = Acquire(bytes);
@@ -302,6 +305,7 @@ StepStats Engine::Step(const BatchFn& batch) {
         void* dst = G.g_z2->data();
         const size_t count = G.z2.size();
         const bool acc = mb > 0;
+        if (acc) counters_.fused_accumulations++;
         Communicator* comm = rt_zero2_.get();
         G.rs_handle = comm_thread_->Submit(
             [=] { comm->ReduceScatter(src, DType::kF32, dst, DType::kF32, count, acc); });

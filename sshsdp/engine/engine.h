@@ -66,12 +66,14 @@ struct EngineConfig {
 
 // Deterministic counters of one step (tests assert them exactly).
 struct StepCounters {
-  CommCounters runtime_comm;  // per-microbatch all-gathers and reduce-scatters
-  CommCounters update_comm;   // outer RS / HSDP all-reduce / outer AG / norm
-  uint64_t bytes_copied = 0;  // memcpy-style copies outside compute and collectives
-  uint64_t add_passes = 0;    // separate gradient-accumulation passes (0: fused)
-  uint64_t weight_preps = 0;  // G invocations (cast/quantize passes over ZeRO-1 shards)
-  uint64_t gathers = 0;       // ZeRO-3 all-gathers issued
+  CommCounters runtime_comm;         // per-microbatch all-gathers and reduce-scatters
+  CommCounters update_comm;          // outer RS / HSDP all-reduce / outer AG / norm
+  uint64_t bytes_copied = 0;         // memcpy-style copies outside compute and collectives
+  uint64_t add_passes = 0;           // separate gradient-accumulation passes (0: fused)
+  uint64_t fused_accumulations = 0;  // microbatch gradients accumulated by the reduce-scatter's
+                                     // last step (or by backward itself when sg = 1)
+  uint64_t weight_preps = 0;         // G invocations (cast/quantize passes over ZeRO-1 shards)
+  uint64_t gathers = 0;              // ZeRO-3 all-gathers issued
 };
 
 struct StepStats {

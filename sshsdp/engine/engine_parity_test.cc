@@ -134,6 +134,8 @@ void RunParity(const Layout& l, DType wdt, int M, bool reshard, bool prefetch) {
     EXPECT_NEAR(a.loss, b.loss, loss_tol * std::abs(b.loss)) << "step " << step;
     EXPECT_NEAR(a.grad_norm, b.grad_norm, norm_tol * b.grad_norm) << "step " << step;
     EXPECT_EQ(a.counters.add_passes, 0u);
+    // Microbatches 2..M of every group accumulate inside the reduce-scatter (or backward).
+    EXPECT_EQ(a.counters.fused_accumulations, static_cast<uint64_t>((M - 1) * n));
     EXPECT_EQ(a.counters.bytes_copied, 0u);
     EXPECT_EQ(a.counters.runtime_comm.total(), M * (ag_bytes + rs_bytes));
     EXPECT_EQ(a.counters.weight_preps, wdt == DType::kBF16 ? static_cast<uint64_t>(n) : 0u);
