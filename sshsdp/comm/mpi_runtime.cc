@@ -53,6 +53,13 @@ int WorldRankOrMinusOne() {
   return rank;
 }
 
+int WorldSize() {
+  SSHSDP_CHECK(MpiActive(), CommError, "WorldSize: MPI is not initialised");
+  int size = 0;
+  CheckMpi(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
+  return size;
+}
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int initialized = 0;
   CheckMpi(MPI_Initialized(&initialized), "MPI_Initialized");

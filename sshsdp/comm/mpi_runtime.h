@@ -55,6 +55,8 @@ void CheckMpi(int rc, std::string_view what);
 
 // This process's rank in MPI_COMM_WORLD, or -1 when MPI is not (or no longer) initialised.
 int WorldRankOrMinusOne();
+// Number of processes in MPI_COMM_WORLD (MPI must be initialised; CommError otherwise).
+int WorldSize();
 
 // Runs `body` inside an MpiRuntime and returns its result. If body (or the MPI
 // initialisation) throws, prints "sshsdp: rank R: <what>" to stderr and calls
