@@ -117,9 +117,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     cfg.clip_norm = o.clip;
 
-    int world_size = 0, world_rank = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    const int world_size = WorldSize();
     cfg.so = o.so ? o.so : world_size;
     // Validates the layout against the world size (LayoutError names the numbers).
     Topology check(world_size, o.ranks_per_node ? o.ranks_per_node : world_size, cfg.sw, cfg.sg,
