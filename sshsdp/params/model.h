@@ -55,8 +55,18 @@ struct UpdatePart {
   int64_t offset = 0;
   UpdateKind kind = UpdateKind::kMatrix;
   InitSpec init;
+  // Optimizer hint for a kMatrix part: false keeps the matrix on AdamW even when Muon is on
+  // (an MoE router: small, and routing is sensitive to it). The other kinds never use Muon
+  // whatever this says; ask MuonEligible().
+  bool muon_eligible = true;
   int64_t numel() const;
 };
+
+// Whether Muon may update this part: a matrix not marked muon_eligible = false.
+inline bool MuonEligible(UpdateKind kind, bool muon_eligible) {
+  return kind == UpdateKind::kMatrix && muon_eligible;
+}
+inline bool MuonEligible(const UpdatePart& p) { return MuonEligible(p.kind, p.muon_eligible); }
 
 // One runtime parameter of a group. Its parts are contiguous, non-overlapping, in offset
 // order and cover it exactly (checked by ValidateSpec), so update params are zero-copy views.

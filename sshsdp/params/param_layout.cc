@@ -28,6 +28,7 @@ GroupLayout BuildGroupLayout(int group, const std::vector<RuntimeParamSpec>& spe
       u.shape = p.shape;
       u.kind = p.kind;
       u.init = p.init;
+      u.muon_eligible = p.muon_eligible;
       u.group = group;
       u.member = m;
       u.runtime = static_cast<int>(r);

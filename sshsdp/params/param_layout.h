@@ -34,6 +34,7 @@ struct UpdateParam {
   std::vector<int64_t> shape;
   UpdateKind kind = UpdateKind::kMatrix;
   InitSpec init;
+  bool muon_eligible = true;  // UpdatePart::muon_eligible (see MuonEligible in model.h)
   OptimizerKind optimizer = OptimizerKind::kAdamW;
   int group = 0;
   int member = 0;   // index in the group's tensor list

@@ -1,0 +1,66 @@
+// Layer building blocks shared by the reference models (dense GPT in gpt.cc, MoE GPT in
+// moe.cc): RMSNorm, GELU (tanh), SiLU, causal multi-head attention over a packed QKV
+// activation, row loads from fp32/bf16 tables and runtime-parameter spec helpers. Plain
+// llm.c-style forward/backward functions over fp32 activations; factored out of gpt.cc
+// unchanged so both models compute bit-identical blocks.
+//
+//   layers::RmsNormForward(x, gain, y, rstd, rows, d);
+//   layers::AttentionForward(qkv, att, out, B, T, n_head, head_dim);
+//   RuntimeParamSpec s = layers::Single("lnf.g", {d}, UpdateKind::kVector, layers::kOnes);
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sshsdp/params/model.h"
+
+namespace sshsdp::layers {
+
+inline constexpr float kRmsEps = 1e-5f;
+
+inline bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+
+// ---- RMSNorm: y = x · rstd · g, rstd = 1/sqrt(mean(x²) + eps). ----
+void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d);
+// dx (+)= ∂/∂x, dg = Σ_rows dy·x·rstd (overwritten).
+void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
+                     float* dg, int64_t rows, int d, bool accumulate_dx);
+
+// ---- GELU, tanh approximation. ----
+inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/π)
+// tanh(z) = 1 − 2/(e^{2z} + 1): one expf instead of libm's slower tanhf; saturates correctly
+// (e^{2z} = inf gives 1, e^{2z} = 0 gives −1). Absolute error a few fp32 ulps of 1.
+inline float FastTanh(float z) { return 1.0f - 2.0f / (std::exp(2.0f * z) + 1.0f); }
+void GeluForward(const float* x, float* y, int64_t n);
+// dx = dy · gelu'(x), in place on dy.
+void GeluBackwardInPlace(const float* x, float* dy, int64_t n);
+
+// ---- SwiGLU: a = silu(h1) ⊙ h3, silu(z) = z·σ(z). ----
+void SwigluForward(const float* h1, const float* h3, float* a, int64_t n);
+// From da: dh1 = da·h3·silu'(h1) and dh3 = da·silu(h1); dh3 may alias da.
+void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
+                    int64_t n);
+
+// ---- Causal multi-head attention over packed qkv rows [q (d) | k (d) | v (d)]. ----
+// Per (batch, head), with Q, K, V the head's [T, dh] column blocks of qkv (row stride 3d):
+//   S = Q·Kᵀ/√dh (fp32 GEMM), P = causal softmax(S) (fp32 loops), O = P·V.
+// att is [B, H, T, T] (probabilities, upper triangle zero), out [B·T, d].
+void AttentionForward(const float* qkv, float* att, float* out, int B, int T, int H, int dh);
+// dqkv is overwritten (every head's Q, K and V block is written by one GEMM each).
+// dp is a [T, T] scratch.
+void AttentionBackward(const float* dout, const float* qkv, const float* att, float* dqkv,
+                       float* dp, int B, int T, int H, int dh);
+
+// Row `row` of a [rows, d] fp32/bf16 table as fp32.
+void LoadRow(const TensorRef& t, int64_t row, int d, float* out);
+
+// ---- Runtime-parameter spec helpers. ----
+// A runtime parameter that is a single update part of the same name.
+RuntimeParamSpec Single(std::string name, std::vector<int64_t> shape, UpdateKind kind,
+                        InitSpec init);
+inline InitSpec Normal(float std) { return InitSpec{InitSpec::Kind::kNormal, std}; }
+inline constexpr InitSpec kOnes{InitSpec::Kind::kOnes, 0.0f};
+
+}  // namespace sshsdp::layers
