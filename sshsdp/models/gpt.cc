@@ -23,15 +23,18 @@ using kernels::LinearForward;
 
 using layers::AttentionBackward;
 using layers::AttentionForward;
+using layers::EmbeddingBackward;
+using layers::EmbeddingForward;
 using layers::GeluBackwardInPlace;
 using layers::GeluForward;
 using layers::IsFloatType;
 using layers::kOnes;
-using layers::LoadRow;
 using layers::Normal;
 using layers::RmsNormBackward;
 using layers::RmsNormForward;
 using layers::Single;
+using layers::SoftmaxCrossEntropyBackward;
+using layers::SoftmaxCrossEntropyForward;
 
 }  // namespace
 
@@ -229,16 +232,7 @@ void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<Ten
 }
 
 void Gpt::ForwardEmbedding(const std::vector<TensorRef>& w) {
-  const int d = c_.d_model;
-  std::vector<float> pos(d);
-  for (int b = 0; b < B_; ++b) {
-    for (int t = 0; t < T_; ++t) {
-      float* x = acts_.residual + (static_cast<int64_t>(b) * T_ + t) * d;
-      LoadRow(w[0], tokens_[static_cast<int64_t>(b) * T_ + t], d, x);
-      LoadRow(w[1], t, d, pos.data());
-      for (int i = 0; i < d; ++i) x[i] += pos[i];
-    }
-  }
+  EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.d_model, acts_.residual);
 }
 
 void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
@@ -271,33 +265,16 @@ void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   const float* x = acts_.residual + c_.n_layer * BT * d;
   RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
   LinearForward(acts_.lnf, w[1].data, w[1].dtype, acts_.probs, BT, V, d);
-  // Softmax in place with the loss from log-sum-exp (sums in double).
-  double total = 0.0;
-  for (int64_t r = 0; r < BT; ++r) {
-    float* p = acts_.probs + r * V;
-    float mx = *std::max_element(p, p + V);
-    double sum = 0.0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(p[v] - mx));
-    const double lse = mx + std::log(sum);
-    const double loss = lse - p[targets_[r]];
-    acts_.losses[r] = static_cast<float>(loss);
-    total += loss;
-    for (int64_t v = 0; v < V; ++v) p[v] = static_cast<float>(std::exp(p[v] - lse));
-  }
-  loss_ = total / static_cast<double>(BT);
+  loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, V) /
+          static_cast<double>(BT);
 }
 
 void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                        bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.vocab;
   const float* x = acts_.residual + c_.n_layer * BT * d;
-  const float s = static_cast<float>(grad_scale_ / static_cast<double>(BT));
-  for (int64_t r = 0; r < BT; ++r) {
-    const float* p = acts_.probs + r * V;
-    float* dl = acts_.dlogits + r * V;
-    for (int64_t v = 0; v < V; ++v) dl[v] = p[v] * s;
-    dl[targets_[r]] -= s;
-  }
+  SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V,
+                              static_cast<float>(grad_scale_ / static_cast<double>(BT)));
   LinearBackwardWeight(acts_.dlogits, acts_.lnf, w[1].dtype, grad[1].data, grad[1].dtype, BT, V, d,
                        acc);
   LinearBackwardData(acts_.dlogits, w[1].data, w[1].dtype, acts_.dtmp, BT, V, d, false);
@@ -342,34 +319,8 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
 }
 
 void Gpt::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
-  const int d = c_.d_model;
-  // Each table: scatter-add rows into fp32 (the view itself when it is fp32; a scratch table
-  // when bf16, written once at the end so bf16 rounding happens once per element).
-  auto scatter = [&](const TensorRef& g, int64_t rows, auto&& row_of) {
-    const int64_t n = rows * d;
-    float* dst;
-    bool direct = g.dtype == DType::kF32;
-    if (direct) {
-      dst = static_cast<float*>(g.data);
-      if (!acc) kernels::Fill(dst, n, 0.0f);  // rows that never occur get explicit zeros
-    } else {
-      if (static_cast<int64_t>(table_scratch_.size()) < n) table_scratch_.resize(n);
-      dst = table_scratch_.data();
-      kernels::Fill(dst, n, 0.0f);
-    }
-    for (int b = 0; b < B_; ++b) {
-      for (int t = 0; t < T_; ++t) {
-        const float* dx = acts_.dres + (static_cast<int64_t>(b) * T_ + t) * d;
-        float* row = dst + row_of(b, t) * d;
-        for (int i = 0; i < d; ++i) row[i] += dx[i];  // repeated tokens add up
-      }
-    }
-    if (!direct) kernels::WriteOrAccumulate(dst, g.data, g.dtype, n, acc);
-  };
-  scatter(grad[0], c_.vocab, [&](int b, int t) {
-    return static_cast<int64_t>(tokens_[static_cast<int64_t>(b) * T_ + t]);
-  });
-  scatter(grad[1], c_.seq_len, [](int, int t) { return static_cast<int64_t>(t); });
+  EmbeddingBackward(acts_.dres, tokens_.data(), B_, T_, c_.d_model, grad[0], c_.vocab, grad[1],
+                    c_.seq_len, acc, table_scratch_);
 }
 
 double Gpt::FlopsPerToken() const {

@@ -56,6 +56,25 @@ void AttentionBackward(const float* dout, const float* qkv, const float* att, fl
 // Row `row` of a [rows, d] fp32/bf16 table as fp32.
 void LoadRow(const TensorRef& t, int64_t row, int d, float* out);
 
+// ---- Embeddings: out[b·T + t] = wte[tokens[b·T + t]] + wpe[t], out [B·T, d]. ----
+void EmbeddingForward(const TensorRef& wte, const TensorRef& wpe, const int32_t* tokens, int B,
+                      int T, int d, float* out);
+// Scatter-adds dx [B·T, d] into the wte [vocab, d] and wpe [seq_len, d] gradient views.
+// Overwrite mode gives rows that never occur explicit zeros; a bf16 view is summed in the
+// fp32 `scratch` and rounded once per element.
+void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
+                       const TensorRef& dwte, int64_t vocab, const TensorRef& dwpe, int64_t seq_len,
+                       bool accumulate, std::vector<float>& scratch);
+
+// ---- Softmax cross-entropy over [rows, V] logits. ----
+// In place: logits become probabilities, losses[r] = lse − logit[target] (sums in double);
+// returns Σ losses.
+double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                  int64_t rows, int64_t V);
+// dlogits = scale · (probs − onehot(target)), overwritten.
+void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
+                                 int64_t rows, int64_t V, float scale);
+
 // ---- Runtime-parameter spec helpers. ----
 // A runtime parameter that is a single update part of the same name.
 RuntimeParamSpec Single(std::string name, std::vector<int64_t> shape, UpdateKind kind,
