@@ -39,7 +39,8 @@ void GeluBackwardInPlace(const float* x, float* dy, int64_t n);
 
 // ---- SwiGLU: a = silu(h1) ⊙ h3, silu(z) = z·σ(z). ----
 void SwigluForward(const float* h1, const float* h3, float* a, int64_t n);
-// From da: dh1 = da·h3·silu'(h1) and dh3 = da·silu(h1); dh3 may alias da.
+// From da: dh1 = da·h3·silu'(h1) and dh3 = da·silu(h1). da may alias dh1 or dh3 (each
+// element is read before either output is written).
 void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                     int64_t n);
 

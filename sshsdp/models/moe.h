@@ -1,0 +1,182 @@
+// Reference Mixture-of-Experts GPT with a manual forward and backward, written against
+// runtime-parameter views (model.h) like the dense GPT (gpt.h), whose trunk it shares:
+// token + position embeddings, pre-norm blocks with causal attention over one packed QKV
+// parameter, final RMSNorm, untied LM head. In the blocks selected by `moe_every` /
+// `moe_layers` the MLP is a mixture of experts:
+//
+//   x = RMSNorm(h);  z = x·W_rᵀ (router logits, fp32)  →  top-k experts per token by logit
+//   (ties: lower expert index first)  →  gate weights from softmax(z) or σ(z), optionally
+//   renormalised over the k chosen  →  y = Σ_j gate_j · Expert_{e_j}(x) [+ SharedExpert(x)]
+//   Expert(x) = W2·(silu(W1·x) ⊙ W3·x)   (SwiGLU)   or   W2·gelu(W1·x)   (GELU)
+//
+// plus the Switch-Transformer load-balancing loss per MoE block,
+//   aux = α · E · Σ_e f_e · P_e,   f_e = (assignments to e) / (N·k)  (a constant),
+//   P_e = mean over the N tokens of q_e,  q = softmax(z) (softmax gating) or σ(z)/Σσ(z)
+//   (sigmoid gating: normalised so Σ_e P_e = 1 as in the softmax case),
+// which equals α when routing is perfectly balanced. Loss() = mean cross-entropy + Σ aux;
+// Backward differentiates exactly that (times grad_scale). Top-k selection and f_e are
+// piecewise constant (no gradient), as in every MoE implementation.
+//
+// Runtime layout (what the engine shards and the kernels consume). Group 0 = {wte, wpe},
+// group L+1 = {lnf.g, lm_head}, group l+1 = block l:
+//   dense block: ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1 [d_ff,d], mlp.fc2 [d,d_ff]
+//   MoE block:   ln1.g, attn.qkv, attn.proj, ln2.g,
+//                moe.router [E,d]          one update part, kMatrix with muon_eligible=false
+//                moe.w1 [E,f,d]            ALL experts packed in one runtime parameter,
+//                moe.w2 [E,d,f]            stacked [E, out, in]; update parts
+//                moe.w3 [E,f,d] (SwiGLU)   "blocks.l.moe.w1.e3" = expert 3's [f,d] matrix
+//                [moe.shared.w1 [fs,d], moe.shared.w2 [d,fs], moe.shared.w3 [fs,d]]
+// so expert-wise Muon updates one expert's matrix as one unit. The router is a 2-D matrix
+// (kMatrix: weight decay like every matrix) that the optimizer keeps on AdamW by default
+// (UpdatePart::muon_eligible = false): it is small and routing is sensitive to it.
+//
+// Grouped GEMM: the N·k (token, expert) assignments are permuted into one buffer grouped by
+// expert (counting sort: experts in index order, tokens in index order inside each expert —
+// deterministic), each expert runs its MLP as plain GEMMs on its slice of the packed weight
+// over its contiguous rows (no call for an expert without tokens), and the outputs are
+// un-permuted with a per-token gather of its k rows (scatter-add expressed as a gather:
+// deterministic, no races). Backward mirrors it and writes each expert's weight gradient
+// straight into its slice of the packed runtime-gradient view; an expert with no tokens gets
+// explicit zeros there in kOverwrite mode and is left untouched in kAccumulate mode.
+//
+//   MoeGpt model(MoeConfig::Preset("moe-tiny"));
+//   DenseParams p(model);  p.Init(1);
+//   model.SetBatch(tokens, targets, B, T);
+//   for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, p.Weights(g));
+//   double loss = model.Loss();                          // cross-entropy + aux
+//   for (int g = model.num_groups() - 1; g >= 0; --g)
+//     model.Backward(g, p.Weights(g), p.Grads(g), GradWrite::kOverwrite);
+//   model.GroupParams(1)[5].parts[3].name;               // "blocks.0.moe.w1.e3"
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include "sshsdp/models/gpt.h"
+#include "sshsdp/params/model.h"
+
+namespace sshsdp {
+
+enum class Gating { kSoftmax, kSigmoid };
+enum class ExpertMlp { kSwiGLU, kGelu };
+const char* GatingName(Gating g);
+const char* ExpertMlpName(ExpertMlp m);
+// "softmax" | "sigmoid", "swiglu" | "gelu"; ConfigError otherwise.
+Gating ParseGating(std::string_view s);
+ExpertMlp ParseExpertMlp(std::string_view s);
+
+struct MoeConfig {
+  GptConfig trunk;  // vocab, seq_len, d_model, n_head, n_layer; trunk.d_ff = dense blocks' MLP
+  int n_expert = 4;
+  int top_k = 2;
+  int d_expert = 0;  // hidden width of each expert; 0 means 2 * d_model
+  // Block l is an MoE block iff it is listed in moe_layers, or (moe_layers empty)
+  // l % moe_every == moe_every - 1: 1 = every block, 2 = blocks 1, 3, 5, ...
+  int moe_every = 1;
+  std::vector<int> moe_layers;
+  Gating gating = Gating::kSoftmax;
+  bool renormalize = true;  // divide the k gate weights by their sum
+  ExpertMlp expert_mlp = ExpertMlp::kSwiGLU;
+  bool shared_expert = false;  // an always-on expert added to every token's output
+  int d_shared = 0;            // its hidden width; 0 means d_expert
+  float aux_loss_weight = 0.01f;
+
+  // "moe-tiny":  d=64,  L=2, H=4, T=64,  E=4, k=2, f=128, SwiGLU, softmax, every block
+  //              (a step runs in milliseconds);
+  // "moe-small": d=128, L=4, H=4, T=128, E=8, k=2, f=256, SwiGLU, softmax, every block
+  //              (the MoE bench workload: trains in minutes on 2 cores).
+  // Throws ConfigError naming the presets otherwise.
+  static MoeConfig Preset(std::string_view name);
+  int expert_ff() const { return d_expert > 0 ? d_expert : 2 * trunk.d_model; }
+  int shared_ff() const { return d_shared > 0 ? d_shared : expert_ff(); }
+  bool IsMoeLayer(int l) const;
+  // Throws ConfigError on bad sizes, top_k outside [1, n_expert], moe_layers out of range.
+  void Validate() const;
+};
+
+class MoeGpt final : public Model {
+ public:
+  explicit MoeGpt(const MoeConfig& config);
+
+  const MoeConfig& config() const { return c_; }
+
+  int num_groups() const override { return c_.trunk.n_layer + 2; }
+  std::vector<RuntimeParamSpec> GroupParams(int g) const override;
+  void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
+  void SetGradScale(double grad_scale) override { grad_scale_ = grad_scale; }
+  void Forward(int g, const std::vector<TensorRef>& w) override;
+  // Mean cross-entropy plus the auxiliary losses of all MoE blocks.
+  double Loss() const override;
+  void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                GradWrite mode) override;
+  // 6·N_active + 12·L·d·T, N_active = GEMM weights one token uses: attention, dense MLPs,
+  // per MoE block the router (E·d), top_k experts' matrices (ACTIVE experts only, not E) and
+  // the shared expert, and the LM head.
+  double FlopsPerToken() const override;
+  int64_t ActivationBytes() const override;
+
+  double CrossEntropy() const;  // mean over the B·T tokens
+  double AuxLoss() const;       // Σ over MoE blocks of α·E·Σ_e f_e·P_e
+  // Routing of MoE block l in the last forward: expert of every (token, slot) [B·T, top_k],
+  // best first, and tokens per expert [E]. PlanError for a dense block or before forward.
+  std::vector<int32_t> Routing(int l) const;
+  std::vector<int64_t> ExpertTokens(int l) const;
+
+ private:
+  // Per-block activations: pointers into the float and int arenas. Dense blocks use fch/fcg;
+  // MoE blocks the rest (null when unused).
+  struct BlockActs {
+    float *ln1, *ln1_rstd, *qkv, *att, *atty, *res_mid, *ln2, *ln2_rstd;
+    float *fch, *fcg;                      // dense MLP [N, d_ff]: fc1 output, after GELU
+    float *score, *gate, *frac;            // [N, E] softmax/σ scores, [N, k] gates, [E] f_e
+    float *xp, *h1, *h3, *act, *yp;        // permuted rows: input [Nk, d], hidden [Nk, f] ×3, out
+    float *sh1, *sh3, *sha;                // shared expert hidden [N, fs] ×3
+    int32_t *sel, *offsets, *row, *token;  // [N, k], [E+1], (t,j) → row [N·k], row → t [N·k]
+    double aux;
+  };
+  // Indices of an MoE block's runtime parameters (GroupParams order); -1 when absent.
+  struct MoeSlots {
+    int router = 4, w1 = 5, w2 = 6, w3 = -1, s1 = -1, s2 = -1, s3 = -1, count = 7;
+  };
+
+  void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
+  size_t NumViews(int g) const;
+  void ForwardBlock(int l, const std::vector<TensorRef>& w);
+  // out = MoE(ln2) of block l (overwritten).
+  void ForwardMoe(int l, const std::vector<TensorRef>& w, float* out);
+  void ForwardHead(const std::vector<TensorRef>& w);
+  void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                     bool acc);
+  // dx = ∂/∂ln2 (overwritten) from dy = ∂/∂(MoE output); weight gradients into `grad`.
+  void BackwardMoe(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                   bool acc, const float* dy, float* dx);
+  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
+  const float* Gain(const TensorRef& t);
+  // The router weight as fp32: the view itself, or widened from bf16 into scratch.
+  const float* RouterF32(const TensorRef& t);
+
+  MoeConfig c_;
+  Gpt trunk_;  // declares the trunk's runtime parameters (identical to the dense GPT's)
+  MoeSlots slots_;
+  int B_ = 0, T_ = 0;
+  std::vector<int32_t> tokens_, targets_;
+  double grad_scale_ = 1.0;
+  double ce_ = 0.0;
+
+  std::vector<float> arena_;
+  std::vector<int32_t> iarena_;
+  std::vector<BlockActs> blocks_;
+  std::vector<float*> res_;  // res_[l] = input of block l [N, d]; res_[L] = last block's output
+  float *lnf_ = nullptr, *lnf_rstd_ = nullptr, *probs_ = nullptr, *losses_ = nullptr;
+  // Backward scratch shared by all groups.
+  float *dres_ = nullptr, *dtmp_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr,
+        *dlogits_ = nullptr, *datt_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr,
+        *dh3_ = nullptr, *dxp_ = nullptr, *dz_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr;
+  std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_, router_scratch_, wgrad_scratch_;
+
+  int fwd_next_ = 0;
+  bool fwd_done_ = false;
+  int bwd_next_ = -1;
+};
+
+}  // namespace sshsdp
