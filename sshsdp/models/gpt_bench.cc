@@ -1,18 +1,21 @@
-// Reports the GEMM peak the MFU denominator uses and the forward+backward time of a GPT
-// preset, for fp32 and bf16 runtime weights (medians over steps after warm-up).
+// Reports the GEMM peak the MFU denominator uses and the forward+backward time of a GPT or
+// MoE GPT preset, for fp32 and bf16 runtime weights (medians over steps after warm-up). MoE
+// MFU counts active-expert FLOPs only (MoeGpt::FlopsPerToken).
 //
-//   OMP_NUM_THREADS=1 models_gpt_bench [preset=small] [B=4] [steps=10]
+//   OMP_NUM_THREADS=1 models_gpt_bench [preset=small|moe-small|...] [B=4] [steps=10]
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
+#include "sshsdp/models/moe.h"
 
 namespace {
 
@@ -38,8 +41,17 @@ int main(int argc, char** argv) {
       sshsdp::kernels::GemmImplementation(false, true, 1024, 1024, 1024, DType::kBF16,
                                           DType::kF32));
 
-  sshsdp::GptConfig config = sshsdp::GptConfig::Preset(preset);
-  sshsdp::Gpt model(config);
+  std::unique_ptr<sshsdp::Model> owned;
+  sshsdp::GptConfig config;
+  if (preset.rfind("moe-", 0) == 0) {
+    sshsdp::MoeConfig mc = sshsdp::MoeConfig::Preset(preset);
+    config = mc.trunk;
+    owned = std::make_unique<sshsdp::MoeGpt>(mc);
+  } else {
+    config = sshsdp::GptConfig::Preset(preset);
+    owned = std::make_unique<sshsdp::Gpt>(config);
+  }
+  sshsdp::Model& model = *owned;
   const int T = config.seq_len;
   sshsdp::SyntheticTokens data(config.vocab, 1);
   std::vector<int32_t> tok(B * T), tgt(B * T);
