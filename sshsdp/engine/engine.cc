@@ -38,6 +38,21 @@ struct Engine::RuntimeGroup {
   void* grad_block = nullptr;
   CommHandle rs_handle;
 
+  // Baseline layouts and redundancy paths (redundancy.h). pieces[m]: which update parameter
+  // elements member m holds; part_offset[u]: element offset of update parameter u inside its
+  // runtime parameter.
+  std::vector<MemberPiece> pieces;
+  std::vector<std::pair<size_t, size_t>> uncovered;
+  std::vector<bool> contiguous;
+  std::vector<size_t> part_offset;
+  void* rt_block = nullptr;  // per-parameter (③) and packed (①) runtime weights of one gather
+  size_t rt_bytes = 0;
+  std::vector<TensorRef> rt_views;
+  void* pg_block = nullptr;  // per-parameter gradients (④) / packed gradients
+  size_t pg_bytes = 0;
+  std::vector<size_t> pg_offsets;
+  void* rs_tmp = nullptr;  // ⑤ reduce-scatter result before the separate add
+
   std::vector<TensorRef> Views(const DataNode& root, DType dt) const {
     std::vector<TensorRef> out;
     for (const auto& c : root.children()) out.push_back(TensorRef{c->data(), dt});
@@ -63,6 +78,9 @@ std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes, MemoryAc
   return root;
 }
 
+// ⑦: optimizer state replicated across replica groups = no outer ZeRO-1 (so = sg).
+int EffectiveSo(const EngineConfig& c) { return c.redundancies.replicate_optimizer ? c.sg : c.so; }
+
 CommCounters Delta(const CommCounters& after, const CommCounters& before) {
   CommCounters d;
   d.intra_node_bytes = after.intra_node_bytes - before.intra_node_bytes;
@@ -78,7 +96,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
       world_(world),
       cfg_(cfg),
       topo_(world.size(), cfg.ranks_per_node > 0 ? cfg.ranks_per_node : world.size(), cfg.sw,
-            cfg.sg, cfg.so),
+            cfg.sg, EffectiveSo(cfg)),
       rank_(world.rank()) {
   SSHSDP_CHECK(cfg.weight_dtype == DType::kF32 || cfg.weight_dtype == DType::kBF16, ConfigError,
                "runtime weight dtype must be fp32 or bf16, got {}", DTypeName(cfg.weight_dtype));
@@ -86,6 +104,18 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
                cfg.microbatches);
   SSHSDP_CHECK(cfg.batch_size >= 1, ConfigError, "batch size must be >= 1, got {}", cfg.batch_size);
   SSHSDP_CHECK(model.num_groups() >= 1, ConfigError, "model has no runtime groups");
+  cfg_.so = topo_.so();
+  const Redundancies& R = cfg_.redundancies;
+  SSHSDP_CHECK(cfg_.shard_layout != ShardLayout::kDim0 || (R.weight_copies && R.grad_copies),
+               ConfigError,
+               "the dim-0 shard layout interleaves parameters by rank in the gathered buffer: "
+               "it needs weight copy-out (③) and gradient copies (④) on, got {}",
+               R.ToString());
+  store_dtype_ = R.cast_every_gather ? DType::kF32 : cfg_.weight_dtype;
+  views_direct_ = cfg_.shard_layout == ShardLayout::kFlat && !R.tw_every_use && !R.weight_copies;
+  grads_direct_ = cfg_.shard_layout == ShardLayout::kFlat && !R.grad_copies;
+  skip_gather_ = topo_.sw() == 1 && store_dtype_ == cfg_.weight_dtype && !R.weight_copies;
+  skip_rs_ = topo_.sg() == 1 && grads_direct_ && !R.separate_add;
   for (int g = 0; g < model.num_groups(); ++g) BuildGroup(g);
 
   // Communicators (collective over the world, in the same order on every rank). The
@@ -122,18 +152,32 @@ Engine::~Engine() {
 
 void Engine::BuildGroup(int gi) {
   auto g = std::make_unique<RuntimeGroup>();
-  g->layout = BuildGroupLayout(gi, model_.GroupParams(gi), cfg_.weight_dtype,
-                               static_cast<size_t>(topo_.so()));
+  {
+    EngineLayout E = BuildEngineLayout(cfg_.shard_layout, gi, model_.GroupParams(gi),
+                                       cfg_.weight_dtype, topo_.sw(), topo_.so());
+    g->layout = std::move(E.layout);
+    g->pieces = std::move(E.pieces);
+    g->uncovered = std::move(E.uncovered);
+    g->contiguous = std::move(E.contiguous);
+    g->part_offset.assign(g->layout.update.size(), 0);
+    for (const RuntimeParam& rp : g->layout.runtime) {
+      size_t off = 0;
+      for (int i = rp.first_member; i < rp.first_member + rp.num_members; ++i) {
+        g->part_offset[i] = off;
+        off += NumElements(g->layout.update[i].shape);
+      }
+    }
+  }
   g->chain = std::make_unique<ShardChain>(g->layout.list, topo_, rank_);
   g->z3 = g->chain->LocalRange(Shard::kZero3);
   g->z2 = g->chain->LocalRange(Shard::kZero2);
   g->z1 = g->chain->LocalRange(Shard::kZero1);
   g->padded = g->layout.list.padded_numel();
-  const size_t ws = DTypeSize(cfg_.weight_dtype);
+  const size_t ws = DTypeSize(store_dtype_);
   const std::string p = "group" + std::to_string(gi);
 
   g->w_z3 = Buffer(p + ".w_z3", g->z3.size() * ws, &memory_, "weights");
-  if (cfg_.weight_dtype == DType::kF32) {
+  if (store_dtype_ == DType::kF32) {
     // Zero copy: fp32 runtime weights ARE the main weights; the ZeRO-1 slice of Wᶻ³ holds them.
     g->main_z1 = g->w_z3->data_as<float>() + (g->z1.begin - g->z3.begin);
   } else {
@@ -151,15 +195,24 @@ void Engine::BuildGroup(int gi) {
   g->m = g->state->data_as<float>();
   g->v = g->m + g->z1.size();
 
-  g->w_full = FullViews(p + ".w_full", g->layout, cfg_.weight_dtype);
-  g->g_full = FullViews(p + ".g_full", g->layout, DType::kF32);
-  if (topo_.sw() == 1) g->w_full->AttachExternal(g->w_z3->data(), g->w_z3->bytes());
-  if (topo_.sg() == 1) g->g_full->AttachExternal(g->g_z2->data(), g->g_z2->bytes());
+  if (cfg_.shard_layout == ShardLayout::kFlat) {
+    g->w_full = FullViews(p + ".w_full", g->layout, cfg_.weight_dtype);
+    g->g_full = FullViews(p + ".g_full", g->layout, DType::kF32);
+  } else {  // runtime parameters are not views of the buffer: bare roots
+    g->w_full = std::make_unique<DataNode>(p + ".w_full", g->padded * DTypeSize(cfg_.weight_dtype));
+    g->w_full->Finalize();
+    g->g_full = std::make_unique<DataNode>(p + ".g_full", g->padded * 4);
+    g->g_full->Finalize();
+  }
+  if (skip_gather_) g->w_full->AttachExternal(g->w_z3->data(), g->w_z3->bytes());
+  if (skip_rs_) g->g_full->AttachExternal(g->g_z2->data(), g->g_z2->bytes());
   groups_.push_back(std::move(g));
 }
 
 void* Engine::Acquire(size_t bytes) {
-  auto it = free_blocks_.find(bytes);
+  // Best fit: the smallest free block that holds `bytes` (blocks of the largest layer serve
+  // every smaller one, so the pool holds as many blocks as are live at once, not one per size).
+  auto it = free_blocks_.lower_bound(bytes);
   if (it != free_blocks_.end()) {
     void* p = it->second;
     free_blocks_.erase(it);
@@ -174,11 +227,19 @@ void* Engine::Acquire(size_t bytes) {
   return p;
 }
 
-void Engine::Recycle(void* p, size_t bytes) { free_blocks_.emplace(bytes, p); }
+void Engine::Recycle(void* p, size_t /*bytes*/) {
+  for (const auto& [q, capacity] : all_blocks_) {
+    if (q == p) {
+      free_blocks_.emplace(capacity, p);
+      return;
+    }
+  }
+  throw Error("Engine::Recycle: block was not acquired from the pool");
+}
 
 void Engine::StartGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
-  if (topo_.sw() == 1 || g.gather_started) return;
+  if (skip_gather_ || g.gather_started) return;
   const size_t bytes = g.padded * DTypeSize(cfg_.weight_dtype);
   g.gather_block = Acquire(bytes);
   g.w_full->AttachExternal(g.gather_block, bytes);
@@ -189,19 +250,43 @@ void Engine::StartGather(int gi) {
   const size_t count = g.z3.size();
   const DType dt = cfg_.weight_dtype;
   Communicator* comm = rt_zero3_.get();
-  g.gather_handle = comm_thread_->Submit([=] { comm->AllGather(src, dst, count, dt); });
+  if (store_dtype_ == dt && !cfg_.redundancies.weight_copies) {
+    g.gather_handle = comm_thread_->Submit([=] { comm->AllGather(src, dst, count, dt); });
+    return;
+  }
+  // Baselines: this rank's slice of the gather buffer is written first (② cast, ③ copy-in),
+  // then gathered in place.
+  const size_t es = DTypeSize(dt);
+  char* slice = static_cast<char*>(dst) + topo_.GroupPosition(Group::kZero3, rank_) * count * es;
+  if (store_dtype_ != dt) {  // ②: fp32 ZeRO-3 shard cast on every gather
+    void* cast_dst = cfg_.redundancies.weight_copies ? Acquire(count * es) : slice;
+    {
+      ScopedTimer t(&time_.cast);
+      FloatToBf16(static_cast<const float*>(src), static_cast<bf16*>(cast_dst), count);
+    }
+    counters_.weight_preps++;
+    if (cast_dst != slice) {
+      copy_meter_.Copy(slice, cast_dst, count * es, &CopyBytes::weight_copy_in);
+      Recycle(cast_dst, count * es);
+    }
+  } else {
+    copy_meter_.Copy(slice, src, count * es, &CopyBytes::weight_copy_in);  // ③ copy-in
+  }
+  g.gather_handle = comm_thread_->Submit([=] { comm->AllGatherInPlace(dst, count, dt); });
 }
 
 void Engine::WaitGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
-  if (topo_.sw() == 1) return;
+  if (skip_gather_) return;
   StartGather(gi);
+  ScopedTimer t(&time_.comm_wait);
   g.gather_handle.Wait();
 }
 
 void Engine::ReleaseGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
-  if (topo_.sw() == 1 || !g.gather_started) return;
+  ReleaseRuntimeWeights(gi);
+  if (skip_gather_ || !g.gather_started) return;
   g.gather_handle.Wait();
   g.w_full->Release();
   Recycle(g.gather_block, g.padded * DTypeSize(cfg_.weight_dtype));
@@ -213,8 +298,9 @@ void Engine::PrepareAndGatherWeights() {
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
     const size_t z1_off = g.z1.begin - g.z3.begin;
-    if (cfg_.weight_dtype == DType::kBF16) {
+    if (store_dtype_ == DType::kBF16) {
       // G: cast the ZeRO-1 main weights straight into the ZeRO-1 slice of Wᶻ³.
+      ScopedTimer t(&time_.cast);
       FloatToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off, g.z1.size());
       counters_.weight_preps++;
     }
@@ -224,7 +310,8 @@ void Engine::PrepareAndGatherWeights() {
                    "group {}: ZeRO-1 slice at offset {} does not match replica all-gather "
                    "position {}",
                    g.layout.group, z1_off, up_replica_ag_->rank());
-      up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), cfg_.weight_dtype);
+      ScopedTimer t(&time_.comm_wait);
+      up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), store_dtype_);
     }
   }
 }
@@ -234,9 +321,12 @@ void Engine::InitWeights(uint64_t seed) {
     RuntimeGroup& g = *gp;
     std::memset(g.main_z1, 0, g.z1.size() * 4);
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-      const UpdateParam& u = g.layout.update[f.member];
+      const MemberPiece& pc = g.pieces[f.member];
+      if (f.tensor_begin >= pc.valid) continue;  // dim-0 padding stays zero
+      const UpdateParam& u = g.layout.update[pc.update];
       UpdatePart part{u.name, u.shape, 0, u.kind, u.init};
-      FillInit(part, seed, static_cast<int64_t>(f.tensor_begin), static_cast<int64_t>(f.length),
+      FillInit(part, seed, static_cast<int64_t>(pc.offset + f.tensor_begin),
+               static_cast<int64_t>(std::min(f.length, pc.valid - f.tensor_begin)),
                g.main_z1 + f.shard_offset);
     }
     std::memset(g.m, 0, g.z1.size() * 8);
@@ -253,6 +343,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   const int T = cfg_.seq_len;
   SSHSDP_CHECK(T > 0, ConfigError, "sequence length must be set (EngineConfig::seq_len)");
   counters_ = {};
+  copy_meter_.Reset();
+  time_ = {};
   const CommCounters rt0 = rt_zero3_->counters(), rt1 = rt_zero2_->counters();
   CommCounters up0;
   for (Communicator* c : {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), &world_})
@@ -274,7 +366,13 @@ StepStats Engine::Step(const BatchFn& batch) {
       StartGather(g);
       if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
       WaitGather(g);
-      model_.Forward(g, groups_[g]->Views(*groups_[g]->w_full, cfg_.weight_dtype));
+      std::vector<TensorRef> w = views_direct_
+                                     ? groups_[g]->Views(*groups_[g]->w_full, cfg_.weight_dtype)
+                                     : RuntimeWeights(g);
+      {
+        ScopedTimer t(&time_.compute);
+        model_.Forward(g, w);
+      }
       if (cfg_.reshard_after_forward && g + 1 < n) ReleaseGather(g);
     }
     loss_sum += model_.Loss();
@@ -285,7 +383,7 @@ StepStats Engine::Step(const BatchFn& batch) {
       if (cfg_.prefetch && g > 0) StartGather(g - 1);
       WaitGather(g);
       GradWrite mode = GradWrite::kOverwrite;
-      if (topo_.sg() == 1) {
+      if (skip_rs_) {
         if (mb > 0) {
           mode = GradWrite::kAccumulate;  // G′ is G′ᶻ²: accumulate in backward
           counters_.fused_accumulations++;
@@ -294,55 +392,70 @@ StepStats Engine::Step(const BatchFn& batch) {
         const size_t bytes = G.padded * 4;
         G.grad_block = Acquire(bytes);
         G.g_full->AttachExternal(G.grad_block, bytes);
-        const size_t used = G.layout.list.numel();
-        std::memset(static_cast<float*>(G.grad_block) + used, 0, (G.padded - used) * 4);
+        if (grads_direct_) {
+          const size_t used = G.layout.list.numel();
+          std::memset(static_cast<float*>(G.grad_block) + used, 0, (G.padded - used) * 4);
+        }
       }
-      model_.Backward(g, G.Views(*G.w_full, cfg_.weight_dtype), G.Views(*G.g_full, DType::kF32),
-                      mode);
-      if (topo_.sg() > 1) {
+      std::vector<TensorRef> w =
+          views_direct_ ? G.Views(*G.w_full, cfg_.weight_dtype) : RuntimeWeights(g);
+      std::vector<TensorRef> grads =
+          grads_direct_ ? G.Views(*G.g_full, DType::kF32) : GradTargets(g);
+      {
+        ScopedTimer t(&time_.compute);
+        model_.Backward(g, w, grads, mode);
+      }
+      if (!skip_rs_) {
+        if (!grads_direct_) FinishGrads(g);
         G.g_full->Release();
         const void* src = G.grad_block;
         void* dst = G.g_z2->data();
         const size_t count = G.z2.size();
-        const bool acc = mb > 0;
-        if (acc) counters_.fused_accumulations++;
+        bool acc = mb > 0;
+        if (acc && cfg_.redundancies.separate_add) {  // ⑤: reduce into a temporary
+          G.rs_tmp = Acquire(count * 4);
+          dst = G.rs_tmp;
+          acc = false;
+        } else if (acc) {
+          counters_.fused_accumulations++;
+        }
         Communicator* comm = rt_zero2_.get();
         G.rs_handle = comm_thread_->Submit(
             [=] { comm->ReduceScatter(src, DType::kF32, dst, DType::kF32, count, acc); });
       }
       ReleaseGather(g);
-      if (g + 1 < n && groups_[g + 1]->grad_block) {
-        RuntimeGroup& P = *groups_[g + 1];
-        P.rs_handle.Wait();
-        Recycle(P.grad_block, P.padded * 4);
-        P.grad_block = nullptr;
-      }
+      if (g + 1 < n && groups_[g + 1]->grad_block) FinishReduceScatter(g + 1);
     }
-    for (auto& gp : groups_) {
-      if (gp->grad_block) {
-        gp->rs_handle.Wait();
-        Recycle(gp->grad_block, gp->padded * 4);
-        gp->grad_block = nullptr;
-      }
-    }
+    for (int g = 0; g < n; ++g)
+      if (groups_[g]->grad_block) FinishReduceScatter(g);
   }
-  comm_thread_->Drain();
+  {
+    ScopedTimer t(&time_.comm_wait);
+    comm_thread_->Drain();
+  }
 
   // Update phase: outer reduce-scatter, HSDP all-reduce, norm, AdamW, G, outer all-gather.
   const bool count_norm = topo_.Coord(rank_).d == 0;
   double sumsq = 0;
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
-    if (up_replica_rs_->size() > 1)
-      up_replica_rs_->ReduceScatter(g.g_z2->data(), DType::kF32, g.g_z1, DType::kF32, g.z1.size(),
-                                    false);
-    if (up_hsdp_->size() > 1) up_hsdp_->AllReduce(g.g_z1, g.z1.size(), DType::kF32);
+    {
+      ScopedTimer t(&time_.comm_wait);
+      if (up_replica_rs_->size() > 1)
+        up_replica_rs_->ReduceScatter(g.g_z2->data(), DType::kF32, g.g_z1, DType::kF32, g.z1.size(),
+                                      false);
+      if (up_hsdp_->size() > 1) up_hsdp_->AllReduce(g.g_z1, g.z1.size(), DType::kF32);
+    }
+    ScopedTimer t(&time_.optimizer);
     if (count_norm)
       for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
         sumsq += kernels::SumSquares(g.g_z1 + f.shard_offset, static_cast<int64_t>(f.length));
   }
   float red[2] = {static_cast<float>(loss_sum), static_cast<float>(sumsq)};
-  world_.AllReduce(red, 2, DType::kF32);
+  {
+    ScopedTimer t(&time_.comm_wait);
+    world_.AllReduce(red, 2, DType::kF32);
+  }
   const double norm_scale = 1.0 / (static_cast<double>(M) * world_.size());
   const double grad_norm = std::sqrt(static_cast<double>(red[1])) * norm_scale;
   double clip = 1.0;
@@ -354,13 +467,16 @@ StepStats Engine::Step(const BatchFn& batch) {
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-      const UpdateParam& u = g.layout.update[f.member];
+      const UpdateParam& u = g.layout.update[g.pieces[f.member].update];
       float wd = u.kind == UpdateKind::kVector ? 0.0f : cfg_.adamw.weight_decay;
       spans.push_back({g.main_z1 + f.shard_offset, g.g_z1 + f.shard_offset, g.m + f.shard_offset,
                        g.v + f.shard_offset, static_cast<int64_t>(f.length), wd});
     }
   }
-  AdamWStep(spans, cfg_.adamw, step_, grad_scale);
+  {
+    ScopedTimer t(&time_.optimizer);
+    AdamWStep(spans, cfg_.adamw, step_, grad_scale);
+  }
   PrepareAndGatherWeights();
 
   StepStats st;
@@ -369,6 +485,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   st.grad_norm = grad_norm;
   st.tokens = static_cast<int64_t>(M) * B * T * world_.size();
   st.counters = counters_;
+  st.counters.copies = copy_meter_.bytes();
+  st.counters.bytes_copied = copy_meter_.bytes().total();
   st.counters.runtime_comm = Delta(rt_zero3_->counters(), rt0);
   st.counters.runtime_comm += Delta(rt_zero2_->counters(), rt1);
   CommCounters up1;
@@ -376,6 +494,10 @@ StepStats Engine::Step(const BatchFn& batch) {
     up1 += c->counters();
   st.counters.update_comm = Delta(up1, up0);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  time_.copy = copy_meter_.seconds();
+  st.time = time_;
+  st.time.other = std::max(0.0, st.seconds - (time_.compute + time_.comm_wait + time_.copy +
+                                              time_.cast + time_.add + time_.optimizer));
   return st;
 }
 
@@ -392,7 +514,11 @@ std::map<std::string, std::vector<float>> Engine::GatherMainWeights() {
     }
     for (size_t m = 0; m < g.layout.list.num_members(); ++m) {
       const TensorListMember& mem = g.layout.list.member(m);
-      out[mem.name].assign(full.begin() + mem.offset, full.begin() + mem.end());
+      const MemberPiece& pc = g.pieces[m];
+      const UpdateParam& u = g.layout.update[pc.update];
+      std::vector<float>& dst = out[u.name];
+      dst.resize(NumElements(u.shape));
+      std::copy_n(full.begin() + mem.offset, pc.valid, dst.begin() + pc.offset);
     }
   }
   return out;
@@ -410,13 +536,153 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
                    it->second.size(), NumElements(u.shape), ShapeString(u.shape));
     }
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-      const std::vector<float>& src = weights.at(g.layout.update[f.member].name);
-      std::memcpy(g.main_z1 + f.shard_offset, src.data() + f.tensor_begin, f.length * 4);
+      const MemberPiece& pc = g.pieces[f.member];
+      if (f.tensor_begin >= pc.valid) continue;  // dim-0 padding
+      const std::vector<float>& src = weights.at(g.layout.update[pc.update].name);
+      std::memcpy(g.main_z1 + f.shard_offset, src.data() + pc.offset + f.tensor_begin,
+                  std::min(f.length, pc.valid - f.tensor_begin) * 4);
     }
     std::memset(g.m, 0, g.z1.size() * 8);
   }
   step_ = 0;
   PrepareAndGatherWeights();
+}
+
+std::vector<TensorRef> Engine::RuntimeWeights(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  if (!g.rt_views.empty()) return g.rt_views;  // already built for this gather
+  const Redundancies& R = cfg_.redundancies;
+  const GroupLayout& L = g.layout;
+  const DType dt = cfg_.weight_dtype;
+  const size_t es = DTypeSize(dt);
+  const char* base = static_cast<const char*>(g.w_full->data());
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  // Element offsets in the transient block: ③ copy-out targets (per update parameter, or
+  // straight into the runtime tensor when it needs no packing) and ① packed tensors.
+  std::vector<size_t> upd(L.update.size(), kNone), rt(L.runtime.size(), kNone);
+  std::vector<bool> pack(L.runtime.size(), false);
+  size_t elems = 0;
+  for (size_t r = 0; r < L.runtime.size(); ++r) {
+    const RuntimeParam& rp = L.runtime[r];
+    pack[r] = rp.num_members > 1 && (R.tw_every_use || (!R.weight_copies && !g.contiguous[r]));
+    if (R.weight_copies) {
+      if (!pack[r]) rt[r] = elems;
+      for (int u = rp.first_member; u < rp.first_member + rp.num_members; ++u)
+        upd[u] = pack[r] ? elems + g.part_offset[u] : elems + g.part_offset[u];
+      elems += rp.numel;
+    }
+    if (pack[r]) {
+      rt[r] = elems;
+      elems += rp.numel;
+    }
+  }
+  g.rt_bytes = elems * es;
+  g.rt_block = elems > 0 ? Acquire(g.rt_bytes) : nullptr;
+  char* blk = static_cast<char*>(g.rt_block);
+  if (R.weight_copies) {  // ③ copy-out: gathered (rank-interleaved) buffer → tensors
+    for (size_t m = 0; m < L.list.num_members(); ++m) {
+      const MemberPiece& pc = g.pieces[m];
+      copy_meter_.Copy(blk + (upd[pc.update] + pc.offset) * es, base + L.list.member(m).offset * es,
+                       pc.valid * es, &CopyBytes::weight_copy_out);
+    }
+  }
+  for (size_t r = 0; r < L.runtime.size(); ++r) {  // ① Tw: torch.cat of the parts
+    if (!pack[r]) continue;
+    const RuntimeParam& rp = L.runtime[r];
+    for (int u = rp.first_member; u < rp.first_member + rp.num_members; ++u) {
+      const char* src = R.weight_copies ? blk + upd[u] * es : base + L.list.member(u).offset * es;
+      copy_meter_.Copy(blk + (rt[r] + g.part_offset[u]) * es, src,
+                       NumElements(L.update[u].shape) * es, &CopyBytes::weight_pack);
+    }
+  }
+  for (size_t r = 0; r < L.runtime.size(); ++r) {
+    const char* p = rt[r] != kNone ? blk + rt[r] * es
+                                   : base + L.list.member(L.runtime[r].first_member).offset * es;
+    g.rt_views.push_back(TensorRef{const_cast<char*>(p), dt});
+  }
+  return g.rt_views;
+}
+
+void Engine::ReleaseRuntimeWeights(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  g.rt_views.clear();
+  if (g.rt_block) Recycle(g.rt_block, g.rt_bytes);
+  g.rt_block = nullptr;
+}
+
+std::vector<TensorRef> Engine::GradTargets(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  const GroupLayout& L = g.layout;
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  g.pg_offsets.assign(L.runtime.size(), kNone);
+  size_t elems = 0;
+  for (size_t r = 0; r < L.runtime.size(); ++r) {
+    if (cfg_.redundancies.grad_copies || !g.contiguous[r]) {
+      g.pg_offsets[r] = elems;
+      elems += L.runtime[r].numel;
+    }
+  }
+  g.pg_bytes = elems * 4;
+  g.pg_block = elems > 0 ? Acquire(g.pg_bytes) : nullptr;
+  float* gp = static_cast<float*>(g.grad_block);
+  float* pg = static_cast<float*>(g.pg_block);
+  std::vector<TensorRef> out;
+  for (size_t r = 0; r < L.runtime.size(); ++r) {
+    float* p = g.pg_offsets[r] != kNone ? pg + g.pg_offsets[r]
+                                        : gp + L.list.member(L.runtime[r].first_member).offset;
+    out.push_back(TensorRef{p, DType::kF32});
+  }
+  return out;
+}
+
+void Engine::FinishGrads(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  const GroupLayout& L = g.layout;
+  float* gp = static_cast<float*>(g.grad_block);
+  const float* pg = static_cast<const float*>(g.pg_block);
+  constexpr size_t kNone = static_cast<size_t>(-1);
+  for (const auto& [a, b] : g.uncovered) std::fill(gp + a, gp + b, 0.0f);  // padding, gaps
+  if (cfg_.redundancies.grad_copies) {
+    // ④: per-parameter gradients → reduce-scatter buffer (FSDP2's padded chunk-cat).
+    for (size_t m = 0; m < L.list.num_members(); ++m) {
+      const MemberPiece& pc = g.pieces[m];
+      const UpdateParam& u = L.update[pc.update];
+      const float* src = pg + g.pg_offsets[u.runtime] + g.part_offset[pc.update] + pc.offset;
+      copy_meter_.Copy(gp + L.list.member(m).offset, src, pc.valid * 4, &CopyBytes::grad_copy);
+    }
+  } else {
+    // Packed gradients of runtime parameters whose parts are not contiguous → member views.
+    for (size_t r = 0; r < L.runtime.size(); ++r) {
+      if (g.pg_offsets[r] == kNone) continue;
+      const RuntimeParam& rp = L.runtime[r];
+      for (int u = rp.first_member; u < rp.first_member + rp.num_members; ++u)
+        copy_meter_.Copy(gp + L.list.member(u).offset, pg + g.pg_offsets[r] + g.part_offset[u],
+                         NumElements(L.update[u].shape) * 4, &CopyBytes::grad_unpack);
+    }
+  }
+  if (g.pg_block) Recycle(g.pg_block, g.pg_bytes);
+  g.pg_block = nullptr;
+}
+
+void Engine::FinishReduceScatter(int gi) {
+  RuntimeGroup& P = *groups_[gi];
+  {
+    ScopedTimer t(&time_.comm_wait);
+    P.rs_handle.Wait();
+  }
+  Recycle(P.grad_block, P.padded * 4);
+  P.grad_block = nullptr;
+  if (P.rs_tmp) {  // ⑤: the separate accumulation pass
+    {
+      ScopedTimer t(&time_.add);
+      float* acc = P.g_z2->data_as<float>();
+      kernels::Add(acc, static_cast<const float*>(P.rs_tmp), acc,
+                   static_cast<int64_t>(P.z2.size()));
+    }
+    counters_.add_passes++;
+    Recycle(P.rs_tmp, P.z2.size() * 4);
+    P.rs_tmp = nullptr;
+  }
 }
 
 std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
@@ -448,9 +714,8 @@ std::map<std::string, uint64_t> Engine::AnalyticMemory() const {
   const size_t ws = DTypeSize(cfg_.weight_dtype);
   size_t max_full = 0;
   for (const auto& g : groups_) {
-    a["weights"] += std::max<size_t>(g->z3.size() * ws, 64);
-    if (cfg_.weight_dtype != DType::kF32)
-      a["main_weights"] += std::max<size_t>(g->z1.size() * 4, 64);
+    a["weights"] += std::max<size_t>(g->z3.size() * DTypeSize(store_dtype_), 64);
+    if (store_dtype_ != DType::kF32) a["main_weights"] += std::max<size_t>(g->z1.size() * 4, 64);
     a["gradients"] += std::max<size_t>(g->z2.size() * 4, 64);
     if (topo_.so() != topo_.sg()) a["gradients"] += std::max<size_t>(g->z1.size() * 4, 64);
     a["optimizer_state"] += std::max<size_t>(g->z1.size() * 8, 64);

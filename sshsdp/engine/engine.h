@@ -6,7 +6,9 @@
 // The engine is a library: a user hands it a Model (which declares runtime parameters and
 // their update parts, and computes a layer from views) and a world Communicator; the engine
 // owns every byte of weights, gradients and optimizer state, and the model never sees a
-// shard or a communicator.
+// shard or a communicator. EngineConfig::redundancies and ::shard_layout (redundancy.h,
+// presets.h) switch on the Figure-2 redundancies of FSDP2 / Megatron-FSDP / veScale-FSDP in
+// this same step, for baselines that share every kernel and collective.
 //
 //   auto world = MpiCommunicator::World(ranks_per_node);
 //   Gpt model(GptConfig::Preset("tiny"));
@@ -42,6 +44,7 @@
 #include "sshsdp/base/memory_account.h"
 #include "sshsdp/comm/comm_thread.h"
 #include "sshsdp/comm/communicator.h"
+#include "sshsdp/engine/redundancy.h"
 #include "sshsdp/layout/data_node.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/layout/topology.h"
@@ -62,6 +65,10 @@ struct EngineConfig {
   bool prefetch = true;               // all-gather the next layer while this one computes
   AdamWConfig adamw;
   float clip_norm = 1.0f;  // global gradient-norm clipping; 0 disables
+  // Baselines as switches (redundancy.h; presets.h sets them per framework): the Figure-2
+  // redundancies to pay and the shard layout of the flat buffers. Defaults: sshsdp.
+  Redundancies redundancies;
+  ShardLayout shard_layout = ShardLayout::kFlat;
 };
 
 // Deterministic counters of one step (tests assert them exactly).
@@ -69,10 +76,12 @@ struct StepCounters {
   CommCounters runtime_comm;         // per-microbatch all-gathers and reduce-scatters
   CommCounters update_comm;          // outer RS / HSDP all-reduce / outer AG / norm
   uint64_t bytes_copied = 0;         // memcpy-style copies outside compute and collectives
+  CopyBytes copies;                  // the same bytes by path (weight copy-in/out, pack, ...)
   uint64_t add_passes = 0;           // separate gradient-accumulation passes (0: fused)
   uint64_t fused_accumulations = 0;  // microbatch gradients accumulated by the reduce-scatter's
                                      // last step (or by backward itself when sg = 1)
-  uint64_t weight_preps = 0;         // G invocations (cast/quantize passes over ZeRO-1 shards)
+  uint64_t weight_preps = 0;         // G invocations (cast/quantize passes over ZeRO-1 shards;
+                                     // with ② one more per all-gather, over ZeRO-3 shards)
   uint64_t gathers = 0;              // ZeRO-3 all-gathers issued
 };
 
@@ -83,6 +92,7 @@ struct StepStats {
   double seconds = 0;
   int64_t tokens = 0;  // tokens processed by all ranks
   StepCounters counters;
+  TimeSplit time;  // this rank's main-thread seconds by category
 };
 
 // Fills tokens and targets (batch_size · seq_len each) of microbatch `mb` for this rank.
@@ -146,6 +156,14 @@ class Engine {
   void WaitGather(int g);
   void ReleaseGather(int g);
   void PrepareAndGatherWeights();  // G + outer all-gather
+  // Redundancy paths (redundancy.h): runtime weight views of a gathered group (③ copy-out,
+  // ① pack), gradient targets for backward (④ per-parameter tensors, packed gradients of
+  // non-contiguous runtime parameters), and their completion (④ copy into G′, zero fill).
+  std::vector<TensorRef> RuntimeWeights(int g);
+  void ReleaseRuntimeWeights(int g);
+  std::vector<TensorRef> GradTargets(int g);
+  void FinishGrads(int g);
+  void FinishReduceScatter(int g);  // after its wait: ⑤ add, recycle
   void* Acquire(size_t bytes);
   void Recycle(void* p, size_t bytes);
 
@@ -167,6 +185,13 @@ class Engine {
   std::vector<std::pair<void*, size_t>> all_blocks_;
 
   StepCounters counters_;
+  CopyMeter copy_meter_;
+  TimeSplit time_;
+  DType store_dtype_ = DType::kBF16;  // persistent ZeRO-3 weights (fp32 with ②)
+  bool views_direct_ = true;          // W′ views straight into the gathered buffer
+  bool grads_direct_ = true;          // backward writes straight into G′ views
+  bool skip_gather_ = false;          // sw = 1 and nothing to cast or copy: W′ is Wᶻ³
+  bool skip_rs_ = false;              // sg = 1 and direct fused accumulation: G′ is G′ᶻ²
   int64_t step_ = 0;
   uint64_t activation_bytes_ = 0;
 };

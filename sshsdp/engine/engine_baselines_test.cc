@@ -1,0 +1,326 @@
+// Baselines as switches (redundancy.h, presets.h): every framework preset of the one engine
+// must compute the same training as the single-process reference (a baseline that computes
+// something else is not a baseline), on several layouts and world sizes, and its counters
+// must show exactly the redundant work it pays — bytes copied by path, casts per gather,
+// separate add passes, communicated bytes of its padded layout — by closed formulas. The
+// reference harness mirrors engine_parity_test.cc (same model, data and tolerances).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/presets.h"
+#include "sshsdp/models/gpt.h"
+
+namespace sshsdp {
+namespace {
+
+struct Layout {
+  int sw, sg, so, rpn;
+};
+
+std::vector<Layout> LayoutsFor(int W) {
+  if (const char* e = std::getenv("SSHSDP_TEST_LAYOUT")) {
+    Layout l{};
+    if (std::sscanf(e, "%d,%d,%d,%d", &l.sw, &l.sg, &l.so, &l.rpn) == 4) return {l};
+  }
+  switch (W) {
+    case 1:
+      return {{1, 1, 1, 1}};
+    case 2:
+      return {{2, 2, 2, 2}, {1, 1, 2, 1}};
+    case 3:
+      return {{3, 3, 3, 3}};
+    case 4:
+      return {{2, 2, 4, 2}, {4, 4, 4, 4}, {1, 2, 4, 4}};
+    default:
+      return {};
+  }
+}
+
+GptConfig TestModel() {
+  GptConfig c;
+  c.vocab = 61;  // odd sizes: uneven buffers, dim-0 padding, straddling members
+  c.seq_len = 8;
+  c.d_model = 24;
+  c.n_head = 3;
+  c.n_layer = 2;
+  return c;
+}
+
+int32_t Tok(int64_t sample, int t, int vocab) {
+  uint64_t x = static_cast<uint64_t>(sample) * 1000003u + static_cast<uint64_t>(t) * 7919u + 17;
+  x ^= x >> 13;
+  x *= 0x9E3779B97F4A7C15ull;
+  return static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
+}
+
+BatchFn MakeBatch(int64_t* step, int M, int W, int rank, int B, int T, int V) {
+  return [=](int mb, int32_t* tok, int32_t* tgt) {
+    for (int b = 0; b < B; ++b) {
+      int64_t sample = ((*step * M + mb) * W + rank) * B + b;
+      for (int t = 0; t < T; ++t) {
+        tok[b * T + t] = Tok(sample, t, V);
+        tgt[b * T + t] = Tok(sample, t + 1, V);
+      }
+    }
+  };
+}
+
+EngineConfig BaseConfig(const Layout& l, int M, DType wdt) {
+  EngineConfig cfg;
+  cfg.sw = l.sw;
+  cfg.sg = l.sg;
+  cfg.so = l.so;
+  cfg.ranks_per_node = l.rpn;
+  cfg.microbatches = M;
+  cfg.batch_size = 2;
+  cfg.seq_len = 8;
+  cfg.weight_dtype = wdt;
+  cfg.adamw.lr = 3e-3f;
+  cfg.adamw.eps = 1e-6f;
+  cfg.clip_norm = 0.5f;
+  return cfg;
+}
+
+// What one step must count, from the layout the engine builds (closed formulas).
+struct Expected {
+  uint64_t ag = 0, rs = 0;  // runtime bytes sent
+  CopyBytes copies;
+  uint64_t weight_preps = 0, add_passes = 0, fused = 0;
+};
+
+Expected Expect(const Model& model, const EngineConfig& cfg, int M, bool reshard) {
+  const Redundancies& R = cfg.redundancies;
+  const int so = R.replicate_optimizer ? cfg.sg : cfg.so;
+  const DType wdt = cfg.weight_dtype;
+  const uint64_t ws = DTypeSize(wdt);
+  const bool cast = R.cast_every_gather && wdt == DType::kBF16;
+  const bool gather = cfg.sw > 1 || cast || R.weight_copies;
+  const bool through_rs =
+      cfg.sg > 1 || cfg.shard_layout != ShardLayout::kFlat || R.grad_copies || R.separate_add;
+  Expected e;
+  const int n = model.num_groups();
+  for (int g = 0; g < n; ++g) {
+    EngineLayout E = BuildEngineLayout(cfg.shard_layout, g, model.GroupParams(g), wdt, cfg.sw, so);
+    const GroupLayout& L = E.layout;
+    const uint64_t padded = L.list.padded_numel();
+    const uint64_t uses = reshard ? (g + 1 < n ? 2 : 1) : 1;  // forward + backward re-gather
+    uint64_t numel = 0, packed = 0, unpacked = 0;
+    for (size_t r = 0; r < L.runtime.size(); ++r) {
+      const RuntimeParam& rp = L.runtime[r];
+      numel += rp.numel;
+      if (rp.num_members > 1 && (R.tw_every_use || (!R.weight_copies && !E.contiguous[r])))
+        packed += rp.numel;
+      if (!R.grad_copies && !E.contiguous[r]) unpacked += rp.numel;
+    }
+    e.ag += M * uses * (cfg.sw - 1) * (padded / cfg.sw) * ws;
+    e.rs += M * (cfg.sg - 1) * (padded / cfg.sg) * 4;
+    if (R.weight_copies) {
+      e.copies.weight_copy_in += M * uses * (padded / cfg.sw) * ws;
+      e.copies.weight_copy_out += M * uses * numel * ws;
+    }
+    e.copies.weight_pack += M * uses * packed * ws;
+    if (R.grad_copies) e.copies.grad_copy += M * numel * 4;
+    e.copies.grad_unpack += M * unpacked * 4;
+    e.weight_preps += cast ? (gather ? M * uses : 0) : (wdt == DType::kBF16 ? 1 : 0);
+    if (R.separate_add && through_rs) {
+      e.add_passes += M - 1;
+    } else {
+      e.fused += M - 1;
+    }
+  }
+  return e;
+}
+
+void RunPresetParity(const std::string& preset, const Layout& l, DType wdt, int M, bool reshard) {
+  auto world = MpiCommunicator::World(l.rpn);
+  const int W = world->size(), r = world->rank();
+  auto self = world->Split(r, 0);
+  const GptConfig gc = TestModel();
+  Gpt model(gc), ref_model(gc);
+  EngineConfig cfg = BaseConfig(l, M, wdt);
+  cfg.reshard_after_forward = reshard;
+  ApplyPreset(preset, &cfg);
+  Engine eng(model, *world, cfg);
+  EngineConfig rcfg = BaseConfig({1, 1, 1, 1}, M * W, wdt);
+  Engine ref(ref_model, *self, rcfg);
+  eng.InitWeights(7);
+  ref.InitWeights(7);
+  int64_t step = 0;
+  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, gc.vocab);
+  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, gc.vocab);
+  const Expected want = Expect(model, cfg, M, reshard);
+  const bool f32 = wdt == DType::kF32;
+  const double loss_tol = f32 ? 1e-5 : 2e-4, norm_tol = f32 ? 1e-4 : 2e-3,
+               weight_tol = f32 ? 2e-5 : 3e-4;
+  for (; step < 3; ++step) {
+    StepStats a = eng.Step(batch);
+    StepStats b = ref.Step(rbatch);
+    EXPECT_NEAR(a.loss, b.loss, loss_tol * std::abs(b.loss)) << "step " << step;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, norm_tol * b.grad_norm) << "step " << step;
+    const StepCounters& c = a.counters;
+    EXPECT_EQ(c.runtime_comm.total(), want.ag + want.rs);
+    EXPECT_EQ(c.copies.weight_copy_in, want.copies.weight_copy_in);
+    EXPECT_EQ(c.copies.weight_copy_out, want.copies.weight_copy_out);
+    EXPECT_EQ(c.copies.weight_pack, want.copies.weight_pack);
+    EXPECT_EQ(c.copies.grad_copy, want.copies.grad_copy);
+    EXPECT_EQ(c.copies.grad_unpack, want.copies.grad_unpack);
+    EXPECT_EQ(c.bytes_copied, want.copies.total());
+    EXPECT_EQ(c.weight_preps, want.weight_preps);
+    EXPECT_EQ(c.add_passes, want.add_passes);
+    EXPECT_EQ(c.fused_accumulations, want.fused);
+    if (preset == "sshsdp") {
+      EXPECT_EQ(c.bytes_copied, 0u);
+    }
+    // Time split covers the step (categories are disjoint scopes of the main thread).
+    const TimeSplit& t = a.time;
+    EXPECT_NEAR(t.compute + t.comm_wait + t.copy + t.cast + t.add + t.optimizer + t.other,
+                a.seconds, 1e-3 + 1e-6 * a.seconds);
+    auto wa = eng.GatherMainWeights();
+    auto wb = ref.GatherMainWeights();
+    ASSERT_EQ(wa.size(), wb.size());
+    double worst = 0;
+    std::string worst_name;
+    for (auto& [name, va] : wa) {
+      const auto& vb = wb.at(name);
+      ASSERT_EQ(va.size(), vb.size()) << name;
+      for (size_t i = 0; i < va.size(); ++i) {
+        double d = std::abs(double(va[i]) - vb[i]);
+        if (d > worst) worst = d, worst_name = name;
+      }
+    }
+    EXPECT_LT(worst, weight_tol) << "step " << step << " worst param " << worst_name;
+  }
+}
+
+int WorldSizeOf() {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  return W;
+}
+
+TEST(EngineBaselines, EveryPresetMatchesReferenceBf16) {
+  const int W = WorldSizeOf();
+  for (const std::string& preset : PresetNames()) {
+    for (const Layout& l : LayoutsFor(W)) {
+      SCOPED_TRACE(
+          fmt::format("{} W={} sw={} sg={} so={} rpn={}", preset, W, l.sw, l.sg, l.so, l.rpn));
+      RunPresetParity(preset, l, DType::kBF16, 3, true);
+    }
+  }
+}
+
+TEST(EngineBaselines, EveryPresetMatchesReferenceFp32KeepGathered) {
+  const int W = WorldSizeOf();
+  const Layout l = LayoutsFor(W).front();
+  for (const std::string& preset : PresetNames()) {
+    SCOPED_TRACE(fmt::format("{} W={} sw={}", preset, W, l.sw));
+    RunPresetParity(preset, l, DType::kF32, 2, /*reshard=*/false);
+  }
+}
+
+TEST(EngineBaselines, AblationLadderMatchesReference) {
+  const int W = WorldSizeOf();
+  const Layout l = LayoutsFor(W).front();
+  EngineConfig base = BaseConfig(l, 2, DType::kBF16);
+  for (const auto& [label, cfg] : AblationLadder(base)) {
+    SCOPED_TRACE(label);
+    // The ladder's configurations, as a "preset" each: reuse the harness by applying the
+    // switches after ApplyPreset("sshsdp").
+    auto world = MpiCommunicator::World(l.rpn);
+    const int r = world->rank();
+    auto self = world->Split(r, 0);
+    Gpt model(TestModel()), ref_model(TestModel());
+    Engine eng(model, *world, cfg);
+    Engine ref(ref_model, *self, BaseConfig({1, 1, 1, 1}, 2 * W, DType::kBF16));
+    eng.InitWeights(3);
+    ref.InitWeights(3);
+    int64_t step = 0;
+    StepStats a = eng.Step(MakeBatch(&step, 2, W, r, 2, 8, 61));
+    StepStats b = ref.Step(MakeBatch(&step, 2 * W, 1, 0, 2, 8, 61));
+    EXPECT_NEAR(a.loss, b.loss, 2e-4 * b.loss);
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, 2e-3 * b.grad_norm);
+    const Expected want = Expect(model, cfg, 2, cfg.reshard_after_forward);
+    EXPECT_EQ(a.counters.bytes_copied, want.copies.total());
+    EXPECT_EQ(a.counters.add_passes, want.add_passes);
+  }
+}
+
+TEST(EngineBaselines, Dim0LayoutFollowsTorchChunk) {
+  // One parameter of 3 rows x 2 and one of 1 row x 4 at sw = 2, so = 4: rank 0 holds rows
+  // {0,1} and row {0}; rank 1 holds row {2} (+1 padding row) and nothing (+1 padding row).
+  std::vector<RuntimeParamSpec> specs;
+  RuntimeParamSpec a{"a", {3, 2}, {UpdatePart{"a", {3, 2}, 0, UpdateKind::kMatrix, {}}}};
+  RuntimeParamSpec b{"b", {1, 4}, {UpdatePart{"b", {1, 4}, 0, UpdateKind::kMatrix, {}}}};
+  specs = {a, b};
+  EngineLayout E = BuildEngineLayout(ShardLayout::kDim0, 0, specs, DType::kF32, 2, 4);
+  const TensorList& L = E.layout.list;
+  ASSERT_EQ(L.num_members(), 4u);
+  // block = 2*2 + 1*4 = 8 per rank, already a multiple of so/sw = 2.
+  EXPECT_EQ(L.padded_numel(), 16u);
+  EXPECT_EQ(L.member(0).name, "a#0");
+  EXPECT_EQ(L.member(2).name, "a#1");
+  EXPECT_EQ(L.member(2).offset, 8u);
+  EXPECT_EQ(E.pieces[0].valid, 4u);
+  EXPECT_EQ(E.pieces[2].offset, 4u);  // row 2 of a
+  EXPECT_EQ(E.pieces[2].valid, 2u);   // one real row, one padding row
+  EXPECT_EQ(E.pieces[3].valid, 0u);   // b has no row for rank 1
+  // Uncovered: a#1's padding row and all of b#1.
+  ASSERT_EQ(E.uncovered.size(), 1u);
+  EXPECT_EQ(E.uncovered[0], std::make_pair(size_t{10}, size_t{16}));
+}
+
+TEST(EngineBaselines, AlignedLayoutKeepsUnitsInOneShard) {
+  Gpt model(TestModel());
+  for (int g = 0; g < model.num_groups(); ++g) {
+    for (int so : {2, 3, 4}) {
+      EngineLayout E =
+          BuildEngineLayout(ShardLayout::kAligned, g, model.GroupParams(g), DType::kBF16, 1, so);
+      const TensorList& L = E.layout.list;
+      const size_t chunk = L.padded_numel() / so;
+      ASSERT_EQ(L.padded_numel() % so, 0u);
+      for (const TensorListMember& m : L.members()) {
+        if (m.numel > chunk) continue;
+        EXPECT_EQ(m.offset / chunk, (m.end() - 1) / chunk)
+            << m.name << " straddles a ZeRO-1 chunk, so=" << so;
+      }
+    }
+  }
+}
+
+TEST(EngineBaselines, PresetsAndRefusals) {
+  EngineConfig cfg;
+  ApplyPreset("fsdp2", &cfg);
+  EXPECT_EQ(cfg.redundancies.ToString(), "①②③④⑤⑥⑦");
+  EXPECT_EQ(cfg.shard_layout, ShardLayout::kDim0);
+  ApplyPreset("sshsdp", &cfg);
+  EXPECT_EQ(cfg.redundancies.ToString(), "none");
+  try {
+    ApplyPreset("deepspeed", &cfg);
+    ADD_FAILURE() << "accepted an unknown preset";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("megatron-fsdp"), std::string::npos) << e.what();
+  }
+  ApplyPreset("megatron-fsdp", &cfg);
+  try {
+    CheckStructuredUpdates(cfg.redundancies, "muon", "blocks.0.attn.q.h0");
+    ADD_FAILURE() << "megatron-fsdp accepted Muon per head";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks.0.attn.q.h0"), std::string::npos) << e.what();
+  }
+  // The dim-0 layout cannot run without copy-out / gradient copies.
+  auto world = MpiCommunicator::World(1);
+  Gpt model(TestModel());
+  EngineConfig bad = BaseConfig({1, 1, world->size(), 1}, 1, DType::kBF16);
+  bad.shard_layout = ShardLayout::kDim0;
+  EXPECT_THROW({ Engine e(model, *world, bad); }, ConfigError);
+}
+
+}  // namespace
+}  // namespace sshsdp

@@ -1,0 +1,41 @@
+// Framework presets of the one engine (DESIGN §9): which Figure-2 redundancies
+// (redundancy.h) and which shard layout reproduce each framework's dataflow, and the
+// ablation ladder that turns sshsdp's optimizations on one at a time starting from FSDP2.
+//
+//   sshsdp          all redundancies off, flat buffers (the reference dataflow)
+//   fsdp2           ①–⑦ on, per-parameter dim-0 shards padded like torch.chunk
+//   megatron-fsdp   flat buffers, persistent low-precision weights (② off), packed runtime
+//                   layout (① off), zero-copy weights (③ off), direct gradient writes (④ off),
+//                   outer ZeRO-1 (⑦ off); a separate post-reduce-scatter add (⑤ on) and no
+//                   structured updates (⑥: Muon per head is refused)
+//   vescale-fsdp    shards aligned to update units (no unit straddles a shard where it fits),
+//                   zero-copy buffers (③④ off), no packed runtime layout (① on: per use),
+//                   cast on demand (② on), separate add (⑤ on), optimizer state replicated
+//                   (⑦ on), structured updates by point-to-point units
+//
+//   EngineConfig cfg;  cfg.sw = cfg.sg = cfg.so = 2;  ...
+//   ApplyPreset("fsdp2", &cfg);                       // ConfigError naming the presets
+//   for (auto& [label, c] : AblationLadder(cfg)) ...  // "fsdp2", "+flat shards", ...
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "sshsdp/engine/engine.h"
+
+namespace sshsdp {
+
+// The presets, in the order benchmarks print them ("sshsdp" first: ratios are against it).
+const std::vector<std::string>& PresetNames();
+
+// Sets cfg->redundancies and cfg->shard_layout (every other field is kept). ConfigError
+// naming the presets for an unknown name.
+void ApplyPreset(std::string_view name, EngineConfig* cfg);
+
+// fsdp2, then cumulatively: flat shards, ③ off, ④ off, ① off, ② off, ⑤ off, ⑦ off (= sshsdp),
+// ⑥ last (it only matters for structured optimizers). Labels name the step.
+std::vector<std::pair<std::string, EngineConfig>> AblationLadder(const EngineConfig& base);
+
+}  // namespace sshsdp
