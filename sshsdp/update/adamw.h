@@ -9,10 +9,15 @@
 //
 //   std::vector<AdamWSpan> spans = {{w, g, m, v, n, /*wd=*/0.1f}, ...};
 //   AdamWStep(spans, cfg, /*step=*/1, /*grad_scale=*/1.0f / (microbatches * world));
+//
+// As an update program (update_stage.h) AdamW is one elementwise stage over every local
+// fragment: UpdatePlan(AdamWProgram(cfg), units, chains, replica) never communicates.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "sshsdp/update/update_stage.h"
 
 namespace sshsdp {
 
@@ -36,5 +41,10 @@ struct AdamWSpan {
 // `step` is the 1-based optimizer step t used for bias correction.
 void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int64_t step,
                float grad_scale);
+
+// One elementwise stage "adamw" over fields main, grad, m, v (fp32 ZeRO-1 state), reading
+// scalars "adamw.lr", "step" and "grad_scale"; cfg.lr is replaced by "adamw.lr". Weight decay
+// applies to every unit except norm gains (UpdateKind::kVector).
+UpdateProgram AdamWProgram(const AdamWConfig& cfg);
 
 }  // namespace sshsdp

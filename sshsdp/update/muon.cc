@@ -1,0 +1,98 @@
+// Muon's three stages (see muon.h).
+#include "sshsdp/update/muon.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/kernels/elementwise.h"
+
+namespace sshsdp {
+
+const char* MuonScaleName(MuonScale s) { return s == MuonScale::kReference ? "reference" : "rms"; }
+
+MuonScale ParseMuonScale(const std::string& s) {
+  if (s == "reference") return MuonScale::kReference;
+  if (s == "rms") return MuonScale::kRms;
+  throw ConfigError(fmt::format("unknown Muon update scale '{}': use reference or rms", s));
+}
+
+float MuonUpdateScale(MuonScale s, int64_t rows, int64_t cols) {
+  if (s == MuonScale::kReference)
+    return std::sqrt(std::max(1.0f, static_cast<float>(rows) / static_cast<float>(cols)));
+  return 0.2f * std::sqrt(static_cast<float>(std::max(rows, cols)));
+}
+
+UpdateProgram MuonProgram(const MuonConfig& cfg) {
+  SSHSDP_CHECK(cfg.ns_steps >= 1, ConfigError, "Muon needs at least one Newton–Schulz step, got {}",
+               cfg.ns_steps);
+  UpdateProgram p;
+  p.name = "muon";
+  p.fields = {{"main", DType::kF32, FieldRole::kState},
+              {"grad", DType::kF32, FieldRole::kState},
+              {"m", DType::kF32, FieldRole::kState},
+              {"u", DType::kBF16, FieldRole::kTemporary},
+              {"v", DType::kF32, FieldRole::kTemporary}};
+  const Extent one = Extent::Elements(1);
+
+  // f0: momentum and the bf16 Newton–Schulz input. data = {grad, m, m, u}.
+  UpdateStage f0{
+      "momentum", {{"grad", one}, {"m", one}}, {{"m", one}, {"u", one}}, {"grad_scale"}, nullptr,
+      nullptr};
+  f0.kernel = [mu = cfg.momentum, nesterov = cfg.nesterov](const StageBatch& b) {
+    const float gs = static_cast<float>(b.scalars->Get("grad_scale"));
+    constexpr int64_t kTile = 256;
+    float tmp[kTile];
+    for (const StageItem& it : b.items) {
+      const float* __restrict g = static_cast<const float*>(it.data[0]);
+      float* __restrict m = static_cast<float*>(it.data[2]);
+      bf16* __restrict u = static_cast<bf16*>(it.data[3]);
+      for (int64_t i0 = 0; i0 < it.numel; i0 += kTile) {
+        const int64_t n = std::min(kTile, it.numel - i0);
+        for (int64_t i = 0; i < n; ++i) {
+          const float gi = gs * g[i0 + i];
+          const float mi = mu * m[i0 + i] + gi;
+          m[i0 + i] = mi;
+          tmp[i] = nesterov ? gi + mu * mi : mi;
+        }
+        kernels::CastToBf16(tmp, u + i0, n);
+      }
+    }
+  };
+
+  // f1: whole-unit Newton–Schulz, batched over equal shapes. data = {u, v}.
+  UpdateStage f1{"newton_schulz", {{"u", Extent::Unit()}}, {{"v", Extent::Unit()}}, {}, nullptr,
+                 nullptr};
+  f1.cost = [steps = cfg.ns_steps](const UpdateUnit& u) {
+    return NewtonSchulzFlops(u.rows, u.cols, steps);
+  };
+  auto ns = std::make_shared<NewtonSchulz>();
+  f1.kernel = [ns, cfg](const StageBatch& b) {
+    std::vector<const void*> in;
+    std::vector<float*> out;
+    for (const StageItem& it : b.items) {
+      in.push_back(it.data[0]);
+      out.push_back(static_cast<float*>(it.data[1]));
+    }
+    ns->Run(in.data(), DType::kBF16, out.data(), static_cast<int64_t>(in.size()), b.rows, b.cols,
+            cfg.ns_steps, cfg.ns, MuonUpdateScale(cfg.scale, b.rows, b.cols));
+  };
+
+  // f2: decoupled weight decay and the step. data = {main, v, main}.
+  UpdateStage f2{
+      "weight_update", {{"main", one}, {"v", one}}, {{"main", one}}, {"muon.lr"}, nullptr, nullptr};
+  f2.kernel = [wd = cfg.weight_decay](const StageBatch& b) {
+    const float lr = static_cast<float>(b.scalars->Get("muon.lr"));
+    const float decay = 1.0f - lr * wd;
+    for (const StageItem& it : b.items) {
+      float* __restrict w = static_cast<float*>(it.data[2]);
+      const float* __restrict v = static_cast<const float*>(it.data[1]);
+      for (int64_t i = 0; i < it.numel; ++i) w[i] = w[i] * decay - lr * v[i];
+    }
+  };
+  p.stages = {std::move(f0), std::move(f1), std::move(f2)};
+  return p;
+}
+
+}  // namespace sshsdp

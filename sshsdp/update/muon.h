@@ -1,0 +1,51 @@
+// Muon as three unit-declared stages, exactly the paper's EG1 (§3.1) with REFERENCE.md's
+// conventions:
+//   f0 "momentum"      (1 element per unit)  g ← grad_scale·grad;  m ← μ·m + g;
+//                      u ← bf16(g + μ·m) (Nesterov) or bf16(m) (plain)
+//   f1 "newton_schulz" (whole unit)          v ← NS(u)·scale, 5 quintic steps in fp32
+//   f2 "weight_update" (1 element per unit)  main ← main·(1 − lr·wd) − lr·v
+// Momentum is the accumulating form (Moonlight / dion). grad_scale is the engine's explicit
+// SUM normalization times the clipping coefficient, applied once in f0 (scalar "grad_scale");
+// the learning rate is scalar "muon.lr" so schedules can change it per step. The update scale
+// is selectable: kReference `sqrt(max(1, rows/cols))` or kRms `0.2·sqrt(max(rows, cols))`
+// (RMS-matched to AdamW, so AdamW's learning rate and weight decay carry over).
+//
+// State: "m" (fp32 ZeRO-1, same element layout as AdamW's first moment — checkpoints see one
+// "m" field per group whatever the optimizer); temporaries "u" (bf16) and "v" (fp32) live only
+// during the update. Only u (bf16, 2 bytes/element) travels to an execution rank and only v
+// (fp32, 4 bytes/element) travels back.
+//
+//   MuonConfig mc;  mc.scale = MuonScale::kRms;
+//   UpdatePlan plan(MuonProgram(mc), units, chains, replica);
+#pragma once
+
+#include <string>
+
+#include "sshsdp/update/newton_schulz.h"
+#include "sshsdp/update/update_stage.h"
+
+namespace sshsdp {
+
+enum class MuonScale { kReference, kRms };
+const char* MuonScaleName(MuonScale s);  // "reference", "rms"
+// Parses "reference" | "rms"; ConfigError otherwise.
+MuonScale ParseMuonScale(const std::string& s);
+
+struct MuonConfig {
+  float lr = 0.02f;
+  float momentum = 0.95f;
+  bool nesterov = true;
+  MuonScale scale = MuonScale::kReference;
+  float weight_decay = 0.0f;  // decoupled: main ← main·(1 − lr·wd) − lr·v
+  int ns_steps = 5;
+  NsCoefficients ns;
+};
+
+// The update scale of a [rows, cols] unit.
+float MuonUpdateScale(MuonScale s, int64_t rows, int64_t cols);
+
+// Fields: main, grad, m (state, fp32); u (bf16), v (fp32) (temporaries). Scalars read:
+// "grad_scale" (f0), "muon.lr" (f2). Unit cost: NewtonSchulzFlops(rows, cols, ns_steps).
+UpdateProgram MuonProgram(const MuonConfig& cfg);
+
+}  // namespace sshsdp

@@ -1,0 +1,72 @@
+// StructuredUpdate: the update phase of a training step (DESIGN §6 step 6) as the engine sees
+// it — which optimizer and unit every update parameter gets, one plan and executor per
+// optimizer, run on the ZeRO-1 fragments.
+//
+// Per runtime group, SelectUnits applies the rule of every update parameter (UpdateOptions:
+// AdamW everywhere, or Muon per head / per matrix / per expert for matrices with AdamW for the
+// rest). All AdamW parameters of the model form one elementwise program (never communicates);
+// all Muon units of the model form one three-stage program whose Newton–Schulz stage moves the
+// fragments of split units point to point — one batched exchange for the fetches and one for
+// the returns, model-wide. Both run on the same ZeRO-1 state: "main", "grad", "m" and "v"
+// (AdamW's second moment; unused by Muon parameters).
+//
+//   UpdateOptions o;  o.optimizer = OptimizerKind::kMuon;  o.muon_unit = UnitRule::kHead;
+//   StructuredUpdate up({&layout0, &layout1}, {&chain0, &chain1}, o, rank, *p2p, &memory);
+//   ScalarState s;  s.Set("grad_scale", scale);  s.Set("step", t);
+//   s.Set("adamw.lr", lr);  s.Set("muon.lr", muon_lr);
+//   up.Run(zero1_state, s);                 // AdamW program, then Muon program
+//   up.plan(OptimizerKind::kMuon)->Describe();
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sshsdp/update/adamw.h"
+#include "sshsdp/update/muon.h"
+#include "sshsdp/update/update_executor.h"
+#include "sshsdp/update/update_unit.h"
+
+namespace sshsdp {
+
+struct UpdateOptions {
+  OptimizerKind optimizer = OptimizerKind::kAdamW;  // kMuon: Muon for eligible matrices
+  AdamWConfig adamw;
+  MuonConfig muon;
+  UnitRule muon_unit = UnitRule::kHead;       // kHead or kMatrix
+  std::map<std::string, UnitRule> overrides;  // by update- or runtime-parameter name
+};
+
+class StructuredUpdate {
+ public:
+  // layouts[g] / chains[g]: runtime group g's flat layout (members = update parameters) and
+  // this rank's shard chain of it. `p2p` carries the Muon exchanges: a communicator ordered
+  // like the topology (the world or a duplicate of it). Throws PlanError / ConfigError naming the
+  // parameter on an invalid rule.
+  StructuredUpdate(const std::vector<const GroupLayout*>& layouts,
+                   const std::vector<const ShardChain*>& chains, const UpdateOptions& options,
+                   int rank, Communicator& p2p, MemoryAccount* account = nullptr);
+
+  // optimizers()[g][member]: which optimizer updates each update parameter.
+  const std::vector<std::vector<OptimizerKind>>& optimizers() const { return optimizers_; }
+  // Runs AdamW, then Muon. Reads scalars "grad_scale", "step", "adamw.lr", "muon.lr".
+  void Run(const std::vector<Zero1State>& state, const ScalarState& scalars);
+
+  // The plan of one optimizer (nullptr when no parameter uses it).
+  const UpdatePlan* plan(OptimizerKind opt) const;
+  // Statistics of the last Run, summed over both programs.
+  const UpdateRunStats& last_run() const { return stats_; }
+  uint64_t temporary_bytes() const;
+  // Share of parameters (elements) that Muon updates.
+  double muon_share() const;
+
+ private:
+  std::vector<std::vector<OptimizerKind>> optimizers_;
+  std::vector<std::unique_ptr<UpdateExecutor>> executors_;  // AdamW first, then Muon
+  std::vector<OptimizerKind> kinds_;
+  UpdateRunStats stats_;
+  size_t muon_elements_ = 0, total_elements_ = 0;
+};
+
+}  // namespace sshsdp
