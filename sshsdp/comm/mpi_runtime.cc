@@ -8,6 +8,7 @@
 #include <string>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/comm/rma_window.h"
 
 namespace sshsdp {
 
@@ -66,6 +67,7 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   if (initialized) {
     CheckMpi(MPI_Query_thread(&provided_), "MPI_Query_thread");
   } else {
+    PrepareRmaBeforeMpiInit();  // one-sided windows of the direct path (see rma_window.h)
     CheckMpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_), "MPI_Init_thread");
     owns_ = true;
   }
@@ -83,7 +85,10 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
 }
 
 MpiRuntime::~MpiRuntime() {
-  if (owns_ && MpiActive()) MPI_Finalize();
+  if (owns_ && MpiActive()) {
+    MPI_Finalize();
+    CleanupRmaAfterMpiFinalize();
+  }
 }
 
 void AbortJob(std::string_view message) {
