@@ -130,6 +130,51 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   up_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
   up_hsdp_ = split(world_, sshsdp::Group::kHsdp);
   comm_thread_ = std::make_unique<CommThread>("runtime");
+  up_p2p_ = world_.Duplicate();
+  BuildUpdate();
+}
+
+void Engine::BuildUpdate() {
+  // Which optimizer and unit every update parameter gets, and the plans (metadata only: every
+  // rank computes the same plan of its replica without communicating).
+  UpdateOptions o;
+  o.optimizer = cfg_.optimizer;
+  o.adamw = cfg_.adamw;
+  o.muon = cfg_.muon;
+  o.muon_unit = cfg_.muon_unit;
+  o.overrides = cfg_.unit_overrides;
+  // ⑥ first: Megatron-FSDP refuses structured updates; FSDP2's full_tensor path (whole
+  // matrices gathered on every rank) is not built — both fail before any plan is made.
+  const UnitPolicy policy{o.optimizer == OptimizerKind::kMuon, o.muon_unit, o.overrides};
+  std::string first_muon;
+  for (auto& gp : groups_)
+    for (const RuntimeParam& rp : gp->layout.runtime)
+      for (int u = rp.first_member; u < rp.first_member + rp.num_members && first_muon.empty(); ++u)
+        if (RuleFor(gp->layout.update[u], rp, policy) != UnitRule::kAdamW)
+          first_muon = gp->layout.update[u].name;
+  if (!first_muon.empty()) {
+    CheckStructuredUpdates(cfg_.redundancies, "muon", first_muon);
+    SSHSDP_CHECK(cfg_.redundancies.structured_updates == StructuredUpdates::kUnits, ConfigError,
+                 "optimizer 'muon' updates '{}' as a structured unit, but ⑥ full_tensor (gather "
+                 "whole matrices on every rank) is not implemented; use point-to-point units "
+                 "(the sshsdp or vescale-fsdp preset) or AdamW",
+                 first_muon);
+  }
+  std::vector<UpdateGroupView> views;
+  for (auto& gp : groups_) {
+    UpdateGroupView v{&gp->layout, gp->chain.get(), {}};
+    bool identity = gp->pieces.size() == gp->layout.update.size();
+    for (size_t m = 0; m < gp->pieces.size(); ++m) {
+      v.member_update.push_back(gp->pieces[m].update);
+      identity = identity && gp->pieces[m].update == static_cast<int>(m);
+    }
+    if (identity) v.member_update.clear();
+    views.push_back(std::move(v));
+  }
+  update_ = std::make_unique<StructuredUpdate>(views, o, rank_, *up_p2p_, &memory_);
+  for (size_t g = 0; g < groups_.size(); ++g)
+    for (size_t u = 0; u < groups_[g]->layout.update.size(); ++u)
+      groups_[g]->layout.update[u].optimizer = update_->optimizers()[g][u];
 }
 
 Engine::~Engine() {
@@ -347,7 +392,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   time_ = {};
   const CommCounters rt0 = rt_zero3_->counters(), rt1 = rt_zero2_->counters();
   CommCounters up0;
-  for (Communicator* c : {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), &world_})
+  for (Communicator* c :
+       {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), up_p2p_.get(), &world_})
     up0 += c->counters();
 
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
@@ -434,7 +480,8 @@ StepStats Engine::Step(const BatchFn& batch) {
     comm_thread_->Drain();
   }
 
-  // Update phase: outer reduce-scatter, HSDP all-reduce, norm, AdamW, G, outer all-gather.
+  // Update phase: outer reduce-scatter, HSDP all-reduce, norm, structured update (F), G,
+  // outer all-gather.
   const bool count_norm = topo_.Coord(rank_).d == 0;
   double sumsq = 0;
   for (auto& gp : groups_) {
@@ -463,19 +510,23 @@ StepStats Engine::Step(const BatchFn& batch) {
   const float grad_scale = static_cast<float>(clip * norm_scale);
 
   ++step_;
-  std::vector<AdamWSpan> spans;
-  for (auto& gp : groups_) {
-    RuntimeGroup& g = *gp;
-    for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-      const UpdateParam& u = g.layout.update[g.pieces[f.member].update];
-      float wd = u.kind == UpdateKind::kVector ? 0.0f : cfg_.adamw.weight_decay;
-      spans.push_back({g.main_z1 + f.shard_offset, g.g_z1 + f.shard_offset, g.m + f.shard_offset,
-                       g.v + f.shard_offset, static_cast<int64_t>(f.length), wd});
-    }
-  }
   {
+    // F on the ZeRO-1 fragments: AdamW, then Muon (its split units point to point).
     ScopedTimer t(&time_.optimizer);
-    AdamWStep(spans, cfg_.adamw, step_, grad_scale);
+    std::vector<Zero1State> state;
+    for (auto& gp : groups_) {
+      RuntimeGroup& g = *gp;
+      state.push_back({g.z1, {{"main", g.main_z1}, {"grad", g.g_z1}, {"m", g.m}, {"v", g.v}}});
+    }
+    ScalarState scalars;
+    scalars.Set("grad_scale", grad_scale);
+    scalars.Set("step", static_cast<double>(step_));
+    scalars.Set("adamw.lr", cfg_.adamw.lr);
+    scalars.Set("muon.lr", cfg_.muon.lr);
+    const CommCounters p2p0 = up_p2p_->counters();
+    update_->Run(state, scalars);
+    counters_.update_p2p = Delta(up_p2p_->counters(), p2p0);
+    counters_.update_exec_cost = update_->last_run().exec_cost;
   }
   PrepareAndGatherWeights();
 
@@ -490,7 +541,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   st.counters.runtime_comm = Delta(rt_zero3_->counters(), rt0);
   st.counters.runtime_comm += Delta(rt_zero2_->counters(), rt1);
   CommCounters up1;
-  for (Communicator* c : {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), &world_})
+  for (Communicator* c :
+       {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), up_p2p_.get(), &world_})
     up1 += c->counters();
   st.counters.update_comm = Delta(up1, up0);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -29,7 +29,10 @@
 //     G′ᶻ² and microbatches m > 0 accumulate in backward directly.
 //   after the last microbatch: outer reduce-scatter G′ᶻ² → Gᶻ¹ in the replica group (a view
 //     when so = sg), all-reduce across HSDP replicas (so < W), gradient norm over shards,
-//     AdamW with grad_scale = clip / (microbatches · W) (explicit SUM normalization), G
+//     the structured update with grad_scale = clip / (microbatches · W) (explicit SUM
+//     normalization) — update/ programs on the ZeRO-1 fragments: AdamW everywhere, or Muon per
+//     unit (head / matrix / expert) beside AdamW for vectors and embeddings, split units moved
+//     point to point within the HSDP replica (StructuredUpdate) — G
 //     (fp32 → runtime dtype, written into the ZeRO-1 slice of the retained Wᶻ³ buffer), and
 //     the outer all-gather in place within Wᶻ³ — retained across the next step's microbatches.
 #pragma once
@@ -51,6 +54,7 @@
 #include "sshsdp/params/model.h"
 #include "sshsdp/params/param_layout.h"
 #include "sshsdp/update/adamw.h"
+#include "sshsdp/update/structured_update.h"
 
 namespace sshsdp {
 
@@ -65,6 +69,14 @@ struct EngineConfig {
   bool prefetch = true;               // all-gather the next layer while this one computes
   AdamWConfig adamw;
   float clip_norm = 1.0f;  // global gradient-norm clipping; 0 disables
+  // kAdamW: AdamW for every parameter. kMuon: Muon for matrices, one unit per `muon_unit`
+  // (kHead: each update parameter — per head for QKV, per expert for stacked experts;
+  // kMatrix: each runtime parameter's parts merged, e.g. QKV as one [3d, d] matrix), AdamW for
+  // norm gains, embeddings, the LM head and matrices marked muon_eligible = false.
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  MuonConfig muon;
+  UnitRule muon_unit = UnitRule::kHead;
+  std::map<std::string, UnitRule> unit_overrides;  // by update- or runtime-parameter name
   // Baselines as switches (redundancy.h; presets.h sets them per framework): the Figure-2
   // redundancies to pay and the shard layout of the flat buffers. Defaults: sshsdp.
   Redundancies redundancies;
@@ -83,6 +95,9 @@ struct StepCounters {
   uint64_t weight_preps = 0;         // G invocations (cast/quantize passes over ZeRO-1 shards;
                                      // with ② one more per all-gather, over ZeRO-3 shards)
   uint64_t gathers = 0;              // ZeRO-3 all-gathers issued
+  CommCounters update_p2p;           // structured update: fetch/return of split units (also in
+                                     // update_comm)
+  double update_exec_cost = 0;       // unit-stage work this rank ran (Newton–Schulz FLOPs)
 };
 
 struct StepStats {
@@ -125,6 +140,9 @@ class Engine {
   // this rank's ZeRO-1 chunk of the group's flat layout, one per field ("main", "m", "v";
   // element i of `data` is element chunk.begin + i of the group buffer). Which member tensor
   // each element belongs to comes from `layout` and `chain` (ShardChain::Fragments(kZero1)).
+  // Muon parameters keep their momentum in "m" (same element layout); their "v" elements are
+  // unused and stay zero (4 bytes per Muon element spent for one layout and one checkpoint
+  // schema; layout->update[u].optimizer says which optimizer owns each parameter).
   struct Zero1Field {
     std::string field;
     int group = 0;
@@ -144,6 +162,10 @@ class Engine {
   int64_t step() const { return step_; }
   // Learning rate of the next steps (schedules live in the caller).
   void SetLearningRate(float lr) { cfg_.adamw.lr = lr; }
+  void SetMuonLearningRate(float lr) { cfg_.muon.lr = lr; }
+  // The update phase: per-parameter optimizers, plans (units, execution ranks, messages),
+  // statistics of the last step's update.
+  const StructuredUpdate& structured_update() const { return *update_; }
   // Update parameters in model order (name, shape, kind).
   std::vector<UpdateParam> UpdateParams() const;
   // Analytic bytes of persistent shards and peak transient buffers (for reports).
@@ -156,6 +178,7 @@ class Engine {
   void WaitGather(int g);
   void ReleaseGather(int g);
   void PrepareAndGatherWeights();  // G + outer all-gather
+  void BuildUpdate();              // optimizers, units, plans of the structured update
   // Redundancy paths (redundancy.h): runtime weight views of a gathered group (③ copy-out,
   // ① pack), gradient targets for backward (④ per-parameter tensors, packed gradients of
   // non-contiguous runtime parameters), and their completion (④ copy into G′, zero fill).
@@ -179,6 +202,8 @@ class Engine {
   std::unique_ptr<Communicator> rt_dup_, rt_zero3_, rt_zero2_;
   std::unique_ptr<Communicator> up_replica_rs_, up_replica_ag_, up_hsdp_;
   std::unique_ptr<CommThread> comm_thread_;
+  std::unique_ptr<Communicator> up_p2p_;  // structured-update point to point (world duplicate)
+  std::unique_ptr<StructuredUpdate> update_;
 
   // Transient gather / gradient buffers, reused by size (accounted as "transient").
   std::multimap<size_t, void*> free_blocks_;

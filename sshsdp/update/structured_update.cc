@@ -6,12 +6,10 @@
 
 namespace sshsdp {
 
-StructuredUpdate::StructuredUpdate(const std::vector<const GroupLayout*>& layouts,
-                                   const std::vector<const ShardChain*>& chains,
+StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
                                    const UpdateOptions& options, int rank, Communicator& p2p,
                                    MemoryAccount* account) {
-  SSHSDP_CHECK(layouts.size() == chains.size() && !layouts.empty(), PlanError,
-               "structured update: {} layouts but {} shard chains", layouts.size(), chains.size());
+  SSHSDP_CHECK(!groups.empty(), PlanError, "structured update: no runtime groups");
   SSHSDP_CHECK(options.muon_unit == UnitRule::kHead || options.muon_unit == UnitRule::kMatrix,
                ConfigError, "Muon unit must be 'head' or 'matrix', got '{}'",
                UnitRuleName(options.muon_unit));
@@ -20,22 +18,57 @@ StructuredUpdate::StructuredUpdate(const std::vector<const GroupLayout*>& layout
   policy.matrix_rule = options.muon_unit;
   policy.overrides = options.overrides;
   std::vector<UpdateUnit> adamw, muon;
-  for (size_t g = 0; g < layouts.size(); ++g) {
-    const GroupLayout& L = *layouts[g];
+  std::vector<const ShardChain*> chains;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const GroupLayout& L = *groups[g].layout;
+    chains.push_back(groups[g].chain);
     SSHSDP_CHECK(L.group == static_cast<int>(g), PlanError,
                  "structured update: layout {} is group {}; pass the groups in order", g, L.group);
-    SSHSDP_CHECK(L.update.size() == L.list.num_members(), PlanError,
-                 "structured update: group {} has {} update parameters but {} buffer members; "
-                 "point-to-point units need one member per update parameter",
-                 g, L.update.size(), L.list.num_members());
-    UnitSelection sel = SelectUnits(L, policy);
-    optimizers_.push_back(sel.optimizer);
-    adamw.insert(adamw.end(), sel.adamw.begin(), sel.adamw.end());
-    muon.insert(muon.end(), sel.muon.begin(), sel.muon.end());
-    for (size_t m = 0; m < L.list.num_members(); ++m) {
-      total_elements_ += L.list.member(m).numel;
-      if (sel.optimizer[m] == OptimizerKind::kMuon) muon_elements_ += L.list.member(m).numel;
+    const std::vector<int>& mu = groups[g].member_update;
+    const bool identity = mu.empty();
+    SSHSDP_CHECK(
+        identity ? L.update.size() == L.list.num_members() : mu.size() == L.list.num_members(),
+        PlanError,
+        "structured update: group {} has {} buffer members but {} update parameters and "
+        "{} member mappings",
+        g, L.list.num_members(), L.update.size(), mu.size());
+    std::vector<OptimizerKind> opt(L.update.size(), OptimizerKind::kAdamW);
+    if (identity) {
+      UnitSelection sel = SelectUnits(L, policy);
+      opt = sel.optimizer;
+      muon.insert(muon.end(), sel.muon.begin(), sel.muon.end());
+    } else {
+      for (const RuntimeParam& rp : L.runtime)
+        for (int u = rp.first_member; u < rp.first_member + rp.num_members; ++u) {
+          const UnitRule r = RuleFor(L.update[u], rp, policy);
+          SSHSDP_CHECK(r == UnitRule::kAdamW, PlanError,
+                       "update parameter '{}' has rule '{}', but group {}'s buffer splits update "
+                       "parameters into several members (a baseline shard layout), so "
+                       "point-to-point units cannot find its matrix; use the flat or aligned "
+                       "layout, or AdamW",
+                       L.update[u].name, UnitRuleName(r), g);
+        }
     }
+    // AdamW units: one per buffer member of an AdamW parameter (elementwise: any layout).
+    for (size_t m = 0; m < L.list.num_members(); ++m) {
+      const int u = identity ? static_cast<int>(m) : mu[m];
+      const TensorListMember& mem = L.list.member(m);
+      total_elements_ += mem.numel;
+      if (opt[u] == OptimizerKind::kMuon) {
+        muon_elements_ += mem.numel;
+        continue;
+      }
+      UpdateUnit a;
+      a.name = mem.name;
+      a.group = static_cast<int>(g);
+      a.first_member = static_cast<int>(m);
+      a.kind = L.update[u].kind;
+      a.begin = mem.offset;
+      a.rows = 1;
+      a.cols = static_cast<int64_t>(mem.numel);
+      adamw.push_back(std::move(a));
+    }
+    optimizers_.push_back(std::move(opt));
   }
   const int replica = chains[0]->topology().Coord(rank).d;
   auto add = [&](OptimizerKind k, UpdateProgram prog, std::vector<UpdateUnit> units) {

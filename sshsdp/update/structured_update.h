@@ -4,14 +4,16 @@
 //
 // Per runtime group, SelectUnits applies the rule of every update parameter (UpdateOptions:
 // AdamW everywhere, or Muon per head / per matrix / per expert for matrices with AdamW for the
-// rest). All AdamW parameters of the model form one elementwise program (never communicates);
+// rest). All AdamW parameters of the model form one elementwise program (never communicates;
+// its units are buffer members, so it also serves layouts whose members are pieces of update
+// parameters, like the FSDP2 baseline's dim-0 shards);
 // all Muon units of the model form one three-stage program whose Newton–Schulz stage moves the
 // fragments of split units point to point — one batched exchange for the fetches and one for
 // the returns, model-wide. Both run on the same ZeRO-1 state: "main", "grad", "m" and "v"
 // (AdamW's second moment; unused by Muon parameters).
 //
 //   UpdateOptions o;  o.optimizer = OptimizerKind::kMuon;  o.muon_unit = UnitRule::kHead;
-//   StructuredUpdate up({&layout0, &layout1}, {&chain0, &chain1}, o, rank, *p2p, &memory);
+//   StructuredUpdate up({{&layout0, &chain0}, {&layout1, &chain1}}, o, rank, *p2p, &memory);
 //   ScalarState s;  s.Set("grad_scale", scale);  s.Set("step", t);
 //   s.Set("adamw.lr", lr);  s.Set("muon.lr", muon_lr);
 //   up.Run(zero1_state, s);                 // AdamW program, then Muon program
@@ -38,17 +40,24 @@ struct UpdateOptions {
   std::map<std::string, UnitRule> overrides;  // by update- or runtime-parameter name
 };
 
+// One runtime group as the update sees it.
+struct UpdateGroupView {
+  const GroupLayout* layout = nullptr;
+  const ShardChain* chain = nullptr;  // this rank's shard chain of layout->list
+  // member_update[m]: the update parameter buffer member m belongs to. Empty: member m IS
+  // update parameter m (the sshsdp flat layout). Muon units need that identity.
+  std::vector<int> member_update;
+};
+
 class StructuredUpdate {
  public:
-  // layouts[g] / chains[g]: runtime group g's flat layout (members = update parameters) and
-  // this rank's shard chain of it. `p2p` carries the Muon exchanges: a communicator ordered
+  // groups[g]: runtime group g. `p2p` carries the Muon exchanges: a communicator ordered
   // like the topology (the world or a duplicate of it). Throws PlanError / ConfigError naming the
   // parameter on an invalid rule.
-  StructuredUpdate(const std::vector<const GroupLayout*>& layouts,
-                   const std::vector<const ShardChain*>& chains, const UpdateOptions& options,
+  StructuredUpdate(const std::vector<UpdateGroupView>& groups, const UpdateOptions& options,
                    int rank, Communicator& p2p, MemoryAccount* account = nullptr);
 
-  // optimizers()[g][member]: which optimizer updates each update parameter.
+  // optimizers()[g][u]: which optimizer updates update parameter u of group g.
   const std::vector<std::vector<OptimizerKind>>& optimizers() const { return optimizers_; }
   // Runs AdamW, then Muon. Reads scalars "grad_scale", "step", "adamw.lr", "muon.lr".
   void Run(const std::vector<Zero1State>& state, const ScalarState& scalars);

@@ -61,10 +61,10 @@ RunResult RunAndCompare(const GroupLayout& layout, const Topology& topo, const U
   auto p2p = world->Duplicate();
   auto self = world->Split(r, 0);
   ShardChain chain(layout.list, topo, r);
-  StructuredUpdate up({&layout}, {&chain}, opt, r, *p2p);
+  StructuredUpdate up({{&layout, &chain, {}}}, opt, r, *p2p);
   Topology one(1, 1, 1, 1, 1);
   ShardChain rchain(layout.list, one, 0);
-  StructuredUpdate ref({&layout}, {&rchain}, opt, 0, *self);
+  StructuredUpdate ref({{&layout, &rchain, {}}}, opt, 0, *self);
   Arrays mine(chain.LocalRange(Shard::kZero1)), all(rchain.LocalRange(Shard::kZero1));
   RunResult out;
   for (int t = 1; t <= steps; ++t) {

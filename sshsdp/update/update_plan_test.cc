@@ -388,7 +388,7 @@ TEST(StructuredUpdate, OneRankMatchesScalarReference) {
     o.muon.weight_decay = 0.1f;
     o.muon.scale = MuonScale::kRms;
     MemoryAccount acct;
-    StructuredUpdate up({&L}, {&chain}, o, 0, comm, &acct);
+    StructuredUpdate up({{&L, &chain, {}}}, o, 0, comm, &acct);
     const size_t n = L.list.padded_numel();
     std::vector<float> main(n), grad(n), m(n, 0), v(n, 0);
     std::vector<double> rmain(n), rm(n, 0), rv(n, 0);

@@ -6,16 +6,6 @@
 namespace sshsdp {
 namespace {
 
-// Rule of one update parameter before merging: override by name, else by runtime name, else
-// the default for its kind.
-UnitRule RuleOf(const UpdateParam& u, const RuntimeParam& rp, const UnitPolicy& p) {
-  if (auto it = p.overrides.find(u.name); it != p.overrides.end()) return it->second;
-  if (auto it = p.overrides.find(rp.name); it != p.overrides.end()) return it->second;
-  if (!p.muon || !MuonEligible(u.kind, u.muon_eligible) || u.shape.size() < 2)
-    return UnitRule::kAdamW;
-  return p.matrix_rule;
-}
-
 // Splits [begin, begin + numel) of `shape` into its row-major [rows, cols] matrices (one for
 // rank 2, one per leading index for rank >= 3).
 void AppendSlices(const std::string& name, int group, int first_member, int num_members,
@@ -39,6 +29,14 @@ void AppendSlices(const std::string& name, int group, int first_member, int num_
 }
 
 }  // namespace
+
+UnitRule RuleFor(const UpdateParam& u, const RuntimeParam& rp, const UnitPolicy& p) {
+  if (auto it = p.overrides.find(u.name); it != p.overrides.end()) return it->second;
+  if (auto it = p.overrides.find(rp.name); it != p.overrides.end()) return it->second;
+  if (!p.muon || !MuonEligible(u.kind, u.muon_eligible) || u.shape.size() < 2)
+    return UnitRule::kAdamW;
+  return p.matrix_rule;
+}
 
 const char* UnitRuleName(UnitRule r) {
   switch (r) {
@@ -79,7 +77,7 @@ UnitSelection SelectUnits(const GroupLayout& layout, const UnitPolicy& policy) {
     int merged = 0;
     for (int m = first; m < first + count; ++m) {
       const UpdateParam& u = layout.update[m];
-      const UnitRule r = RuleOf(u, rp, policy);
+      const UnitRule r = RuleFor(u, rp, policy);
       sel.rule[m] = r;
       if (r == UnitRule::kAdamW) continue;
       sel.optimizer[m] = OptimizerKind::kMuon;

@@ -72,6 +72,11 @@ struct UnitSelection {
   std::vector<UpdateUnit> muon;          // Muon units, in buffer order
 };
 
+// The rule of one update parameter of runtime parameter `rp`: its override by name, else
+// its runtime parameter's, else kAdamW unless policy.muon and it is a Muon-eligible matrix
+// (MuonEligible, rank >= 2), which gets policy.matrix_rule.
+UnitRule RuleFor(const UpdateParam& u, const RuntimeParam& rp, const UnitPolicy& policy);
+
 // Applies `policy` to every update parameter of `layout`. Throws PlanError naming the
 // parameter when a Muon rule meets a parameter of rank < 2, when a "matrix" rule applies to
 // only some parts of a runtime parameter, or when merged parts are not contiguous.
