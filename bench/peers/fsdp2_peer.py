@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""A real outside peer for `sshsdp bench`: the same GPT trained with PyTorch FSDP2.
+
+Why: the paper's claims are ratios against PyTorch FSDP2. The `fsdp2` preset reproduces
+FSDP2's dataflow inside our engine; this script measures the real thing on the same machine,
+same workload, same initial weights and the same token batches, so the ratio can be checked
+against what a CPU user of FSDP2 actually gets.
+
+It reads what `sshsdp bench --peer-inputs DIR` wrote for one workload (DIR/b<B>):
+  init.safetensors  initial fp32 weights under sshsdp's update-parameter names
+                    (blocks.0.attn.q.h2, ...; per-head Q/K/V parts are concatenated, all Q
+                    heads then all K then all V, into the packed [3d, d] QKV weight)
+  batches.bin       int32 tokens then targets, [steps, microbatches, ranks, B, T]
+  workload.json     model sizes, B, T, microbatches, world, steps, AdamW, clipping, and
+                    sshsdp's rows (per-step losses, tokens/s)
+
+The model is sshsdp/models/gpt.cc in PyTorch: token + learned position embeddings, pre-norm
+blocks (RMSNorm eps 1e-5 → packed QKV → causal attention → proj → residual; RMSNorm → fc1 →
+GELU tanh → fc2 → residual), final RMSNorm, untied LM head, mean cross-entropy, no biases.
+FSDP2 (torch.distributed.fsdp.fully_shard) wraps the embeddings, every block and the head
+(the same runtime groups as sshsdp), on CPU with gloo; MixedPrecisionPolicy(param_dtype=bf16,
+reduce_dtype=fp32) when the workload's weights are bf16. AdamW (decoupled decay, none on norm
+gains), global-norm clipping, gradient accumulation over microbatches with FSDP2's default
+reduce-scatter on every microbatch.
+
+  torchrun --standalone --nproc_per_node 2 bench/peers/fsdp2_peer.py --inputs out/peer/b4 \
+      --out out/peer/b4/fsdp2_peer.json [--check-steps 3 --check-tol 1e-4]
+"""
+import argparse
+import json
+import os
+import resource
+import statistics
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+RMS_EPS = 1e-5
+
+
+def read_safetensors(path):
+    """Minimal safetensors reader (F32 / BF16) → {name: float32 numpy array}."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = meta["data_offsets"]
+        raw = data[a:b]
+        if meta["dtype"] == "F32":
+            arr = np.frombuffer(raw, dtype="<f4")
+        elif meta["dtype"] == "BF16":
+            arr = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            raise SystemExit(f"{path}: tensor {name} has unsupported dtype {meta['dtype']}")
+        out[name] = arr.reshape(meta["shape"]).copy()
+    return out
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.g = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
+        return (y * self.g.float()).to(x.dtype)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, vocab, seq_len, d):
+        super().__init__()
+        self.wte = nn.Parameter(torch.zeros(vocab, d))
+        self.wpe = nn.Parameter(torch.zeros(seq_len, d))
+
+    def forward(self, tokens):
+        T = tokens.shape[1]
+        return F.embedding(tokens, self.wte) + self.wpe[:T]
+
+
+class Block(nn.Module):
+    def __init__(self, d, n_head, d_ff):
+        super().__init__()
+        self.n_head = n_head
+        self.ln1 = RMSNorm(d)
+        self.qkv = nn.Linear(d, 3 * d, bias=False)
+        self.proj = nn.Linear(d, d, bias=False)
+        self.ln2 = RMSNorm(d)
+        self.fc1 = nn.Linear(d, d_ff, bias=False)
+        self.fc2 = nn.Linear(d_ff, d, bias=False)
+
+    def forward(self, x):
+        B, T, d = x.shape
+        H = self.n_head
+        qkv = self.qkv(self.ln1(x))
+        # Rows of the QKV weight: all Q heads, then all K heads, then all V heads.
+        q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in qkv.split(d, dim=-1))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(att.transpose(1, 2).reshape(B, T, d))
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
+
+
+class Head(nn.Module):
+    def __init__(self, d, vocab):
+        super().__init__()
+        self.lnf = RMSNorm(d)
+        self.lm_head = nn.Linear(d, vocab, bias=False)
+
+    def forward(self, x, targets):
+        logits = self.lm_head(self.lnf(x)).float()
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class Gpt(nn.Module):
+    def __init__(self, m):
+        super().__init__()
+        self.emb = Embeddings(m["vocab"], m["seq_len"], m["d_model"])
+        self.blocks = nn.ModuleList(
+            Block(m["d_model"], m["n_head"], m["d_ff"]) for _ in range(m["n_layer"])
+        )
+        self.head = Head(m["d_model"], m["vocab"])
+
+    def forward(self, tokens, targets):
+        x = self.emb(tokens)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x, targets)
+
+    @torch.no_grad()
+    def load_sshsdp(self, w, n_head):
+        def t(name):
+            if name not in w:
+                raise SystemExit(f"init weights: '{name}' is missing")
+            return torch.from_numpy(w[name])
+
+        self.emb.wte.copy_(t("wte"))
+        self.emb.wpe.copy_(t("wpe"))
+        for l, b in enumerate(self.blocks):
+            p = f"blocks.{l}."
+            b.ln1.g.copy_(t(p + "ln1.g"))
+            parts = [t(f"{p}attn.{w_}.h{h}") for w_ in ("q", "k", "v") for h in range(n_head)]
+            b.qkv.weight.copy_(torch.cat(parts, dim=0))
+            b.proj.weight.copy_(t(p + "attn.proj"))
+            b.ln2.g.copy_(t(p + "ln2.g"))
+            b.fc1.weight.copy_(t(p + "mlp.fc1"))
+            b.fc2.weight.copy_(t(p + "mlp.fc2"))
+        self.head.lnf.g.copy_(t("lnf.g"))
+        self.head.lm_head.weight.copy_(t("lm_head"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--inputs", required=True, help="directory written by sshsdp bench --peer-inputs")
+    ap.add_argument("--out", help="write this run's JSON row here (rank 0)")
+    ap.add_argument("--check-steps", type=int, default=0,
+                    help="compare the first N step losses with sshsdp's (fairness check)")
+    ap.add_argument("--check-tol", type=float, default=1e-4, help="relative loss tolerance")
+    args = ap.parse_args()
+
+    dist.init_process_group("gloo")
+    rank, W = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    wl = json.load(open(os.path.join(args.inputs, "workload.json")))
+    m = wl["model"]
+    B, T, M = wl["batch_size"], wl["T"], wl["microbatches"]
+    steps_total = wl["warmup"] + wl["steps"]
+    if wl["world"] != W:
+        raise SystemExit(f"workload was written for {wl['world']} ranks, running on {W}")
+    raw = np.fromfile(os.path.join(args.inputs, "batches.bin"), dtype="<i4")
+    shape = (steps_total, M, W, B, T)
+    n = int(np.prod(shape))
+    if raw.size != 2 * n:
+        raise SystemExit(f"batches.bin holds {raw.size} int32, expected {2 * n}")
+    tokens = torch.from_numpy(raw[:n].reshape(shape).astype(np.int64))
+    targets = torch.from_numpy(raw[n:].reshape(shape).astype(np.int64))
+
+    model = Gpt(m)
+    model.load_sshsdp(read_safetensors(os.path.join(args.inputs, "init.safetensors")), m["n_head"])
+    bf16 = wl["weight_dtype"] == "bf16"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32,
+                              reduce_dtype=torch.float32)
+    fully_shard(model.emb, mp_policy=mp)
+    for b in model.blocks:
+        fully_shard(b, mp_policy=mp)
+    fully_shard(model.head, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+
+    a = wl["adamw"]
+    decay = [p for name, p in model.named_parameters() if not name.endswith(".g")]
+    no_decay = [p for name, p in model.named_parameters() if name.endswith(".g")]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": a["weight_decay"]},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"])
+    if rank == 0:
+        print(f"fsdp2 peer: torch {torch.__version__}, gloo, {W} ranks, {torch.get_num_threads()} "
+              f"thread(s)/rank, GPT d={m['d_model']} L={m['n_layer']} H={m['n_head']} T={T}, "
+              f"batch {M}x{B}x{T} per rank, weights {wl['weight_dtype']}; note: gloo emulates "
+              "reduce-scatter with all-reduce, so this is what a CPU user of FSDP2 actually gets",
+              flush=True)
+
+    losses, secs = [], []
+    for s in range(steps_total):
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss_sum = torch.zeros(())
+        for mb in range(M):
+            loss = model(tokens[s, mb, rank], targets[s, mb, rank])
+            (loss / M).backward()
+            loss_sum += loss.detach().float()
+        if wl["clip"] > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), wl["clip"])
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        dt = torch.tensor([time.perf_counter() - t0])
+        dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+        dist.all_reduce(loss_sum)
+        losses.append(loss_sum.item() / (M * W))
+        if s >= wl["warmup"]:
+            secs.append(dt.item())
+
+    rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
+    dist.all_reduce(rss, op=dist.ReduceOp.MAX)
+    ok = True
+    if rank == 0:
+        median = statistics.median(secs)
+        tps = M * B * T * W / median
+        ref = next((r for r in wl["rows"] if r["config"] == "sshsdp"), wl["rows"][0])
+        row = {
+            "batch_size": B, "tokens_per_microbatch": B * T, "config": "torch-fsdp2 (real)",
+            "median_step_s": median, "tokens_per_s": tps,
+            "sshsdp_tokens_per_s": ref["tokens_per_s"],
+            "sshsdp_over_peer": ref["tokens_per_s"] / tps,
+            "mfu": wl["flops_per_token"] * tps / (wl["gemm_peak_flops"] * W),
+            "peak_rss_mib": rss.item(), "losses": losses, "warmup": wl["warmup"],
+            "timed_steps": wl["steps"], "torch": torch.__version__,
+            "note": "gloo emulates reduce-scatter with all-reduce",
+        }
+        print(f"fsdp2 peer: {len(secs)} timed steps after {wl['warmup']} warm-up: median "
+              f"{median * 1e3:.1f} ms, {tps:.0f} tok/s, MFU {100 * row['mfu']:.2f}%, peak RSS "
+              f"{rss.item():.0f} MiB; sshsdp {ref['tokens_per_s']:.0f} tok/s = "
+              f"{row['sshsdp_over_peer']:.2f}x this peer", flush=True)
+        if args.check_steps > 0:
+            theirs = ref["losses"][: args.check_steps]
+            worst = max(abs(x - y) / abs(y) for x, y in zip(losses, theirs))
+            row["check"] = {"steps": args.check_steps, "max_rel_diff": worst, "tol": args.check_tol}
+            ok = worst <= args.check_tol
+            print(f"fairness check: first {args.check_steps} step losses peer "
+                  f"{[round(x, 6) for x in losses[:args.check_steps]]} vs sshsdp "
+                  f"{[round(y, 6) for y in theirs]}: max relative difference {worst:.2e} "
+                  f"({'PASS' if ok else 'FAIL'}, tolerance {args.check_tol:.0e})", flush=True)
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(row, f, indent=2)
+    dist.destroy_process_group()
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

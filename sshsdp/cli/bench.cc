@@ -1,0 +1,395 @@
+// `sshsdp bench` (see bench.h): presets or the ablation ladder back to back on one workload
+// sweep, one table and one JSON document.
+#include "sshsdp/cli/bench.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/engine/presets.h"
+#include "sshsdp/kernels/matmul.h"
+#include "sshsdp/models/data.h"
+#include "sshsdp/models/gpt.h"
+#include "sshsdp/models/moe.h"
+
+namespace sshsdp {
+
+void AddBenchOptions(CLI::App& app, BenchOptions& o) {
+  app.add_option("--model", o.model, "model preset: tiny | small | base | moe-tiny | moe-small")
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "override the preset's number of blocks");
+  app.add_option("--d-model", o.d_model, "override the preset's width");
+  app.add_option("--heads", o.heads, "override the preset's attention heads");
+  app.add_option("--seq-len", o.seq_len, "tokens per sample (<= the preset's maximum)");
+  app.add_option("--batch-size", o.batch_sizes,
+                 "samples per microbatch per rank; a comma-separated list sweeps workloads")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
+      ->capture_default_str();
+  app.add_option("--sw", o.sw, "ZeRO-3 degree (default: world size)");
+  app.add_option("--sg", o.sg, "ZeRO-2 degree (default: world size)");
+  app.add_option("--so", o.so, "ZeRO-1 degree (default: world size)");
+  app.add_option("--ranks-per-node", o.ranks_per_node, "ranks per (simulated) node");
+  app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
+      ->capture_default_str();
+  app.add_option("--presets", o.presets,
+                 "comma-separated presets (default: sshsdp,fsdp2,megatron-fsdp,vescale-fsdp)")
+      ->delimiter(',');
+  app.add_flag("--ablation", o.ablation,
+               "instead of presets: fsdp2, then turn sshsdp's optimizations on one at a time");
+  app.add_option("--warmup", o.warmup, "untimed steps per configuration")->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps per configuration (median reported)")
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--clip", o.clip, "gradient-norm clipping (0: off)")->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
+      ->capture_default_str();
+  app.add_option("--json", o.json, "write the table as JSON to this file");
+  app.add_option("--peer-inputs", o.peer_inputs,
+                 "write initial weights, token batches and the workload for the PyTorch peer "
+                 "(bench/peers/fsdp2_peer.py) under this directory");
+}
+
+namespace {
+
+// Peak RSS since the last reset, in MiB (VmHWM), and its reset (clear_refs "5").
+double PeakRssMiB() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  }
+  return 0;
+}
+void ResetPeakRss() {
+  std::ofstream f("/proc/self/clear_refs");
+  if (f) f << "5";
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+bool IsMoe(const std::string& model) { return model.rfind("moe-", 0) == 0; }
+
+// The dense GPT trunk of the model (the MoE presets' trunk for moe-*), with overrides.
+GptConfig MakeConfig(const BenchOptions& o) {
+  GptConfig c = IsMoe(o.model) ? MoeConfig::Preset(o.model).trunk : GptConfig::Preset(o.model);
+  if (o.layers) c.n_layer = o.layers;
+  if (o.d_model) c.d_model = o.d_model;
+  if (o.heads) c.n_head = o.heads;
+  if (o.seq_len) c.seq_len = std::max(c.seq_len, o.seq_len);
+  c.Validate();
+  return c;
+}
+
+std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk) {
+  if (!IsMoe(o.model)) return std::make_unique<Gpt>(trunk);
+  MoeConfig c = MoeConfig::Preset(o.model);
+  c.trunk = trunk;
+  c.Validate();
+  return std::make_unique<MoeGpt>(c);
+}
+
+struct Row {
+  int batch = 0;
+  std::string label;
+  std::string switches, layout;
+  double median_s = 0, tokens_per_s = 0, mfu = 0, ratio = 0, flops_per_token = 0;
+  double rss_mib = 0, accounted_mib = 0;
+  std::map<std::string, double> accounted_by_category;  // MiB, rank 0
+  StepCounters counters;                                // rank 0, last timed step
+  TimeSplit time;                                       // mean over ranks and timed steps
+  std::vector<double> losses;                           // every step, warm-up included
+};
+
+nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
+  const CopyBytes& c = r.counters.copies;
+  nlohmann::json j = {
+      {"batch_size", r.batch},
+      {"tokens_per_microbatch", tokens_per_mb},
+      {"config", r.label},
+      {"redundancies", r.switches},
+      {"shard_layout", r.layout},
+      {"median_step_s", r.median_s},
+      {"tokens_per_s", r.tokens_per_s},
+      {"ratio_to_sshsdp", r.ratio},
+      {"mfu", r.mfu},
+      {"peak_rss_mib", r.rss_mib},
+      {"accounted_peak_mib", r.accounted_mib},
+      {"accounted_peak_mib_by_category", r.accounted_by_category},
+      {"bytes_copied_per_step", r.counters.bytes_copied},
+      {"bytes_copied_weights", c.weight_copy_in + c.weight_copy_out + c.weight_pack},
+      {"bytes_copied_grads", c.grad_copy + c.grad_unpack},
+      {"copies",
+       {{"weight_copy_in", c.weight_copy_in},
+        {"weight_copy_out", c.weight_copy_out},
+        {"weight_pack", c.weight_pack},
+        {"grad_copy", c.grad_copy},
+        {"grad_unpack", c.grad_unpack}}},
+      {"add_passes", r.counters.add_passes},
+      {"weight_preps", r.counters.weight_preps},
+      {"comm_intra_bytes_per_step",
+       r.counters.runtime_comm.intra_node_bytes + r.counters.update_comm.intra_node_bytes},
+      {"comm_inter_bytes_per_step",
+       r.counters.runtime_comm.inter_node_bytes + r.counters.update_comm.inter_node_bytes},
+      {"time_s",
+       {{"compute", r.time.compute},
+        {"comm_wait", r.time.comm_wait},
+        {"copy", r.time.copy},
+        {"cast", r.time.cast},
+        {"add", r.time.add},
+        {"optimizer", r.time.optimizer},
+        {"other", r.time.other}}},
+      {"losses", r.losses}};
+  return j;
+}
+
+}  // namespace
+
+int RunBench(int argc, char** argv, const BenchOptions& o) {
+  return RunMpiMain(argc, argv, [&]() -> int {
+    // Input checks before any collective.
+    const GptConfig gc = MakeConfig(o);
+    const int T = o.seq_len ? o.seq_len : gc.seq_len;
+    SSHSDP_CHECK(T <= gc.seq_len, ConfigError, "--seq-len {} exceeds the model's {}", T,
+                 gc.seq_len);
+    SSHSDP_CHECK(o.warmup >= 0 && o.steps >= 1, ConfigError,
+                 "--warmup must be >= 0 and --steps >= 1, got {} and {}", o.warmup, o.steps);
+    SSHSDP_CHECK(!o.batch_sizes.empty(), ConfigError, "--batch-size needs at least one value");
+    SSHSDP_CHECK(o.peer_inputs.empty() || !IsMoe(o.model), ConfigError,
+                 "--peer-inputs: the PyTorch FSDP2 peer builds the dense GPT only, not '{}'",
+                 o.model);
+    for (int b : o.batch_sizes)
+      SSHSDP_CHECK(b >= 1, ConfigError, "--batch-size values must be >= 1, got {}", b);
+    const std::vector<std::string> presets = o.presets.empty() ? PresetNames() : o.presets;
+    {
+      EngineConfig probe;
+      for (const std::string& p : presets) ApplyPreset(p, &probe);  // ConfigError if unknown
+    }
+    const int world_size = WorldSize();
+    const int rpn = o.ranks_per_node ? o.ranks_per_node : world_size;
+    EngineConfig base;
+    base.sw = o.sw ? o.sw : world_size;
+    base.sg = o.sg ? o.sg : world_size;
+    base.so = o.so ? o.so : world_size;
+    base.ranks_per_node = rpn;
+    base.microbatches = o.microbatches;
+    base.seq_len = T;
+    base.weight_dtype = ParseDType(o.weight_dtype);
+    base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+    base.clip_norm = o.clip;
+    Topology check(world_size, rpn, base.sw, base.sg, base.so);  // LayoutError names numbers
+
+    auto world = MpiCommunicator::World(rpn);
+    const int W = world->size(), rank = world->rank();
+    SyntheticTokens data(gc.vocab, o.seed);
+    const double peak = kernels::MeasureGemmPeak(base.weight_dtype);
+    const int total_steps = o.warmup + o.steps;
+    if (rank == 0) {
+      auto probe = MakeModel(o, gc);
+      fmt::print(
+          "sshsdp bench: {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
+          "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
+          "timed, slowest rank) | GEMM peak {:.1f} GFLOP/s/rank\n",
+          IsMoe(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
+          probe->NumParams() / 1e6, check.ToString(), o.weight_dtype, o.microbatches, o.warmup,
+          o.steps, peak / 1e9);
+    }
+
+    nlohmann::json out = nlohmann::json::array();
+    for (int B : o.batch_sizes) {
+      std::vector<std::pair<std::string, EngineConfig>> configs;
+      EngineConfig wb = base;
+      wb.batch_size = B;
+      if (o.ablation) {
+        configs = AblationLadder(wb);
+      } else {
+        for (const std::string& p : presets) {
+          EngineConfig c = wb;
+          ApplyPreset(p, &c);
+          configs.emplace_back(p, c);
+        }
+      }
+      const std::string peer_dir =
+          o.peer_inputs.empty() ? "" : fmt::format("{}/b{}", o.peer_inputs, B);
+      std::vector<Row> rows;
+      for (size_t ci = 0; ci < configs.size(); ++ci) {
+        const auto& [label, cfg] = configs[ci];
+        malloc_trim(0);
+        ResetPeakRss();
+        Row row;
+        row.batch = B;
+        row.label = label;
+        row.switches = cfg.redundancies.ToString();
+        row.layout = ShardLayoutName(cfg.shard_layout);
+        std::unique_ptr<Model> model = MakeModel(o, gc);
+        {
+          Engine engine(*model, *world, cfg);
+          engine.InitWeights(o.seed);
+          if (!peer_dir.empty() && ci == 0) {
+            auto w = engine.GatherMainWeights();  // collective
+            if (rank == 0) {
+              std::filesystem::create_directories(peer_dir);
+              std::map<std::string, SafeTensor> t;
+              for (const UpdateParam& u : engine.UpdateParams())
+                t[u.name] = {u.shape, w.at(u.name)};
+              WriteSafetensors(peer_dir + "/init.safetensors", t, {{"format", "sshsdp"}});
+              // Token batches of every step as the ranks read them: [S, M, W, B, T].
+              const size_t per = static_cast<size_t>(B) * T;
+              std::vector<int32_t> tok(per * total_steps * o.microbatches * W), tgt(tok.size());
+              size_t at = 0;
+              for (int s = 0; s < total_steps; ++s)
+                for (int mb = 0; mb < o.microbatches; ++mb)
+                  for (int r = 0; r < W; ++r, at += per)
+                    data.Batch(SampleIndex(s, mb, o.microbatches, r, W, 0, B), B, T,
+                               tok.data() + at, tgt.data() + at);
+              std::ofstream f(peer_dir + "/batches.bin", std::ios::binary | std::ios::trunc);
+              f.write(reinterpret_cast<const char*>(tok.data()), tok.size() * 4);
+              f.write(reinterpret_cast<const char*>(tgt.data()), tgt.size() * 4);
+              SSHSDP_CHECK(f.good(), IoError, "{}/batches.bin: write failed", peer_dir);
+            }
+          }
+          int64_t cur = 0;
+          BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
+            data.Batch(SampleIndex(cur, mb, o.microbatches, rank, W, 0, B), B, T, tok, tgt);
+          };
+          std::vector<double> secs;
+          constexpr int kF = 8;  // seconds + 7 categories
+          std::vector<double> cat_sum(kF, 0.0);
+          for (cur = 0; cur < total_steps; ++cur) {
+            StepStats st = engine.Step(batch);
+            const TimeSplit& t = st.time;
+            float local[kF] = {static_cast<float>(st.seconds),  static_cast<float>(t.compute),
+                               static_cast<float>(t.comm_wait), static_cast<float>(t.copy),
+                               static_cast<float>(t.cast),      static_cast<float>(t.add),
+                               static_cast<float>(t.optimizer), static_cast<float>(t.other)};
+            std::vector<float> all(kF * static_cast<size_t>(W));
+            world->AllGather(local, all.data(), kF, DType::kF32);
+            row.losses.push_back(st.loss);
+            if (cur < o.warmup) continue;
+            double slowest = 0;
+            for (int r = 0; r < W; ++r) {
+              slowest = std::max(slowest, static_cast<double>(all[kF * r]));
+              for (int k = 1; k < kF; ++k) cat_sum[k] += all[kF * r + k];
+            }
+            secs.push_back(slowest);
+            row.counters = st.counters;
+          }
+          const double n = static_cast<double>(o.steps) * W;
+          row.time = {cat_sum[1] / n, cat_sum[2] / n, cat_sum[3] / n, cat_sum[4] / n,
+                      cat_sum[5] / n, cat_sum[6] / n, cat_sum[7] / n};
+          row.median_s = Median(secs);
+          const double tokens = static_cast<double>(o.microbatches) * B * T * W;
+          row.tokens_per_s = tokens / row.median_s;
+          row.flops_per_token = model->FlopsPerToken();
+          row.mfu = row.flops_per_token * row.tokens_per_s / (peak * W);
+          for (const auto& [cat, u] : engine.memory().by_category())
+            row.accounted_by_category[cat] = u.peak / 1048576.0;
+          float mem[2] = {static_cast<float>(PeakRssMiB()),
+                          static_cast<float>(engine.memory().peak_total() / 1048576.0)};
+          std::vector<float> allm(2 * static_cast<size_t>(W));
+          world->AllGather(mem, allm.data(), 2, DType::kF32);
+          for (int r = 0; r < W; ++r) {
+            row.rss_mib = std::max(row.rss_mib, static_cast<double>(allm[2 * r]));
+            row.accounted_mib = std::max(row.accounted_mib, static_cast<double>(allm[2 * r + 1]));
+          }
+        }
+        rows.push_back(std::move(row));
+      }
+      // Ratios against the sshsdp row (or the ladder's last rung, which is sshsdp).
+      double ref = 0;
+      for (const Row& r : rows)
+        if (r.label == "sshsdp" || r.switches == "none") ref = r.tokens_per_s;
+      if (ref == 0) ref = rows.front().tokens_per_s;
+      for (Row& r : rows) r.ratio = r.tokens_per_s / ref;
+      const int64_t tpm = static_cast<int64_t>(B) * T;
+      if (rank == 0) {
+        fmt::print(
+            "\nworkload: {} tokens per microbatch per rank (batch {} x seq {}), {} microbatches, "
+            "{} ranks\n",
+            tpm, B, T, o.microbatches, W);
+        fmt::print(
+            "{:<30} {:>9} {:>7} {:>6} {:>8} {:>8} {:>10} {:>10} {:>10} | {:>7} {:>7} {:>7} {:>7} "
+            "{:>7} {:>7} {:>7}\n",
+            "config (switches, layout)", "tok/s", "ratio", "MFU%", "RSS MiB", "acct MiB",
+            "copyW KiB", "copyG KiB", "comm KiB", "compute", "commwt", "copy", "cast", "add",
+            "optim", "other");
+        const double l0 = rows.front().losses.empty() ? 0 : rows.front().losses[0];
+        double worst = 0;
+        for (const Row& r : rows) {
+          const CopyBytes& c = r.counters.copies;
+          const double comm =
+              static_cast<double>(r.counters.runtime_comm.total() + r.counters.update_comm.total());
+          fmt::print(
+              "{:<30} {:>9.0f} {:>6.2f}x {:>6.2f} {:>8.1f} {:>8.2f} {:>10.1f} {:>10.1f} {:>10.1f} "
+              "| {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f}\n",
+              fmt::format("{} ({}, {})", r.label, r.switches, r.layout), r.tokens_per_s, r.ratio,
+              100 * r.mfu, r.rss_mib, r.accounted_mib,
+              (c.weight_copy_in + c.weight_copy_out + c.weight_pack) / 1024.0,
+              (c.grad_copy + c.grad_unpack) / 1024.0, comm / 1024.0, 1e3 * r.time.compute,
+              1e3 * r.time.comm_wait, 1e3 * r.time.copy, 1e3 * r.time.cast, 1e3 * r.time.add,
+              1e3 * r.time.optimizer, 1e3 * r.time.other);
+          if (!r.losses.empty() && l0 != 0)
+            worst = std::max(worst, std::abs(r.losses[0] - l0) / std::abs(l0));
+        }
+        fmt::print(
+            "(times: ms per step, mean over ranks; copies and comm: per step, rank 0, comm = "
+            "bytes sent intra+inter node; first-step losses agree within {:.1e} relative)\n",
+            worst);
+        for (const Row& r : rows) out.push_back(RowJson(r, tpm));
+        if (!peer_dir.empty()) {
+          nlohmann::json wl = {{"model",
+                                {{"vocab", gc.vocab},
+                                 {"seq_len", gc.seq_len},
+                                 {"d_model", gc.d_model},
+                                 {"n_head", gc.n_head},
+                                 {"n_layer", gc.n_layer},
+                                 {"d_ff", gc.ff()}}},
+                               {"T", T},
+                               {"batch_size", B},
+                               {"microbatches", o.microbatches},
+                               {"world", W},
+                               {"warmup", o.warmup},
+                               {"steps", o.steps},
+                               {"weight_dtype", o.weight_dtype},
+                               {"adamw",
+                                {{"lr", o.lr},
+                                 {"beta1", o.beta1},
+                                 {"beta2", o.beta2},
+                                 {"eps", o.eps},
+                                 {"weight_decay", o.weight_decay}}},
+                               {"clip", o.clip},
+                               {"gemm_peak_flops", peak},
+                               {"flops_per_token", rows.front().flops_per_token},
+                               {"rows", nlohmann::json::array()}};
+          for (const Row& r : rows) wl["rows"].push_back(RowJson(r, tpm));
+          std::ofstream f(peer_dir + "/workload.json", std::ios::trunc);
+          f << wl.dump(2) << "\n";
+          SSHSDP_CHECK(f.good(), IoError, "{}/workload.json: write failed", peer_dir);
+        }
+      }
+    }
+    if (rank == 0 && !o.json.empty()) {
+      std::ofstream f(o.json, std::ios::trunc);
+      SSHSDP_CHECK(f.good(), IoError, "--json {}: cannot open for writing", o.json);
+      f << out.dump(2) << "\n";
+      fmt::print("wrote {}\n", o.json);
+    }
+    return 0;
+  });
+}
+
+}  // namespace sshsdp

@@ -1,0 +1,51 @@
+// `sshsdp bench`: framework presets (or the ablation ladder) back to back in ONE job on the
+// same workload, so the comparison the paper makes against FSDP2, Megatron-FSDP and
+// veScale-FSDP can be repeated honestly on the user's own machine (DESIGN §9, §12).
+//
+//   mpirun -np 2 sshsdp bench --model small --batch-size 1,2,4,8 --json out/bench.json
+//   mpirun -np 2 sshsdp bench --ablation            # fsdp2 → +one optimization at a time
+//   mpirun -np 2 sshsdp bench --peer-inputs out/peer  # also writes init weights + batches
+//
+// For every workload (samples per microbatch per rank) and every configuration it builds a
+// fresh model and engine, runs warm-up steps, then times steps and reports the median step
+// (slowest rank) as tokens/s, its ratio to the `sshsdp` row, MFU against the GEMM peak this
+// binary measures, peak RSS (reset between configurations) and framework-accounted memory by
+// category, bytes copied per step (weight / gradient paths), bytes communicated per step
+// (intra / inter node, per rank) and the step time by category (compute, exposed
+// communication wait, copies, casts, adds, optimizer, other; mean over ranks and timed
+// steps). Every configuration trains the same model on the same data from the same initial
+// weights, so their first losses must agree; the table says how closely they do.
+//
+// --peer-inputs DIR writes, per workload, DIR/b<B>/{init.safetensors, batches.bin,
+// workload.json}: the initial weights (update-parameter names), the exact token batches of
+// every step ([steps, microbatches, ranks, B, T] int32 tokens, then targets) and the
+// workload with this run's per-step losses and rows, for bench/peers/fsdp2_peer.py.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+namespace sshsdp {
+
+struct BenchOptions {
+  std::string model = "small";
+  int layers = 0, d_model = 0, heads = 0, seq_len = 0;  // 0: the preset's value
+  std::vector<int> batch_sizes = {4};                   // workload sweep (samples/microbatch/rank)
+  int microbatches = 4;
+  int sw = 0, sg = 0, so = 0, ranks_per_node = 0;  // 0: the world size
+  std::string weight_dtype = "bf16";
+  std::vector<std::string> presets;  // empty: all
+  bool ablation = false;
+  int warmup = 2, steps = 5;
+  float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
+  uint64_t seed = 1;
+  std::string json;
+  std::string peer_inputs;
+};
+
+void AddBenchOptions(CLI::App& app, BenchOptions& o);
+// Initializes MPI, runs the benchmark, returns the exit code (errors end the whole job).
+int RunBench(int argc, char** argv, const BenchOptions& o);
+
+}  // namespace sshsdp

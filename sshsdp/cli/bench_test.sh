@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Smoke test of `sshsdp bench` (a benchmark is never a timed test: nothing here asserts a
+# speed): one tiny workload sweep of every preset and the ablation ladder on 2 ranks must
+# finish, print both step counts, write JSON rows whose copy counters say what each preset
+# pays (sshsdp: zero bytes copied; fsdp2: weight and gradient copies and add passes), and an
+# unknown preset must fail fast naming the presets.
+# Usage: bench_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
+set -u
+bin=$1
+shift
+mpirun=("$@")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+check() {
+  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fails=$((fails + 1)); echo "FAIL $1"; fi
+}
+small=(--model tiny --layers 1 --seq-len 16 --microbatches 2 --warmup 1 --steps 2)
+
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1,2 \
+  --json "$tmp/bench.json" --peer-inputs "$tmp/peer" >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/out" | tail -20
+check "bench runs every preset on a 2-workload sweep" $rc
+grep -q "1 warm-up + 2 timed steps" "$tmp/out"; check "bench states warm-up and timed steps" $?
+python3 - "$tmp/bench.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert len(rows) == 8, len(rows)
+by = {(r["batch_size"], r["config"]): r for r in rows}
+for b in (1, 2):
+    s, f, m = by[(b, "sshsdp")], by[(b, "fsdp2")], by[(b, "megatron-fsdp")]
+    assert s["bytes_copied_per_step"] == 0 and s["add_passes"] == 0, s
+    assert f["bytes_copied_weights"] > 0 and f["bytes_copied_grads"] > 0, f
+    assert f["add_passes"] > 0 and m["add_passes"] > 0 and m["bytes_copied_per_step"] == 0
+    assert abs(s["ratio_to_sshsdp"] - 1) < 1e-12 and s["tokens_per_s"] > 0
+    l0 = s["losses"][0]
+    for r in (f, m, by[(b, "vescale-fsdp")]):
+        assert abs(r["losses"][0] - l0) < 1e-3 * l0, (r["config"], r["losses"][0], l0)
+PY
+check "JSON rows carry the counters and agreeing losses" $?
+[ -s "$tmp/peer/b1/init.safetensors" ] && [ -s "$tmp/peer/b2/batches.bin" ] && [ -s "$tmp/peer/b1/workload.json" ]
+check "peer inputs written per workload" $?
+
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --ablation \
+  --json "$tmp/ablation.json" >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && python3 -c "
+import json,sys; r=json.load(open('$tmp/ablation.json'))
+assert r[0]['config']=='fsdp2' and r[-1]['redundancies']=='none' and r[-1]['bytes_copied_per_step']==0
+" || rc=1
+check "ablation ladder runs from fsdp2 to sshsdp" $rc
+
+timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --presets deepspeed >"$tmp/out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "megatron-fsdp" "$tmp/out"
+check "unknown preset fails naming the presets" $?
+
+echo "$pass passed, $fails failed"
+[ $fails -eq 0 ]
