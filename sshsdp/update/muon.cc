@@ -27,12 +27,14 @@ float MuonUpdateScale(MuonScale s, int64_t rows, int64_t cols) {
 UpdateProgram MuonProgram(const MuonConfig& cfg) {
   SSHSDP_CHECK(cfg.ns_steps >= 1, ConfigError, "Muon needs at least one Newton–Schulz step, got {}",
                cfg.ns_steps);
+  SSHSDP_CHECK(cfg.u_dtype == DType::kBF16 || cfg.u_dtype == DType::kF32, ConfigError,
+               "Muon's Newton–Schulz input u must be bf16 or fp32, got {}", DTypeName(cfg.u_dtype));
   UpdateProgram p;
   p.name = "muon";
   p.fields = {{"main", DType::kF32, FieldRole::kState},
               {"grad", DType::kF32, FieldRole::kState},
               {"m", DType::kF32, FieldRole::kState},
-              {"u", DType::kBF16, FieldRole::kTemporary},
+              {"u", cfg.u_dtype, FieldRole::kTemporary},
               {"v", DType::kF32, FieldRole::kTemporary}};
   const Extent one = Extent::Elements(1);
 
@@ -40,23 +42,24 @@ UpdateProgram MuonProgram(const MuonConfig& cfg) {
   UpdateStage f0{
       "momentum", {{"grad", one}, {"m", one}}, {{"m", one}, {"u", one}}, {"grad_scale"}, nullptr,
       nullptr};
-  f0.kernel = [mu = cfg.momentum, nesterov = cfg.nesterov](const StageBatch& b) {
+  f0.kernel = [mu = cfg.momentum, nesterov = cfg.nesterov,
+               u32 = cfg.u_dtype == DType::kF32](const StageBatch& b) {
     const float gs = static_cast<float>(b.scalars->Get("grad_scale"));
     constexpr int64_t kTile = 256;
     float tmp[kTile];
     for (const StageItem& it : b.items) {
       const float* __restrict g = static_cast<const float*>(it.data[0]);
       float* __restrict m = static_cast<float*>(it.data[2]);
-      bf16* __restrict u = static_cast<bf16*>(it.data[3]);
       for (int64_t i0 = 0; i0 < it.numel; i0 += kTile) {
         const int64_t n = std::min(kTile, it.numel - i0);
+        float* __restrict out = u32 ? static_cast<float*>(it.data[3]) + i0 : tmp;
         for (int64_t i = 0; i < n; ++i) {
           const float gi = gs * g[i0 + i];
           const float mi = mu * m[i0 + i] + gi;
           m[i0 + i] = mi;
-          tmp[i] = nesterov ? gi + mu * mi : mi;
+          out[i] = nesterov ? gi + mu * mi : mi;
         }
-        kernels::CastToBf16(tmp, u + i0, n);
+        if (!u32) kernels::CastToBf16(tmp, static_cast<bf16*>(it.data[3]) + i0, n);
       }
     }
   };
@@ -75,7 +78,7 @@ UpdateProgram MuonProgram(const MuonConfig& cfg) {
       in.push_back(it.data[0]);
       out.push_back(static_cast<float*>(it.data[1]));
     }
-    ns->Run(in.data(), DType::kBF16, out.data(), static_cast<int64_t>(in.size()), b.rows, b.cols,
+    ns->Run(in.data(), cfg.u_dtype, out.data(), static_cast<int64_t>(in.size()), b.rows, b.cols,
             cfg.ns_steps, cfg.ns, MuonUpdateScale(cfg.scale, b.rows, b.cols));
   };
 

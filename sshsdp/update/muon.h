@@ -15,6 +15,11 @@
 // during the update. Only u (bf16, 2 bytes/element) travels to an execution rank and only v
 // (fp32, 4 bytes/element) travels back.
 //
+// Numerics: Newton–Schulz amplifies small singular directions (slope a ≈ 3.4 per step, ~480×
+// over five), so a bf16 rounding of u that differs between two runs whose gradients differ only
+// by fp32 summation order moves v visibly (~1e-3 relative on weak directions). u_dtype = fp32
+// removes that amplifier when comparing against a reference.
+//
 //   MuonConfig mc;  mc.scale = MuonScale::kRms;
 //   UpdatePlan plan(MuonProgram(mc), units, chains, replica);
 #pragma once
@@ -39,12 +44,15 @@ struct MuonConfig {
   float weight_decay = 0.0f;  // decoupled: main ← main·(1 − lr·wd) − lr·v
   int ns_steps = 5;
   NsCoefficients ns;
+  // Storage of u, the Newton–Schulz input (and what travels to an execution rank): bf16 as in
+  // the paper's EG1, or fp32 (twice the bytes; numerically closest to an fp32 reference).
+  DType u_dtype = DType::kBF16;
 };
 
 // The update scale of a [rows, cols] unit.
 float MuonUpdateScale(MuonScale s, int64_t rows, int64_t cols);
 
-// Fields: main, grad, m (state, fp32); u (bf16), v (fp32) (temporaries). Scalars read:
+// Fields: main, grad, m (state, fp32); u (cfg.u_dtype), v (fp32) (temporaries). Scalars read:
 // "grad_scale" (f0), "muon.lr" (f2). Unit cost: NewtonSchulzFlops(rows, cols, ns_steps).
 UpdateProgram MuonProgram(const MuonConfig& cfg);
 
