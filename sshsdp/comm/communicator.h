@@ -24,7 +24,9 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/base/error.h"
 #include "sshsdp/numerics/dtype.h"
+#include "sshsdp/numerics/stochastic_rounding.h"
 
 namespace sshsdp {
 
@@ -50,6 +52,18 @@ struct P2POp {
   int tag = 0;
 };
 
+// Precision of a reduce-scatter's intermediate partial sums (paper §4.3 reduction modes):
+//   fp32      fp32 partials (the default; ReduceScatter),
+//   bf16 + SR partials stored as bf16 with stochastic rounding (mode bf16sr), the draw of a
+//             partial element keyed by `sr_key` (seed, step, stream) and the element's LOGICAL
+//             index (backend-defined from its position in the send buffer and the reduction
+//             hop, never from timing), so a run reproduces bit for bit and resumes exactly.
+// Inputs are always summed in fp32 and the final reduction accumulates in fp32 into recv.
+struct ReduceScatterOptions {
+  DType partial_dtype = DType::kF32;  // kF32 or kBF16 (stochastically rounded)
+  SrKey sr_key;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -72,6 +86,19 @@ class Communicator {
   // fp32); `recv` dtype is given separately. `send` and `recv` must not overlap.
   virtual void ReduceScatter(const void* send, DType send_dtype, void* recv, DType recv_dtype,
                              size_t count, bool accumulate) = 0;
+
+  // ReduceScatter with explicit partial precision. The default handles fp32 partials (=
+  // ReduceScatter) and throws CommError for others; MpiCommunicator implements bf16+SR in its
+  // ring (hop h's partial of element i of the send buffer is rounded with the draw of logical
+  // index h·size()·count + i).
+  virtual void ReduceScatterPartials(const void* send, DType send_dtype, void* recv,
+                                     DType recv_dtype, size_t count, bool accumulate,
+                                     const ReduceScatterOptions& options) {
+    SSHSDP_CHECK(options.partial_dtype == DType::kF32, CommError,
+                 "ReduceScatterPartials on {}: {} partials are not supported by this backend",
+                 name(), DTypeName(options.partial_dtype));
+    ReduceScatter(send, send_dtype, recv, recv_dtype, count, accumulate);
+  }
 
   // In-place all-reduce (SUM) of `count` elements (fp32 or bf16, summed in fp32).
   virtual void AllReduce(void* buf, size_t count, DType dtype) = 0;

@@ -9,6 +9,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/numerics/stochastic_rounding.h"
 
 namespace sshsdp {
 
@@ -232,7 +233,7 @@ void MpiCommunicator::RingAllGather(char* buf, const Chunks& bytes, const char* 
 
 void MpiCommunicator::RingReduceScatter(const void* in, DType in_dtype, const Chunks& elems,
                                         void* out, DType out_dtype, bool accumulate,
-                                        const char* op) {
+                                        const char* op, const ReduceScatterOptions* options) {
   const int n = size(), p = rank_;
   const size_t in_size = DTypeSize(in_dtype);
   auto local = [&](int chunk) {
@@ -253,6 +254,48 @@ void MpiCommunicator::RingReduceScatter(const void* in, DType in_dtype, const Ch
   }
   const size_t max_chunk = elems.size(0);  // chunk 0 is never smaller than the others
   if (scratch_.size() < 2 * max_chunk) scratch_.resize(2 * max_chunk);
+  if (options != nullptr && options->partial_dtype == DType::kBF16) {
+    // bf16sr: partials travel as bf16. Each intermediate hop sums the received partial and
+    // its local slice in fp32 and stores the result with stochastic rounding; the draw of
+    // element i of chunk c at hop s is the one of logical index s·total + offset(c) + i, so it
+    // depends only on (key, hop, position) and the run reproduces bit for bit. The final hop
+    // sums in fp32 and accumulates into `out` as in fp32 mode.
+    const uint64_t total = elems.offset(n - 1) + elems.size(n - 1);
+    if (scratch16_.size() < 2 * max_chunk) scratch16_.resize(2 * max_chunk);
+    bf16* parts[2] = {scratch16_.data(), scratch16_.data() + max_chunk};
+    float* sum = scratch_.data();
+    const int first16 = (p - 1 + n) % n;
+    const bf16* send16 = nullptr;
+    if (in_dtype == DType::kBF16) {
+      send16 = reinterpret_cast<const bf16*>(local(first16));  // exact: no rounding needed
+    } else {
+      StochasticRoundBf16(reinterpret_cast<const float*>(local(first16)), parts[1],
+                          elems.size(first16), options->sr_key, elems.offset(first16));
+      send16 = parts[1];
+    }
+    for (int s = 0; s + 1 < n; ++s) {
+      const int send_chunk = (p - s - 1 + n) % n;
+      const int recv_chunk = (p - s - 2 + 2 * n) % n;
+      const size_t rn = elems.size(recv_chunk);
+      bf16* recv = parts[s % 2];
+      RingStep(send16, elems.size(send_chunk) * sizeof(bf16), recv, rn * sizeof(bf16),
+               kTagReduceScatter, op);
+      Bf16ToFloat(recv, sum, rn);
+      if (s + 2 < n) {
+        if (in_dtype == DType::kF32) {
+          AddLocal(sum, reinterpret_cast<const float*>(local(recv_chunk)), rn);
+        } else {
+          AddLocal(sum, reinterpret_cast<const bf16*>(local(recv_chunk)), rn);
+        }
+        StochasticRoundBf16(sum, recv, rn, options->sr_key,
+                            static_cast<uint64_t>(s + 1) * total + elems.offset(recv_chunk));
+        send16 = recv;
+      } else {
+        finish(sum);
+      }
+    }
+    return;
+  }
   float* partials[2] = {scratch_.data(), scratch_.data() + max_chunk};
 
   // Step 0 sends this rank's own contribution to chunk p-1; partials travel as fp32.
@@ -316,7 +359,16 @@ void MpiCommunicator::AllGather(const void* send, void* recv, size_t count, DTyp
 
 void MpiCommunicator::ReduceScatter(const void* send, DType send_dtype, void* recv,
                                     DType recv_dtype, size_t count, bool accumulate) {
+  ReduceScatterPartials(send, send_dtype, recv, recv_dtype, count, accumulate, {});
+}
+
+void MpiCommunicator::ReduceScatterPartials(const void* send, DType send_dtype, void* recv,
+                                            DType recv_dtype, size_t count, bool accumulate,
+                                            const ReduceScatterOptions& options) {
   const std::string where = fmt::format("ReduceScatter on {}", name());
+  SSHSDP_CHECK(IsReducible(options.partial_dtype), CommError,
+               "{}: partial dtype {} is not supported; use fp32 or bf16 (stochastic rounding)",
+               where, DTypeName(options.partial_dtype));
   SSHSDP_CHECK(IsReducible(send_dtype), CommError,
                "{}: send_dtype {} is not supported; reduce fp32 or bf16 buffers", where,
                DTypeName(send_dtype));
@@ -336,7 +388,7 @@ void MpiCommunicator::ReduceScatter(const void* send, DType send_dtype, void* re
   counters_.calls++;
   if (count == 0) return;
   RingReduceScatter(send, send_dtype, Chunks::Even(count), recv, recv_dtype, accumulate,
-                    "ReduceScatter");
+                    "ReduceScatter", &options);
 }
 
 void MpiCommunicator::AllReduce(void* buf, size_t count, DType dtype) {

@@ -75,6 +75,9 @@ class MpiCommunicator final : public Communicator {
   void AllGather(const void* send, void* recv, size_t count, DType dtype) override;
   void ReduceScatter(const void* send, DType send_dtype, void* recv, DType recv_dtype, size_t count,
                      bool accumulate) override;
+  void ReduceScatterPartials(const void* send, DType send_dtype, void* recv, DType recv_dtype,
+                             size_t count, bool accumulate,
+                             const ReduceScatterOptions& options) override;
   void AllReduce(void* buf, size_t count, DType dtype) override;
   // Messages between the same pair with the same tag are matched in list order. A receive
   // must name exactly the size of the matching send: a shorter send is a CommError on the
@@ -106,7 +109,8 @@ class MpiCommunicator final : public Communicator {
   // Ring reduce-scatter of the chunks (elements) of `in`; the total of chunk rank() goes to
   // `out` (+= when accumulate).
   void RingReduceScatter(const void* in, DType in_dtype, const Chunks& elems, void* out,
-                         DType out_dtype, bool accumulate, const char* op);
+                         DType out_dtype, bool accumulate, const char* op,
+                         const ReduceScatterOptions* options = nullptr);
   // One ring step: send `send_bytes` to the successor while receiving `recv_bytes` from the
   // predecessor, split into messages of at most max_message_bytes_.
   void RingStep(const void* send, size_t send_bytes, void* recv, size_t recv_bytes, int tag,
@@ -122,6 +126,7 @@ class MpiCommunicator final : public Communicator {
   std::string label_;
   size_t max_message_bytes_ = kDefaultMaxMessageBytes;
   std::vector<float> scratch_;  // two fp32 chunk buffers for reduce-scatter partials
+  std::vector<bf16> scratch16_;  // two bf16 chunk buffers (bf16 + SR partials)
   std::vector<MPI_Request> requests_;
   std::vector<MPI_Status> statuses_;
 };

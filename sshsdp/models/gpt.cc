@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <string_view>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
 
 namespace sshsdp {
@@ -20,6 +22,11 @@ namespace {
 using kernels::LinearBackwardData;
 using kernels::LinearBackwardWeight;
 using kernels::LinearForward;
+
+namespace {
+// The kernel operand of a weight view (MX views carry their relaid-out scales).
+kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales, t.scale_layout}; }
+}  // namespace
 
 using layers::AttentionBackward;
 using layers::AttentionForward;
@@ -171,14 +178,23 @@ void Gpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what) c
   SSHSDP_CHECK(v.size() == want, PlanError, "GPT group {}: got {} {} views, expected {}", g,
                v.size(), what, want);
   for (size_t i = 0; i < v.size(); ++i) {
-    SSHSDP_CHECK(v[i].data != nullptr && IsFloatType(v[i].dtype), PlanError,
-                 "GPT group {}: {} view {} must be non-null fp32 or bf16 (got {})", g, what, i,
-                 DTypeName(v[i].dtype));
+    const bool mx = kernels::IsMxElement(v[i].dtype) && v[i].scales != nullptr &&
+                    std::string_view(what) == "weight" && g > 0 && g + 1 < num_groups();
+    SSHSDP_CHECK(v[i].data != nullptr && (IsFloatType(v[i].dtype) || mx), PlanError,
+                 "GPT group {}: {} view {} must be non-null fp32 or bf16 (MXFP8 with scales for "
+                 "block weights) (got {})",
+                 g, what, i, DTypeName(v[i].dtype));
   }
 }
 
 const float* Gpt::Gain(const TensorRef& t) {
   if (t.dtype == DType::kF32) return static_cast<const float*>(t.data);
+  if (kernels::IsMxElement(t.dtype)) {  // an MX vector: [1, d] with its own scales
+    kernels::MxDequantizeOperand(static_cast<const uint8_t*>(t.data), t.dtype, t.scales,
+                                 t.scale_layout, 1, static_cast<int64_t>(gain_scratch_.size()),
+                                 gain_scratch_.data());
+    return gain_scratch_.data();
+  }
   Bf16ToFloat(static_cast<const bf16*>(t.data), gain_scratch_.data(), gain_scratch_.size());
   return gain_scratch_.data();
 }
@@ -249,14 +265,14 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   float* fch_gelu = acts_.fch_gelu + l * BT * ff;
 
   RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
-  LinearForward(ln1, w[1].data, w[1].dtype, qkv, BT, 3 * d, d);
+  LinearForward(ln1, View(w[1]), qkv, BT, 3 * d, d);
   AttentionForward(qkv, att, atty, B_, T_, c_.n_head, c_.head_dim());
-  LinearForward(atty, w[2].data, w[2].dtype, res_mid, BT, d, d);
+  LinearForward(atty, View(w[2]), res_mid, BT, d, d);
   kernels::Add(x, res_mid, res_mid, BT * d);
   RmsNormForward(res_mid, Gain(w[3]), ln2, acts_.ln2_rstd + l * BT, BT, d);
-  LinearForward(ln2, w[4].data, w[4].dtype, fch, BT, ff, d);
+  LinearForward(ln2, View(w[4]), fch, BT, ff, d);
   GeluForward(fch, fch_gelu, BT * ff);
-  LinearForward(fch_gelu, w[5].data, w[5].dtype, out, BT, d, ff);
+  LinearForward(fch_gelu, View(w[5]), out, BT, d, ff);
   kernels::Add(res_mid, out, out, BT * d);
 }
 
@@ -264,7 +280,7 @@ void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.vocab;
   const float* x = acts_.residual + c_.n_layer * BT * d;
   RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
-  LinearForward(acts_.lnf, w[1].data, w[1].dtype, acts_.probs, BT, V, d);
+  LinearForward(acts_.lnf, View(w[1]), acts_.probs, BT, V, d);
   loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, V) /
           static_cast<double>(BT);
 }
@@ -275,9 +291,9 @@ void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tensor
   const float* x = acts_.residual + c_.n_layer * BT * d;
   SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V,
                               static_cast<float>(grad_scale_ / static_cast<double>(BT)));
-  LinearBackwardWeight(acts_.dlogits, acts_.lnf, w[1].dtype, grad[1].data, grad[1].dtype, BT, V, d,
-                       acc);
-  LinearBackwardData(acts_.dlogits, w[1].data, w[1].dtype, acts_.dtmp, BT, V, d, false);
+  LinearBackwardWeight(acts_.dlogits, acts_.lnf, kernels::LinearComputeDType(w[1].dtype),
+                       grad[1].data, grad[1].dtype, BT, V, d, acc);
+  LinearBackwardData(acts_.dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.lnf_rstd, acts_.dres, dgain_scratch_.data(), BT,
                   d, /*accumulate_dx=*/false);
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
@@ -298,21 +314,25 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   float* dres = acts_.dres;  // in: d out; after MLP: d res_mid; out: d x
 
   // MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))).
-  LinearBackwardWeight(dres, fch_gelu, w[5].dtype, grad[5].data, grad[5].dtype, BT, d, ff, acc);
-  LinearBackwardData(dres, w[5].data, w[5].dtype, acts_.dfch, BT, d, ff, false);
+  LinearBackwardWeight(dres, fch_gelu, kernels::LinearComputeDType(w[5].dtype), grad[5].data,
+                       grad[5].dtype, BT, d, ff, acc);
+  LinearBackwardData(dres, View(w[5]), acts_.dfch, BT, d, ff, false);
   GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
-  LinearBackwardWeight(acts_.dfch, ln2, w[4].dtype, grad[4].data, grad[4].dtype, BT, ff, d, acc);
-  LinearBackwardData(acts_.dfch, w[4].data, w[4].dtype, acts_.dtmp, BT, ff, d, false);
+  LinearBackwardWeight(acts_.dfch, ln2, kernels::LinearComputeDType(w[4].dtype), grad[4].data,
+                       grad[4].dtype, BT, ff, d, acc);
+  LinearBackwardData(acts_.dfch, View(w[4]), acts_.dtmp, BT, ff, d, false);
   RmsNormBackward(acts_.dtmp, res_mid, Gain(w[3]), acts_.ln2_rstd + l * BT, dres,
                   dgain_scratch_.data(), BT, d, /*accumulate_dx=*/true);
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[3].data, grad[3].dtype, d, acc);
 
   // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
-  LinearBackwardWeight(dres, atty, w[2].dtype, grad[2].data, grad[2].dtype, BT, d, d, acc);
-  LinearBackwardData(dres, w[2].data, w[2].dtype, acts_.dtmp, BT, d, d, false);
+  LinearBackwardWeight(dres, atty, kernels::LinearComputeDType(w[2].dtype), grad[2].data,
+                       grad[2].dtype, BT, d, d, acc);
+  LinearBackwardData(dres, View(w[2]), acts_.dtmp, BT, d, d, false);
   AttentionBackward(acts_.dtmp, qkv, att, acts_.dqkv, acts_.datt, B_, T_, c_.n_head, c_.head_dim());
-  LinearBackwardWeight(acts_.dqkv, ln1, w[1].dtype, grad[1].data, grad[1].dtype, BT, 3 * d, d, acc);
-  LinearBackwardData(acts_.dqkv, w[1].data, w[1].dtype, acts_.dtmp, BT, 3 * d, d, false);
+  LinearBackwardWeight(acts_.dqkv, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
+                       grad[1].dtype, BT, 3 * d, d, acc);
+  LinearBackwardData(acts_.dqkv, View(w[1]), acts_.dtmp, BT, 3 * d, d, false);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres, dgain_scratch_.data(),
                   BT, d, /*accumulate_dx=*/true);
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);

@@ -60,6 +60,9 @@ class Gpt final : public Model {
   // attention 12·L·d·T (PaLM's convention, T = the batch's sequence length).
   double FlopsPerToken() const override;
   int64_t ActivationBytes() const override;
+  // Block groups accept MXFP8 weights (kernels/mx_linear.h); embedding and head groups do not
+  // (the engine keeps groups with embedding tables in bf16).
+  bool ConsumesMx() const override { return true; }
 
   // Logits' softmax of the last forward, [B*T, V] (for tests and sampling).
   const float* probs() const { return acts_.probs; }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "sshsdp/numerics/dtype.h"
+#include "sshsdp/numerics/scale_layout.h"
 
 namespace sshsdp {
 
@@ -80,10 +81,15 @@ struct RuntimeParamSpec {
 // Throws PlanError naming the parameter if the parts do not tile the runtime parameter.
 void ValidateSpec(const RuntimeParamSpec& spec);
 
-// A view of one weight or gradient buffer: data pointer and element type (fp32 or bf16).
+// A view of one weight or gradient buffer: data pointer and element type (fp32 or bf16; for
+// an MXFP8 runtime weight, e4m3 codes of the whole packed [rows, cols] runtime parameter plus
+// its UE8M0 scales relaid out by the engine's Tw into `scale_layout` for the per-row scale
+// matrix [rows, ceil(cols/32)] — kernels/mx_linear.h reads them; vectors are [1, n]).
 struct TensorRef {
   void* data = nullptr;
   DType dtype = DType::kF32;
+  const uint8_t* scales = nullptr;  // MX weights only
+  ScaleLayout scale_layout = ScaleLayout::kRowMajor;
 };
 
 enum class GradWrite { kOverwrite, kAccumulate };
@@ -115,6 +121,9 @@ class Model {
   virtual int64_t ActivationBytes() const = 0;
   // Total number of parameters.
   int64_t NumParams() const;
+  // Whether Forward/Backward accept MXFP8 weight views (TensorRef with e4m3 codes + scales).
+  // The engine refuses --weight-dtype mxfp8 for models that do not.
+  virtual bool ConsumesMx() const { return false; }
 };
 
 // Writes count initial values of `part` (elements [begin, begin + count) of the part,
