@@ -17,14 +17,37 @@
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
+#include "sshsdp/models/moe.h"
 
 namespace sshsdp {
 
 void AddTrainOptions(CLI::App& app, TrainOptions& o) {
-  app.add_option("--model", o.model, "model preset: tiny | small | base")->capture_default_str();
+  app.add_option("--model", o.model,
+                 "model preset: tiny | small | base (dense GPT), moe-tiny | moe-small (MoE GPT: "
+                 "packed experts, each expert matrix its own update parameter; router and norms "
+                 "use AdamW)")
+      ->capture_default_str();
   app.add_option("--layers", o.layers, "override the preset's number of blocks");
   app.add_option("--d-model", o.d_model, "override the preset's width");
   app.add_option("--heads", o.heads, "override the preset's attention heads");
+  app.add_option("--experts", o.experts,
+                 "MoE presets: experts per MoE block (moe-tiny 4, moe-small 8)");
+  app.add_option("--top-k", o.top_k, "MoE presets: experts each token is routed to (default 2)");
+  app.add_option("--moe-every", o.moe_every,
+                 "MoE presets: every Nth block is MoE, the others dense (1: all, the default; 2: "
+                 "blocks 1, 3, ...)");
+  app.add_option("--gating", o.gating,
+                 "MoE presets: router gating softmax | sigmoid; top-k gates renormalized to sum 1 "
+                 "(default softmax)");
+  app.add_option("--aux-loss-weight", o.aux_loss_weight,
+                 "MoE presets: weight of the Switch load-balancing loss E*sum_e f_e*P_e, added to "
+                 "the reported loss (default 0.01; 0: off)");
+  app.add_flag("--shared-expert", o.shared_expert,
+               "MoE presets: add an always-on shared expert to every MoE block");
+  app.add_option("--expert-mlp", o.expert_mlp,
+                 "MoE presets: expert MLP swiglu | gelu (default swiglu)");
+  app.add_option("--d-expert", o.d_expert,
+                 "MoE presets: hidden width of each expert (moe-tiny 128, moe-small 256)");
   app.add_option("--seq-len", o.seq_len, "tokens per sample (<= the preset's maximum)");
   app.add_option("--sw", o.sw, "ZeRO-3 (weight) shard degree")->capture_default_str();
   app.add_option("--sg", o.sg, "ZeRO-2 (gradient) shard degree, a multiple of sw")
@@ -76,8 +99,55 @@ double PeakRssMiB() {
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
 
+bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
+
+// The MoE configuration of an MoE preset: its trunk with the GPT overrides, then the MoE
+// flags. ConfigError for MoE flags on a dense preset.
+MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
+  if (!IsMoePreset(o.model)) {
+    SSHSDP_CHECK(!o.experts && !o.top_k && !o.moe_every && !o.d_expert && o.gating.empty() &&
+                     o.expert_mlp.empty() && o.aux_loss_weight < 0 && !o.shared_expert,
+                 ConfigError,
+                 "--experts/--top-k/--moe-every/--d-expert/--gating/--expert-mlp/"
+                 "--aux-loss-weight/--shared-expert apply to MoE presets (moe-tiny, moe-small), "
+                 "not '{}'",
+                 o.model);
+    return {};
+  }
+  MoeConfig c = MoeConfig::Preset(o.model);
+  c.trunk = trunk;
+  if (o.experts) c.n_expert = o.experts;
+  if (o.top_k) c.top_k = o.top_k;
+  if (o.moe_every) c.moe_every = o.moe_every;
+  if (o.d_expert) c.d_expert = o.d_expert;
+  if (!o.gating.empty()) c.gating = ParseGating(o.gating);
+  if (!o.expert_mlp.empty()) c.expert_mlp = ParseExpertMlp(o.expert_mlp);
+  if (o.aux_loss_weight >= 0) c.aux_loss_weight = o.aux_loss_weight;
+  c.shared_expert = o.shared_expert;
+  c.Validate();
+  return c;
+}
+
+// The model a preset names: the dense GPT or the MoE GPT over the same trunk.
+std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk) {
+  if (IsMoePreset(o.model)) return std::make_unique<MoeGpt>(MakeMoeConfig(o, trunk));
+  return std::make_unique<Gpt>(trunk);
+}
+
+std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
+  if (!IsMoePreset(o.model)) return "GPT";
+  const MoeConfig c = MakeMoeConfig(o, trunk);
+  int moe_blocks = 0;
+  for (int l = 0; l < trunk.n_layer; ++l) moe_blocks += c.IsMoeLayer(l);
+  return fmt::format("MoE GPT [{} of {} blocks MoE, E={} top-{} {} {}{} f={}{}, aux {}]",
+                     moe_blocks, trunk.n_layer, c.n_expert, c.top_k, GatingName(c.gating),
+                     ExpertMlpName(c.expert_mlp), c.renormalize ? " renorm" : "", c.expert_ff(),
+                     c.shared_expert ? " +shared" : "", c.aux_loss_weight);
+}
+
 GptConfig MakeGptConfig(const TrainOptions& o) {
-  GptConfig c = GptConfig::Preset(o.model);
+  GptConfig c =
+      IsMoePreset(o.model) ? MoeConfig::Preset(o.model).trunk : GptConfig::Preset(o.model);
   if (o.layers) c.n_layer = o.layers;
   if (o.d_model) c.d_model = o.d_model;
   if (o.heads) c.n_head = o.heads;
@@ -87,6 +157,7 @@ GptConfig MakeGptConfig(const TrainOptions& o) {
     c.seq_len = std::max(c.seq_len, o.seq_len);
   }
   c.Validate();
+  MakeMoeConfig(o, c);  // MoE flags checked before any collective
   return c;
 }
 
@@ -129,7 +200,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
 
     auto world = MpiCommunicator::World(o.ranks_per_node ? o.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
-    Gpt model(gc);
+    std::unique_ptr<Model> model_owner = MakeModel(o, gc);  // Gpt or MoeGpt
+    Model& model = *model_owner;
     Engine engine(model, *world, cfg);
     if (init.empty())
       engine.InitWeights(o.seed);
@@ -146,11 +218,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     if (rank == 0) {
       const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());
       fmt::print(
-          "sshsdp train: {} | GPT d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
+          "sshsdp train: {} | {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
           "batch {}x{}x{} per rank | GEMM peak {:.1f} GFLOP/s/rank{}\n",
-          o.model, gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab, model.NumParams() / 1e6,
-          engine.topology().ToString(), o.weight_dtype, cfg.microbatches, cfg.batch_size, T,
-          peak / 1e9,
+          o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
+          model.NumParams() / 1e6, engine.topology().ToString(), o.weight_dtype, cfg.microbatches,
+          cfg.batch_size, T, peak / 1e9,
           syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
               : fmt::format(" | data: {}", o.data));
       std::fflush(stdout);

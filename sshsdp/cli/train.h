@@ -27,6 +27,11 @@ struct TrainOptions {
   std::string save_weights;
   std::string init_weights;
   bool no_prefetch = false, keep_gathered = false;
+  // MoE presets (--model moe-tiny | moe-small); 0, empty or negative: the preset's value.
+  int experts = 0, top_k = 0, moe_every = 0, d_expert = 0;
+  std::string gating, expert_mlp;  // softmax | sigmoid, swiglu | gelu
+  float aux_loss_weight = -1.0f;
+  bool shared_expert = false;
 };
 
 void AddTrainOptions(CLI::App& app, TrainOptions& o);
