@@ -71,6 +71,31 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "decoupled weight decay (matrices and embeddings; not norm gains)")
       ->capture_default_str();
   app.add_option("--clip", o.clip, "global gradient-norm clipping (0: off)")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer,
+                 "adamw | muon (Muon for matrices, in units of --muon-unit, with AdamW for norm "
+                 "gains, embeddings and the LM head; split units move point to point)")
+      ->capture_default_str();
+  app.add_option("--muon-unit", o.muon_unit,
+                 "Muon update unit: head (every update parameter: each Q/K/V head, each "
+                 "expert, each other matrix) | matrix (every runtime parameter: QKV as one "
+                 "[3d, d] matrix)")
+      ->capture_default_str();
+  app.add_option("--muon-lr", o.muon_lr, "Muon learning rate (warm-up as --lr)")
+      ->capture_default_str();
+  app.add_option("--muon-momentum", o.muon_momentum, "Muon momentum mu (m = mu*m + g)")
+      ->capture_default_str();
+  app.add_flag("--muon-nesterov,!--no-muon-nesterov", o.muon_nesterov,
+               "Nesterov input to Newton-Schulz (u = g + mu*m; off: u = m)")
+      ->capture_default_str();
+  app.add_option("--muon-scale", o.muon_scale,
+                 "Muon update scale: reference (sqrt(max(1, rows/cols))) | rms "
+                 "(0.2*sqrt(max(rows, cols)), matches AdamW's update RMS)")
+      ->capture_default_str();
+  app.add_option("--muon-weight-decay", o.muon_weight_decay,
+                 "Muon decoupled weight decay (w = w*(1 - lr*wd) - lr*update)")
+      ->capture_default_str();
+  app.add_option("--muon-ns-steps", o.muon_ns_steps, "Newton-Schulz iterations (quintic)")
+      ->capture_default_str();
   app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
@@ -187,6 +212,18 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.prefetch = !o.no_prefetch;
     cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     cfg.clip_norm = o.clip;
+    SSHSDP_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError,
+                 "--optimizer must be adamw or muon, got '{}'", o.optimizer);
+    SSHSDP_CHECK(o.muon_unit == "head" || o.muon_unit == "matrix", ConfigError,
+                 "--muon-unit must be head or matrix, got '{}'", o.muon_unit);
+    cfg.optimizer = o.optimizer == "muon" ? OptimizerKind::kMuon : OptimizerKind::kAdamW;
+    cfg.muon_unit = ParseUnitRule(o.muon_unit);
+    cfg.muon.lr = o.muon_lr;
+    cfg.muon.momentum = o.muon_momentum;
+    cfg.muon.nesterov = o.muon_nesterov;
+    cfg.muon.scale = ParseMuonScale(o.muon_scale);
+    cfg.muon.weight_decay = o.muon_weight_decay;
+    cfg.muon.ns_steps = o.muon_ns_steps;
 
     const int world_size = WorldSize();
     cfg.so = o.so ? o.so : world_size;
@@ -227,6 +264,25 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               : fmt::format(" | data: {}", o.data));
       std::fflush(stdout);
     }
+    if (const UpdatePlan* mp = engine.structured_update().plan(OptimizerKind::kMuon);
+        mp && rank == 0) {
+      // The plan is the same on every rank of a replica: balance and bytes of all its ranks.
+      double max_cost = 0, sum_cost = 0;
+      uint64_t bytes = 0;
+      for (int r : mp->ranks()) {
+        max_cost = std::max(max_cost, mp->ExecCost(r));
+        sum_cost += mp->ExecCost(r);
+        bytes += mp->BytesSent(r);
+      }
+      fmt::print(
+          "optimizer: Muon per {} on {:.1f}% of parameters ({} units, {} split across ranks; "
+          "{} P2P bytes per step per replica; Newton-Schulz {:.2f} GFLOP per step, max/mean "
+          "over ranks {:.3f}), AdamW for the rest\n",
+          o.muon_unit, 100 * engine.structured_update().muon_share(), mp->units().size(),
+          mp->num_split(), bytes, sum_cost / 1e9,
+          sum_cost > 0 ? max_cost / (sum_cost / mp->ranks().size()) : 1.0);
+      std::fflush(stdout);
+    }
     const int M = cfg.microbatches, B = cfg.batch_size;
     int64_t cur = 0;
     BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
@@ -237,6 +293,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       float lr = o.lr;
       if (o.warmup > 0 && cur < o.warmup) lr = o.lr * static_cast<float>(cur + 1) / o.warmup;
       engine.SetLearningRate(lr);
+      engine.SetMuonLearningRate(o.warmup > 0 && cur < o.warmup
+                                     ? o.muon_lr * static_cast<float>(cur + 1) / o.warmup
+                                     : o.muon_lr);
       StepStats st = engine.Step(batch);
       // Slowest rank's time and largest memory decide the figures.
       float local[3] = {static_cast<float>(st.seconds), static_cast<float>(PeakRssMiB()),
@@ -280,7 +339,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"bytes_copied", st.counters.bytes_copied},
               {"add_passes", st.counters.add_passes},
               {"weight_preps", st.counters.weight_preps},
-              {"gathers", st.counters.gathers}};
+              {"gathers", st.counters.gathers},
+              {"update_p2p_bytes", st.counters.update_p2p.total()}};
           metrics << j.dump() << "\n";
           metrics.flush();
         }

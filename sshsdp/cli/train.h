@@ -27,6 +27,13 @@ struct TrainOptions {
   std::string save_weights;
   std::string init_weights;
   bool no_prefetch = false, keep_gathered = false;
+  // Optimizer (sshsdp/update): AdamW everywhere, or Muon for matrices — per head (every update
+  // parameter; experts of stacked MoE weights one by one) or per matrix (the packed QKV as one
+  // [3d, d] unit) — with AdamW for norm gains, embeddings and the LM head.
+  std::string optimizer = "adamw", muon_unit = "head", muon_scale = "reference";
+  float muon_lr = 0.02f, muon_momentum = 0.95f, muon_weight_decay = 0.0f;
+  bool muon_nesterov = true;
+  int muon_ns_steps = 5;
   // MoE presets (--model moe-tiny | moe-small); 0, empty or negative: the preset's value.
   int experts = 0, top_k = 0, moe_every = 0, d_expert = 0;
   std::string gating, expert_mlp;  // softmax | sigmoid, swiglu | gelu
