@@ -47,9 +47,18 @@ TEST(GroupLayout, RejectsBadSpecs) {
 }
 
 TEST(Atom, RejectsIncompatibleSchemasNamingParams) {
-  UpdateParam p1{"blocks.0.attn.q.h0", {4, 4}, UpdateKind::kMatrix, {}, OptimizerKind::kAdamW};
-  UpdateParam p2{"blocks.0.norm", {4}, UpdateKind::kVector, {}, OptimizerKind::kAdamW};
-  UpdateParam p3{"blocks.0.fc1", {4, 4}, UpdateKind::kMatrix, {}, OptimizerKind::kMuon};
+  auto param = [](std::string name, std::vector<int64_t> shape, UpdateKind kind,
+                  OptimizerKind opt) {
+    UpdateParam p;
+    p.name = std::move(name);
+    p.shape = std::move(shape);
+    p.kind = kind;
+    p.optimizer = opt;
+    return p;
+  };
+  UpdateParam p1 = param("blocks.0.attn.q.h0", {4, 4}, UpdateKind::kMatrix, OptimizerKind::kAdamW);
+  UpdateParam p2 = param("blocks.0.norm", {4}, UpdateKind::kVector, OptimizerKind::kAdamW);
+  UpdateParam p3 = param("blocks.0.fc1", {4, 4}, UpdateKind::kMatrix, OptimizerKind::kMuon);
   Atom atom(OptimizerKind::kAdamW, FieldSchema(OptimizerKind::kAdamW, DType::kBF16));
   atom.Add(p1, OptimizerKind::kAdamW, FieldSchema(OptimizerKind::kAdamW, DType::kBF16));
   atom.Add(p2, OptimizerKind::kAdamW, FieldSchema(OptimizerKind::kAdamW, DType::kBF16));
