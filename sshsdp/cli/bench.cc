@@ -5,6 +5,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -46,6 +47,8 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
       ->delimiter(',');
   app.add_flag("--ablation", o.ablation,
                "instead of presets: fsdp2, then turn sshsdp's optimizations on one at a time");
+  app.add_flag("--sequential", o.sequential,
+               "time each configuration's steps back to back instead of round-robin");
   app.add_option("--warmup", o.warmup, "untimed steps per configuration")->capture_default_str();
   app.add_option("--steps", o.steps, "timed steps per configuration (median reported)")
       ->capture_default_str();
@@ -61,15 +64,19 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
 
 namespace {
 
-// Peak RSS since the last reset, in MiB (VmHWM), and its reset (clear_refs "5").
-double PeakRssMiB() {
+// A /proc/self/status field in MiB.
+double StatusMiB(const char* key) {
   std::ifstream f("/proc/self/status");
   std::string line;
+  const size_t n = std::strlen(key);
   while (std::getline(f, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+    if (line.compare(0, n, key) == 0) return std::stod(line.substr(n)) / 1024.0;
   }
   return 0;
 }
+// Peak RSS since the last reset (VmHWM), current RSS, and the reset (clear_refs "5").
+double PeakRssMiB() { return StatusMiB("VmHWM:"); }
+double CurrentRssMiB() { return StatusMiB("VmRSS:"); }
 void ResetPeakRss() {
   std::ofstream f("/proc/self/clear_refs");
   if (f) f << "5";
@@ -225,90 +232,120 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       }
       const std::string peer_dir =
           o.peer_inputs.empty() ? "" : fmt::format("{}/b{}", o.peer_inputs, B);
-      std::vector<Row> rows;
+      // Phase 1, per configuration: build, init, warm-up steps; its RSS peak is measured as
+      // the process baseline plus the growth during its own build and warm-up. Phase 2: the
+      // timed steps, round-robin over the configurations (or each back to back with
+      // --sequential), so load changes on a shared machine hit every configuration alike.
+      struct Live {
+        std::unique_ptr<Model> model;
+        std::unique_ptr<Engine> engine;
+        Row row;
+        int64_t cur = 0;
+        std::vector<double> secs, cat_sum = std::vector<double>(8, 0.0);
+      };
+      std::vector<Live> live(configs.size());
+      auto run_step = [&](Live& L, bool timed) {
+        BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
+          data.Batch(SampleIndex(L.cur, mb, o.microbatches, rank, W, 0, B), B, T, tok, tgt);
+        };
+        StepStats st = L.engine->Step(batch);
+        ++L.cur;
+        constexpr int kF = 8;  // seconds + 7 categories
+        const TimeSplit& t = st.time;
+        float local[kF] = {static_cast<float>(st.seconds),  static_cast<float>(t.compute),
+                           static_cast<float>(t.comm_wait), static_cast<float>(t.copy),
+                           static_cast<float>(t.cast),      static_cast<float>(t.add),
+                           static_cast<float>(t.optimizer), static_cast<float>(t.other)};
+        std::vector<float> all(kF * static_cast<size_t>(W));
+        world->AllGather(local, all.data(), kF, DType::kF32);
+        L.row.losses.push_back(st.loss);
+        if (!timed) return;
+        double slowest = 0;
+        for (int r = 0; r < W; ++r) {
+          slowest = std::max(slowest, static_cast<double>(all[kF * r]));
+          for (int k = 1; k < kF; ++k) L.cat_sum[k] += all[kF * r + k];
+        }
+        L.secs.push_back(slowest);
+        L.row.counters = st.counters;
+      };
+      auto finish = [&](Live& L) {
+        Row& row = L.row;
+        const double n = static_cast<double>(o.steps) * W;
+        const auto& c = L.cat_sum;
+        row.time = {c[1] / n, c[2] / n, c[3] / n, c[4] / n, c[5] / n, c[6] / n, c[7] / n};
+        row.median_s = Median(L.secs);
+        const double tokens = static_cast<double>(o.microbatches) * B * T * W;
+        row.tokens_per_s = tokens / row.median_s;
+        row.flops_per_token = L.model->FlopsPerToken();
+        row.mfu = row.flops_per_token * row.tokens_per_s / (peak * W);
+        for (const auto& [cat, u] : L.engine->memory().by_category())
+          row.accounted_by_category[cat] = u.peak / 1048576.0;
+        float mem = static_cast<float>(L.engine->memory().peak_total() / 1048576.0);
+        std::vector<float> allm(static_cast<size_t>(W));
+        world->AllGather(&mem, allm.data(), 1, DType::kF32);
+        for (int r = 0; r < W; ++r)
+          row.accounted_mib = std::max(row.accounted_mib, static_cast<double>(allm[r]));
+        L.engine.reset();
+        L.model.reset();
+        malloc_trim(0);
+      };
+      malloc_trim(0);
+      const double base_rss = CurrentRssMiB();
       for (size_t ci = 0; ci < configs.size(); ++ci) {
         const auto& [label, cfg] = configs[ci];
-        malloc_trim(0);
-        ResetPeakRss();
-        Row row;
+        Live& L = live[ci];
+        Row& row = L.row;
         row.batch = B;
         row.label = label;
         row.switches = cfg.redundancies.ToString();
         row.layout = ShardLayoutName(cfg.shard_layout);
-        std::unique_ptr<Model> model = MakeModel(o, gc);
-        {
-          Engine engine(*model, *world, cfg);
-          engine.InitWeights(o.seed);
-          if (!peer_dir.empty() && ci == 0) {
-            auto w = engine.GatherMainWeights();  // collective
-            if (rank == 0) {
-              std::filesystem::create_directories(peer_dir);
-              std::map<std::string, SafeTensor> t;
-              for (const UpdateParam& u : engine.UpdateParams())
-                t[u.name] = {u.shape, w.at(u.name)};
-              WriteSafetensors(peer_dir + "/init.safetensors", t, {{"format", "sshsdp"}});
-              // Token batches of every step as the ranks read them: [S, M, W, B, T].
-              const size_t per = static_cast<size_t>(B) * T;
-              std::vector<int32_t> tok(per * total_steps * o.microbatches * W), tgt(tok.size());
-              size_t at = 0;
-              for (int s = 0; s < total_steps; ++s)
-                for (int mb = 0; mb < o.microbatches; ++mb)
-                  for (int r = 0; r < W; ++r, at += per)
-                    data.Batch(SampleIndex(s, mb, o.microbatches, r, W, 0, B), B, T,
-                               tok.data() + at, tgt.data() + at);
-              std::ofstream f(peer_dir + "/batches.bin", std::ios::binary | std::ios::trunc);
-              f.write(reinterpret_cast<const char*>(tok.data()), tok.size() * 4);
-              f.write(reinterpret_cast<const char*>(tgt.data()), tgt.size() * 4);
-              SSHSDP_CHECK(f.good(), IoError, "{}/batches.bin: write failed", peer_dir);
-            }
-          }
-          int64_t cur = 0;
-          BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
-            data.Batch(SampleIndex(cur, mb, o.microbatches, rank, W, 0, B), B, T, tok, tgt);
-          };
-          std::vector<double> secs;
-          constexpr int kF = 8;  // seconds + 7 categories
-          std::vector<double> cat_sum(kF, 0.0);
-          for (cur = 0; cur < total_steps; ++cur) {
-            StepStats st = engine.Step(batch);
-            const TimeSplit& t = st.time;
-            float local[kF] = {static_cast<float>(st.seconds),  static_cast<float>(t.compute),
-                               static_cast<float>(t.comm_wait), static_cast<float>(t.copy),
-                               static_cast<float>(t.cast),      static_cast<float>(t.add),
-                               static_cast<float>(t.optimizer), static_cast<float>(t.other)};
-            std::vector<float> all(kF * static_cast<size_t>(W));
-            world->AllGather(local, all.data(), kF, DType::kF32);
-            row.losses.push_back(st.loss);
-            if (cur < o.warmup) continue;
-            double slowest = 0;
-            for (int r = 0; r < W; ++r) {
-              slowest = std::max(slowest, static_cast<double>(all[kF * r]));
-              for (int k = 1; k < kF; ++k) cat_sum[k] += all[kF * r + k];
-            }
-            secs.push_back(slowest);
-            row.counters = st.counters;
-          }
-          const double n = static_cast<double>(o.steps) * W;
-          row.time = {cat_sum[1] / n, cat_sum[2] / n, cat_sum[3] / n, cat_sum[4] / n,
-                      cat_sum[5] / n, cat_sum[6] / n, cat_sum[7] / n};
-          row.median_s = Median(secs);
-          const double tokens = static_cast<double>(o.microbatches) * B * T * W;
-          row.tokens_per_s = tokens / row.median_s;
-          row.flops_per_token = model->FlopsPerToken();
-          row.mfu = row.flops_per_token * row.tokens_per_s / (peak * W);
-          for (const auto& [cat, u] : engine.memory().by_category())
-            row.accounted_by_category[cat] = u.peak / 1048576.0;
-          float mem[2] = {static_cast<float>(PeakRssMiB()),
-                          static_cast<float>(engine.memory().peak_total() / 1048576.0)};
-          std::vector<float> allm(2 * static_cast<size_t>(W));
-          world->AllGather(mem, allm.data(), 2, DType::kF32);
-          for (int r = 0; r < W; ++r) {
-            row.rss_mib = std::max(row.rss_mib, static_cast<double>(allm[2 * r]));
-            row.accounted_mib = std::max(row.accounted_mib, static_cast<double>(allm[2 * r + 1]));
+        malloc_trim(0);
+        ResetPeakRss();
+        const double rss0 = CurrentRssMiB();
+        L.model = MakeModel(o, gc);
+        L.engine = std::make_unique<Engine>(*L.model, *world, cfg);
+        Engine& engine = *L.engine;
+        engine.InitWeights(o.seed);
+        if (!peer_dir.empty() && ci == 0) {
+          auto w = engine.GatherMainWeights();  // collective
+          if (rank == 0) {
+            std::filesystem::create_directories(peer_dir);
+            std::map<std::string, SafeTensor> t;
+            for (const UpdateParam& u : engine.UpdateParams()) t[u.name] = {u.shape, w.at(u.name)};
+            WriteSafetensors(peer_dir + "/init.safetensors", t, {{"format", "sshsdp"}});
+            // Token batches of every step as the ranks read them: [S, M, W, B, T].
+            const size_t per = static_cast<size_t>(B) * T;
+            std::vector<int32_t> tok(per * total_steps * o.microbatches * W), tgt(tok.size());
+            size_t at = 0;
+            for (int s = 0; s < total_steps; ++s)
+              for (int mb = 0; mb < o.microbatches; ++mb)
+                for (int r = 0; r < W; ++r, at += per)
+                  data.Batch(SampleIndex(s, mb, o.microbatches, r, W, 0, B), B, T, tok.data() + at,
+                             tgt.data() + at);
+            std::ofstream f(peer_dir + "/batches.bin", std::ios::binary | std::ios::trunc);
+            f.write(reinterpret_cast<const char*>(tok.data()), tok.size() * 4);
+            f.write(reinterpret_cast<const char*>(tgt.data()), tgt.size() * 4);
+            SSHSDP_CHECK(f.good(), IoError, "{}/batches.bin: write failed", peer_dir);
           }
         }
-        rows.push_back(std::move(row));
+        for (int s = 0; s < o.warmup; ++s) run_step(L, false);
+        float rss = static_cast<float>(base_rss + PeakRssMiB() - rss0);
+        std::vector<float> allr(static_cast<size_t>(W));
+        world->AllGather(&rss, allr.data(), 1, DType::kF32);
+        for (int r = 0; r < W; ++r)
+          row.rss_mib = std::max(row.rss_mib, static_cast<double>(allr[r]));
+        if (o.sequential) {
+          for (int s = 0; s < o.steps; ++s) run_step(L, true);
+          finish(L);
+        }
       }
+      if (!o.sequential) {
+        for (int s = 0; s < o.steps; ++s)
+          for (Live& L : live) run_step(L, true);
+        for (Live& L : live) finish(L);
+      }
+      std::vector<Row> rows;
+      for (Live& L : live) rows.push_back(std::move(L.row));
       // Ratios against the sshsdp row (or the ladder's last rung, which is sshsdp).
       double ref = 0;
       for (const Row& r : rows)

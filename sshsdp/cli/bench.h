@@ -7,13 +7,15 @@
 //   mpirun -np 2 sshsdp bench --peer-inputs out/peer  # also writes init weights + batches
 //
 // For every workload (samples per microbatch per rank) and every configuration it builds a
-// fresh model and engine, runs warm-up steps, then times steps and reports the median step
-// (slowest rank) as tokens/s, its ratio to the `sshsdp` row, MFU against the GEMM peak this
-// binary measures, peak RSS (reset between configurations) and framework-accounted memory by
-// category, bytes copied per step (weight / gradient paths), bytes communicated per step
-// (intra / inter node, per rank) and the step time by category (compute, exposed
-// communication wait, copies, casts, adds, optimizer, other; mean over ranks and timed
-// steps). Every configuration trains the same model on the same data from the same initial
+// fresh model and engine and runs warm-up steps; then it times steps round-robin over the
+// configurations (--sequential: back to back), so load changes on a shared machine hit every
+// configuration alike, and reports the median step (slowest rank) as tokens/s, its ratio to the
+// `sshsdp` row, MFU against the GEMM peak this binary measures, peak RSS (the process
+// baseline plus the configuration's growth during its build and warm-up) and
+// framework-accounted memory by category, bytes copied per step (weight / gradient
+// paths), bytes communicated per step (intra / inter node, per rank) and the step time by category
+// (compute, exposed communication wait, copies, casts, adds, optimizer, other; mean over ranks and
+// timed steps). Every configuration trains the same model on the same data from the same initial
 // weights, so their first losses must agree; the table says how closely they do.
 //
 // --peer-inputs DIR writes, per workload, DIR/b<B>/{init.safetensors, batches.bin,
@@ -37,6 +39,7 @@ struct BenchOptions {
   std::string weight_dtype = "bf16";
   std::vector<std::string> presets;  // empty: all
   bool ablation = false;
+  bool sequential = false;  // time configurations back to back (default: round-robin steps)
   int warmup = 2, steps = 5;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
   uint64_t seed = 1;
