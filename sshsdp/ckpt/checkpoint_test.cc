@@ -1,0 +1,233 @@
+// Checkpoint pieces that need no ranks: CRC-32, manifest parsing and validation (each
+// malformed manifest names the file and the problem), file verification, consolidation,
+// listing / resolving (incomplete *.tmp saves ignored), tensor-mismatch messages and
+// --init-weights refusal of another model's safetensors file.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/checkpoint.h"
+#include "sshsdp/ckpt/crc32.h"
+#include "sshsdp/ckpt/safetensors.h"
+
+namespace sshsdp {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+std::string Tmp(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("sshsdp_ckpt_unit_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+// Expects `f` to throw E whose message contains every needle.
+template <typename E, typename F>
+void ExpectError(F&& f, const std::vector<std::string>& needles) {
+  try {
+    f();
+    ADD_FAILURE() << "no error; expected one containing " << needles.front();
+  } catch (const E& e) {
+    for (const auto& n : needles)
+      EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what() << "\nlacks: " << n;
+  }
+}
+
+TEST(Crc32, StandardCheckValueAndIncremental) {
+  EXPECT_EQ(Crc32("123456789", 9), 0xCBF43926u);
+  EXPECT_EQ(Crc32("", 0), 0u);
+  std::string s(1000, '\0');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i * 37 + 11);
+  const uint32_t whole = Crc32(s.data(), s.size());
+  for (size_t cut : {1u, 7u, 8u, 9u, 500u, 999u})
+    EXPECT_EQ(Crc32(s.data() + cut, s.size() - cut, Crc32(s.data(), cut)), whole) << cut;
+  s[500] ^= 1;
+  EXPECT_NE(Crc32(s.data(), s.size()), whole);
+}
+
+// A hand-made checkpoint: tensor "w" [2, 3] split over two files, fields main and m.
+struct HandMade {
+  std::string dir;
+  json manifest;
+  void Write() const { std::ofstream(fs::path(dir) / kManifestFile) << manifest.dump(1); }
+};
+
+HandMade MakeCheckpoint(const std::string& root, int64_t step) {
+  HandMade h;
+  h.dir = (fs::path(root) / fmt::format("step_{:08d}", step)).string();
+  fs::create_directories(h.dir);
+  // file 0: main[0..4) then m[0..4); file 1: main[4..6) then m[4..6).
+  const float main_v[6] = {1, 2, 3, 4, 5, 6}, m_v[6] = {-1, -2, -3, -4, -5, -6};
+  json files = json::array();
+  for (int f = 0; f < 2; ++f) {
+    const int b = f == 0 ? 0 : 4, n = f == 0 ? 4 : 2;
+    std::string bytes(reinterpret_cast<const char*>(main_v + b), n * 4);
+    bytes.append(reinterpret_cast<const char*>(m_v + b), n * 4);
+    const std::string name = fmt::format("rank_{:05d}.safetensors", f);
+    std::ofstream(fs::path(h.dir) / name, std::ios::binary) << bytes;
+    files.push_back({{"name", name},
+                     {"rank", f},
+                     {"bytes", bytes.size()},
+                     {"crc32", fmt::format("0x{:08x}", Crc32(bytes.data(), bytes.size()))}});
+  }
+  h.manifest = {{"format", "sshsdp-checkpoint"},
+                {"format_version", kCheckpointFormatVersion},
+                {"step", step},
+                {"layout", {{"world", 2}, {"ranks_per_node", 2}, {"sw", 1}, {"sg", 1}, {"so", 2}}},
+                {"runtime_dtype", "bf16"},
+                {"state_dtype", "F32"},
+                {"fields", {"main", "m"}},
+                {"model", {{"type", "toy"}}},
+                {"run", json::object()},
+                {"scalars", {{"data_position", step}}},
+                {"files", files},
+                {"tensors",
+                 {{{"name", "w"},
+                   {"shape", {2, 3}},
+                   {"group", 0},
+                   {"shards",
+                    {{{"file", 0}, {"range", {0, 4}}, {"offsets", {{"main", 0}, {"m", 16}}}},
+                     {{"file", 1}, {"range", {4, 6}}, {"offsets", {{"main", 0}, {"m", 8}}}}}}}}}};
+  h.Write();
+  return h;
+}
+
+TEST(Manifest, ReadVerifyConsolidate) {
+  const std::string root = Tmp("read");
+  HandMade h = MakeCheckpoint(root, 7);
+  Manifest m = ReadManifest(h.dir);
+  EXPECT_EQ(m.step, 7);
+  EXPECT_EQ(m.layout.ToString(), "W=2 nodes=1x2 sw=1 sg=1 so=2");
+  ASSERT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.DataBytes(), 48u);
+  VerifyCheckpointFiles(m);
+  auto main = ReadConsolidated(m, "main");
+  EXPECT_EQ(main.at("w").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(main.at("w").data, (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(ReadConsolidated(m, "m").at("w").data, (std::vector<float>{-1, -2, -3, -4, -5, -6}));
+  ExpectError<ConfigError>([&] { ReadConsolidated(m, "v"); }, {"no field 'v'", "main, m"});
+  EXPECT_NE(DescribeCheckpoint(m).find("rank_00001.safetensors"), std::string::npos);
+}
+
+TEST(Manifest, CorruptFilesAreNamed) {
+  const std::string root = Tmp("corrupt");
+  HandMade h = MakeCheckpoint(root, 1);
+  const Manifest m = ReadManifest(h.dir);
+  const std::string f1 = m.FilePath(1);
+  {  // flipped byte: same size, different CRC
+    std::fstream f(f1, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(3);
+    f.put('\x7f');
+  }
+  EXPECT_EQ(CheckFileSize(m, 1), "");
+  EXPECT_NE(CheckFileContents(m, 1).find("checksum mismatch"), std::string::npos);
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(m); }, {f1, "checksum mismatch"});
+  fs::resize_file(f1, 10);
+  EXPECT_NE(CheckFileSize(m, 1).find("truncated: 10 bytes, the manifest says 16"),
+            std::string::npos);
+  fs::remove(f1);
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(m); }, {f1, "missing"});
+}
+
+TEST(Manifest, MalformedManifestsAreRefused) {
+  const std::string root = Tmp("malformed");
+  HandMade h = MakeCheckpoint(root, 1);
+  const std::string mp = (fs::path(h.dir) / kManifestFile).string();
+  auto expect = [&](json j, const std::string& needle) {
+    HandMade bad = h;
+    bad.manifest = std::move(j);
+    bad.Write();
+    ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, needle});
+  };
+  json j = h.manifest;
+  j["format_version"] = kCheckpointFormatVersion + 1;
+  expect(j, fmt::format("format version {} is newer", kCheckpointFormatVersion + 1));
+  j = h.manifest;
+  j["tensors"][0]["shards"][1]["range"] = {5, 6};
+  expect(j, "do not tile");
+  j = h.manifest;
+  j["tensors"][0]["shards"][1]["file"] = 9;
+  expect(j, "file #9");
+  j = h.manifest;
+  j["tensors"][0]["shards"][1]["offsets"]["m"] = 12;
+  expect(j, "beyond the 16 bytes");
+  j = h.manifest;
+  j["files"][0]["name"] = "../etc/passwd";
+  expect(j, "not a plain file name");
+  j = h.manifest;
+  j.erase("step");
+  expect(j, "missing 'step'");
+  j = h.manifest;
+  j["format"] = "something-else";
+  expect(j, "not an sshsdp checkpoint manifest");
+  std::ofstream(mp) << "{\"format\": \"sshsdp-checkpoint\", ";
+  ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, "not valid JSON"});
+}
+
+TEST(Listing, LatestCompleteCheckpointIgnoringIncompleteSaves) {
+  const std::string root = Tmp("list");
+  ExpectError<IoError>([&] { ResolveCheckpoint(root); }, {root, "no complete checkpoint"});
+  MakeCheckpoint(root, 5);
+  MakeCheckpoint(root, 20);
+  HandMade h = MakeCheckpoint(root, 30);
+  fs::rename(h.dir, h.dir + ".tmp");                         // an interrupted save
+  fs::create_directories(fs::path(root) / "step_00000040");  // no manifest: incomplete
+  fs::create_directories(fs::path(root) / "notes");
+  auto all = ListCheckpoints(root);
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].first, 5);
+  EXPECT_EQ(all[1].first, 20);
+  EXPECT_EQ(ResolveCheckpoint(root), all[1].second);
+  EXPECT_EQ(ResolveCheckpoint(all[0].second), all[0].second);
+  ExpectError<IoError>([&] { ResolveCheckpoint(root + "/nope"); }, {"nope", "no such"});
+  ExpectError<IoError>([&] { ReadManifest(h.dir + ".tmp/../step_00000040"); },
+                       {"missing (an incomplete save?)"});
+}
+
+TEST(TensorMatch, MismatchesAreListed) {
+  std::vector<TensorSpec> want = {{"a", {2, 3}}, {"b", {4}}, {"c", {5}}};
+  EXPECT_EQ(DescribeTensorMismatch(want, want, "f"), "");
+  std::vector<TensorSpec> have = {{"a", {3, 2}}, {"c", {5}}, {"z", {1}}};
+  const std::string s = DescribeTensorMismatch(want, have, "x.safetensors");
+  EXPECT_NE(s.find("x.safetensors: does not match this model (3 parameters; the file has 3): "
+                   "3 mismatches"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find("'a' has shape [3, 2] in the file, the model needs [2, 3]"), std::string::npos);
+  EXPECT_NE(s.find("'b' [4] is missing in the file"), std::string::npos);
+  EXPECT_NE(s.find("'z' [1] in the file is not a parameter of this model"), std::string::npos);
+  EXPECT_EQ(DescribeTensorMismatch(want, have, "x", 1).find("'b'"), std::string::npos);
+}
+
+TEST(TensorMatch, InitWeightsRefuseAnotherModel) {
+  const std::string dir = Tmp("init");
+  const std::string p = dir + "/w.safetensors";
+  WriteSafetensors(p, {{"a", {{2, 3}, {1, 2, 3, 4, 5, 6}}}, {"b", {{4}, {1, 2, 3, 4}}}});
+  auto w = ReadInitWeights(p, {{"a", {2, 3}}, {"b", {4}}});
+  EXPECT_EQ(w.at("a")[5], 6.0f);
+  ExpectError<ConfigError>(
+      [&] {
+        ReadInitWeights(p, {{"a", {2, 3}}, {"b", {8}}, {"c", {1}}});
+      },
+      {p, "2 mismatches", "'b' has shape [4] in the file, the model needs [8]",
+       "'c' [1] is missing"});
+}
+
+TEST(JsonDiff, NamesEveryDifferingKey) {
+  json a = {{"d_model", 32}, {"n_layer", 1}, {"type", "gpt"}};
+  json b = {{"d_model", 64}, {"n_layer", 1}, {"vocab", 256}};
+  auto d = JsonDifferences(a, b);
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0], "d_model 32 (checkpoint) vs 64 (this run)");
+  EXPECT_EQ(d[1], "type gpt (checkpoint) vs absent (this run)");
+  EXPECT_EQ(d[2], "vocab absent (checkpoint) vs 256 (this run)");
+  EXPECT_TRUE(JsonDifferences(a, a).empty());
+}
+
+}  // namespace
+}  // namespace sshsdp
