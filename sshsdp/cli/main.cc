@@ -1,9 +1,11 @@
 // sshsdp: command-line entry point. `sshsdp train` trains a reference model on real MPI
-// ranks (launch it with mpirun); `sshsdp bench` compares framework presets in one job;
-// `sshsdp --help` lists the commands.
+// ranks (launch it with mpirun); `sshsdp ckpt` inspects and exports checkpoints in one
+// process; `sshsdp bench` compares framework presets in one job; `sshsdp --help` lists the
+// commands.
 #include <CLI/CLI.hpp>
 
 #include "sshsdp/cli/bench.h"
+#include "sshsdp/cli/ckpt_cli.h"
 #include "sshsdp/cli/train.h"
 
 int main(int argc, char** argv) {
@@ -15,12 +17,21 @@ int main(int argc, char** argv) {
   sshsdp::TrainOptions train;
   CLI::App* t = app.add_subcommand("train", "train a reference model (run under mpirun)");
   sshsdp::AddTrainOptions(*t, train);
+  sshsdp::CkptOptions ckpt;
+  CLI::App* c = app.add_subcommand(
+      "ckpt", "inspect, verify and export sharded checkpoints (one process, no mpirun)");
+  sshsdp::AddCkptCommands(*c, ckpt);
   sshsdp::BenchOptions bench;
   CLI::App* b = app.add_subcommand(
       "bench", "compare framework presets (fsdp2, megatron-fsdp, vescale-fsdp, sshsdp) in one job");
   sshsdp::AddBenchOptions(*b, bench);
   CLI11_PARSE(app, argc, argv);
   if (b->parsed()) return sshsdp::RunBench(argc, argv, bench);
-  if (t->parsed()) return sshsdp::RunTrain(argc, argv, train);
+  if (t->parsed()) {
+    train.layout_given =
+        t->count("--sw") + t->count("--sg") + t->count("--so") + t->count("--ranks-per-node") > 0;
+    return sshsdp::RunTrain(argc, argv, train);
+  }
+  if (c->parsed()) return sshsdp::RunCkpt(ckpt);
   return 0;
 }

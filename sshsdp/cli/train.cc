@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/cli/ckpt_cli.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/kernels/matmul.h"
@@ -111,6 +113,20 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "write final consolidated fp32 main weights as safetensors");
   app.add_option("--init-weights", o.init_weights,
                  "start from weights in this safetensors file instead of the seeded init");
+  app.add_option("--save-every", o.save_every,
+                 "save a sharded checkpoint every N steps into --ckpt-dir (0: never)")
+      ->capture_default_str();
+  app.add_option("--ckpt-dir", o.ckpt_dir,
+                 "checkpoint root: step_<N>/ directories, each a manifest + one file per rank");
+  app.add_option("--keep", o.keep, "keep the last K checkpoints in --ckpt-dir (0: all)")
+      ->capture_default_str();
+  app.add_option("--resume", o.resume,
+                 "resume from a checkpoint root (its latest complete checkpoint) or step "
+                 "directory, at this run's layout (without --sw/--sg/--so/--ranks-per-node: "
+                 "the saved layout); --steps counts from 0");
+  app.add_option("--ckpt-fault", o.ckpt_fault,
+                 "tests only: RANK:PHASE[:STEP] kills a rank during a save")
+      ->group("");
   app.add_flag("--no-prefetch", o.no_prefetch, "do not prefetch the next layer's all-gather");
   app.add_flag("--keep-gathered", o.keep_gathered,
                "keep gathered weights from forward for backward (no reshard after forward)");
@@ -227,23 +243,87 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
 
     const int world_size = WorldSize();
     cfg.so = o.so ? o.so : world_size;
+    SSHSDP_CHECK(o.save_every >= 0 && o.keep >= 0, ConfigError,
+                 "--save-every and --keep must be >= 0, got {} and {}", o.save_every, o.keep);
+    SSHSDP_CHECK(o.save_every == 0 || !o.ckpt_dir.empty(), ConfigError,
+                 "--save-every {} needs --ckpt-dir (where to write checkpoints)", o.save_every);
+    SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
+                 "--resume and --init-weights exclude each other: a checkpoint holds the weights");
+    std::string resume_dir;
+    if (!o.resume.empty()) {
+      resume_dir = ResolveCheckpoint(o.resume);  // IoError naming the path when there is none
+      const Manifest saved_manifest = ReadManifest(resume_dir);
+      if (!o.layout_given) {
+        // No layout flags: continue at the saved layout, if it fits this world.
+        const CheckpointLayout saved = saved_manifest.layout;
+        try {
+          Topology fit(world_size, saved.ranks_per_node, saved.sw, saved.sg, saved.so);
+        } catch (const LayoutError& e) {
+          throw ConfigError(fmt::format(
+              "--resume {}: the checkpoint's layout {} does not fit {} ranks ({}); pass "
+              "--sw/--sg/--so/--ranks-per-node for this world size (a checkpoint loads at any "
+              "valid layout)",
+              resume_dir, saved.ToString(), world_size, e.what()));
+        }
+        cfg.sw = saved.sw, cfg.sg = saved.sg, cfg.so = saved.so;
+        cfg.ranks_per_node = saved.ranks_per_node;
+      }
+    }
     // Validates the layout against the world size (LayoutError names the numbers).
-    Topology check(world_size, o.ranks_per_node ? o.ranks_per_node : world_size, cfg.sw, cfg.sg,
+    Topology check(world_size, cfg.ranks_per_node ? cfg.ranks_per_node : world_size, cfg.sw, cfg.sg,
                    cfg.so);
     std::map<std::string, std::vector<float>> init;
-    if (!o.init_weights.empty()) {
-      for (auto& [name, t] : ReadSafetensors(o.init_weights)) init[name] = std::move(t.data);
-    }
+    if (!o.init_weights.empty())  // names and shapes must be this model's (ConfigError lists)
+      init = ReadInitWeights(o.init_weights, ModelTensors(model));
 
-    auto world = MpiCommunicator::World(o.ranks_per_node ? o.ranks_per_node : world_size);
+    auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
     std::unique_ptr<Model> model_owner = MakeModel(o, gc);  // Gpt or MoeGpt
     Model& model = *model_owner;
     Engine engine(model, *world, cfg);
-    if (init.empty())
+    // What a checkpoint must match (model) and what it records about this run.
+    const nlohmann::json model_json =
+        IsMoePreset(o.model) ? MoeModelJson(MakeMoeConfig(o, gc)) : GptModelJson(gc);
+    auto num = [](float v) { return std::stod(fmt::format("{}", v)); };  // 0.9f -> 0.9
+    const nlohmann::json run_json = {{"preset", o.model},
+                                     {"seed", o.seed},
+                                     {"data", o.data},
+                                     {"batch_size", o.batch_size},
+                                     {"microbatches", o.microbatches},
+                                     {"seq_len", T},
+                                     {"weight_dtype", o.weight_dtype},
+                                     {"optimizer", o.optimizer},
+                                     {"muon_unit", o.muon_unit},
+                                     {"muon_lr", num(o.muon_lr)},
+                                     {"muon_momentum", num(o.muon_momentum)},
+                                     {"muon_weight_decay", num(o.muon_weight_decay)},
+                                     {"lr", num(o.lr)},
+                                     {"warmup", o.warmup},
+                                     {"beta1", num(o.beta1)},
+                                     {"beta2", num(o.beta2)},
+                                     {"eps", num(o.eps)},
+                                     {"weight_decay", num(o.weight_decay)},
+                                     {"clip", num(o.clip)}};
+    int64_t start = 0;
+    if (!resume_dir.empty()) {
+      LoadResult lr = LoadCheckpoint(engine, *world, resume_dir, model_json);  // collective
+      start = lr.manifest.step;
+      SSHSDP_CHECK(lr.manifest.meta.scalars.value("data_position", start) == start, ConfigError,
+                   "{}: data position {} differs from step {}", lr.manifest.ManifestPath(),
+                   lr.manifest.meta.scalars.value("data_position", start), start);
+      if (rank == 0) {
+        fmt::print("resumed from {} at step {} ({} bytes read on rank 0 in {:.3f} s)\n",
+                   lr.manifest.dir, start, lr.bytes_read, lr.seconds);
+        for (const std::string& d : JsonDifferences(lr.manifest.meta.run, run_json))
+          lr.notes.push_back("run option " + d);
+        for (const std::string& n : lr.notes) fmt::print("  note: {}\n", n);
+        std::fflush(stdout);
+      }
+    } else if (init.empty()) {
       engine.InitWeights(o.seed);
-    else
+    } else {
       engine.LoadMainWeights(init);
+    }
 
     const double peak =
         kernels::MeasureGemmPeak(cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32);
@@ -289,7 +369,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       data->Batch(SampleIndex(cur, mb, M, rank, W, 0, B), B, T, tok, tgt);
     };
     double ema = 0;
-    for (cur = 0; cur < o.steps; ++cur) {
+    for (cur = start; cur < o.steps; ++cur) {
       float lr = o.lr;
       if (o.warmup > 0 && cur < o.warmup) lr = o.lr * static_cast<float>(cur + 1) / o.warmup;
       engine.SetLearningRate(lr);
@@ -310,7 +390,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       }
       const double tps = st.tokens / secs;
       const double mfu = model.FlopsPerToken() * tps / (peak * W);
-      ema = cur == 0 ? st.loss : 0.9 * ema + 0.1 * st.loss;
+      ema = cur == start ? st.loss : 0.9 * ema + 0.1 * st.loss;
       if (rank == 0) {
         if ((cur + 1) % o.log_every == 0 || cur == 0 || cur + 1 == o.steps) {
           fmt::print(
@@ -343,6 +423,20 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"update_p2p_bytes", st.counters.update_p2p.total()}};
           metrics << j.dump() << "\n";
           metrics.flush();
+        }
+      }
+      if (o.save_every > 0 && (cur + 1) % o.save_every == 0) {
+        CheckpointMeta meta{model_json,
+                            run_json,
+                            // The data position is the step (SampleIndex); the seed fixes the
+                            // data source and the initial weights.
+                            {{"data_position", engine.step()}, {"seed", o.seed}}};
+        SaveResult s = SaveCheckpoint(engine, *world, o.ckpt_dir, meta, {o.keep, o.ckpt_fault});
+        if (rank == 0) {
+          fmt::print("saved {} ({} files, {} bytes, {:.3f} s){}\n", s.dir, s.files, s.bytes,
+                     s.seconds,
+                     s.pruned.empty() ? "" : fmt::format("; pruned {}", fmt::join(s.pruned, ", ")));
+          std::fflush(stdout);
         }
       }
     }

@@ -1,7 +1,8 @@
 // `sshsdp train`: options, progress line, metrics file and final weights export.
 //
 //   mpirun -np 4 sshsdp train --model tiny --sw 2 --sg 2 --so 4 --microbatches 2 --steps 50
-//       (plus --metrics out/metrics.jsonl --save-weights out/final.safetensors)
+//       (plus --metrics out/metrics.jsonl --save-weights out/final.safetensors
+//        --save-every 100 --ckpt-dir out/ckpt --keep 3; later: --resume out/ckpt)
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -39,6 +40,12 @@ struct TrainOptions {
   std::string gating, expert_mlp;  // softmax | sigmoid, swiglu | gelu
   float aux_loss_weight = -1.0f;
   bool shared_expert = false;
+  // Checkpoints (sshsdp/ckpt): every `save_every` steps into `ckpt_dir`, keeping the last
+  // `keep` (0: all); `resume` is a checkpoint root (its latest) or step directory.
+  int save_every = 0, keep = 0;
+  std::string ckpt_dir, resume;
+  std::string ckpt_fault;    // hidden, tests only: kill a rank during a save (see ckpt)
+  bool layout_given = true;  // false: no layout flag was passed (resume adopts the saved one)
 };
 
 void AddTrainOptions(CLI::App& app, TrainOptions& o);
