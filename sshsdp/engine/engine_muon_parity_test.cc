@@ -1,5 +1,6 @@
-// Distributed Muon + AdamW parity (issue 4): multi-rank training with Muon per head (and per
-// matrix: the packed QKV as one unit) on every layout of engine_parity_test equals the same
+// Distributed Muon + AdamW parity (issue 4): multi-rank training with Muon per head (per matrix:
+// the packed QKV as one unit; per expert: the MoE model's stacked experts) on every layout of
+// engine_parity_test equals the same
 // engine on a one-rank communicator — the single-process reference of the same logical
 // per-unit update — with head boundaries that cut through shards (the default test model) and
 // that fall exactly on shard boundaries (d_ff = 16: at so = 2 every unit is local, at so = 4
@@ -16,10 +17,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <memory>
 
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/models/gpt.h"
+#include "sshsdp/models/moe.h"
 
 namespace sshsdp {
 namespace {
@@ -147,20 +151,26 @@ uint64_t ExpectedBytes(const Engine& eng, const Model& model, const Layout& l, D
 // and with bf16 runtime weights main weights that differ in their last bits can round to
 // neighbouring bf16 values; the bound stays far below the ~lr·|v| ≈ 5e-3 of a wrong or
 // missing fragment.
-void RunMuonParity(const Layout& l, const GptConfig& gc, DType wdt, UnitRule unit, DType u_dtype,
-                   int M, bool expect_all_local = false) {
+using ModelFactory = std::function<std::unique_ptr<Model>()>;
+ModelFactory GptOf(const GptConfig& c) {
+  return [c] { return std::make_unique<Gpt>(c); };
+}
+
+void RunMuonParity(const Layout& l, const ModelFactory& make, int vocab, DType wdt, UnitRule unit,
+                   DType u_dtype, int M, bool expect_all_local = false) {
   auto world = MpiCommunicator::World(l.rpn);
   const int W = world->size(), r = world->rank();
   auto self = world->Split(r, 0);
-  Gpt model(gc), ref_model(gc);
+  std::unique_ptr<Model> model_owner = make(), ref_owner = make();
+  Model &model = *model_owner, &ref_model = *ref_owner;
   EngineConfig cfg = MuonConfigFor(l, M, wdt, unit, u_dtype);
   Engine eng(model, *world, cfg);
   Engine ref(ref_model, *self, MuonConfigFor({1, 1, 1, 1}, M * W, wdt, unit, u_dtype));
   eng.InitWeights(7);
   ref.InitWeights(7);
   int64_t step = 0;
-  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, gc.vocab);
-  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, gc.vocab);
+  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, vocab);
+  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, vocab);
 
   const UpdatePlan* plan = eng.structured_update().plan(OptimizerKind::kMuon);
   ASSERT_NE(plan, nullptr);
@@ -215,7 +225,7 @@ TEST(EngineMuonParity, PerHeadFp32Unaligned) {
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   for (const Layout& l : LayoutsFor(W)) {
     SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
-    RunMuonParity(l, Unaligned(), DType::kF32, UnitRule::kHead, DType::kF32, 2);
+    RunMuonParity(l, GptOf(Unaligned()), 61, DType::kF32, UnitRule::kHead, DType::kF32, 2);
   }
 }
 
@@ -224,7 +234,7 @@ TEST(EngineMuonParity, PerHeadFp32Aligned) {
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   for (const Layout& l : LayoutsFor(W)) {
     SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
-    RunMuonParity(l, Aligned(), DType::kF32, UnitRule::kHead, DType::kF32, 2,
+    RunMuonParity(l, GptOf(Aligned()), 61, DType::kF32, UnitRule::kHead, DType::kF32, 2,
                   /*expect_all_local=*/l.so == 2);
   }
 }
@@ -235,7 +245,7 @@ TEST(EngineMuonParity, PerHeadBf16) {
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   for (const Layout& l : LayoutsFor(W)) {
     SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
-    RunMuonParity(l, Unaligned(), DType::kBF16, UnitRule::kHead, DType::kBF16, 2);
+    RunMuonParity(l, GptOf(Unaligned()), 61, DType::kBF16, UnitRule::kHead, DType::kBF16, 2);
   }
 }
 
@@ -245,8 +255,38 @@ TEST(EngineMuonParity, PerMatrixQkv) {
   MPI_Comm_size(MPI_COMM_WORLD, &W);
   const Layout l = LayoutsFor(W).front();
   SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
-  RunMuonParity(l, Unaligned(), DType::kF32, UnitRule::kMatrix, DType::kF32, 2);
-  RunMuonParity(l, Unaligned(), DType::kBF16, UnitRule::kMatrix, DType::kBF16, 2);
+  RunMuonParity(l, GptOf(Unaligned()), 61, DType::kF32, UnitRule::kMatrix, DType::kF32, 2);
+  RunMuonParity(l, GptOf(Unaligned()), 61, DType::kBF16, UnitRule::kMatrix, DType::kBF16, 2);
+}
+
+// Stacked experts: every expert matrix of the packed [E, f, d] runtime weights is its own Muon
+// unit (the router stays on AdamW: muon_eligible = false).
+TEST(EngineMuonParity, PerExpertMoe) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MoeConfig c;
+  c.trunk.vocab = 61;
+  c.trunk.seq_len = 8;
+  c.trunk.d_model = 24;
+  c.trunk.n_head = 3;
+  c.trunk.n_layer = 2;
+  c.n_expert = 4;
+  c.top_k = 2;
+  c.d_expert = 20;
+  {
+    MoeGpt probe(c);
+    GroupLayout L = BuildGroupLayout(1, probe.GroupParams(1), DType::kF32, 1);
+    UnitSelection sel = SelectUnits(L, UnitPolicy{true, UnitRule::kHead, {}});
+    int experts = 0;
+    for (const UpdateUnit& u : sel.muon) experts += u.name.find(".moe.w1.e") != std::string::npos;
+    EXPECT_EQ(experts, c.n_expert);
+    for (const UpdateUnit& u : sel.adamw) EXPECT_EQ(u.name.find("moe.w"), std::string::npos);
+  }
+  const Layout l = LayoutsFor(W).front();
+  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  RunMuonParity(
+      l, [c] { return std::make_unique<MoeGpt>(c); }, 61, DType::kF32, UnitRule::kHead, DType::kF32,
+      2);
 }
 
 }  // namespace

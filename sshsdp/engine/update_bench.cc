@@ -116,7 +116,9 @@ int Run(const Options& o) {
     std::fflush(stdout);
   }
 
-  std::vector<double> t_adam, t_muon, u_adam, u_muon;
+  std::vector<double> t_adam, t_muon, u_adam, u_muon, ratios;
+  // Per-category step time (compute, exposed communication wait, update, other), this rank.
+  std::vector<double> c_adam, c_muon, w_adam, w_muon;
   double loss_adam = 0, loss_muon = 0;
   for (step = 0; step < o.warmup + o.steps; ++step) {
     for (int k = 0; k < 2; ++k) {
@@ -129,7 +131,10 @@ int Run(const Options& o) {
       if (step < o.warmup) continue;
       (run_muon ? t_muon : t_adam).push_back(secs);
       (run_muon ? u_muon : u_adam).push_back(upd);
+      (run_muon ? c_muon : c_adam).push_back(st.time.compute);
+      (run_muon ? w_muon : w_adam).push_back(st.time.comm_wait);
     }
+    if (step >= o.warmup) ratios.push_back(t_muon.back() / t_adam.back());
   }
   const double ta = Median(t_adam), tm = Median(t_muon);
   const double ua = Median(u_adam), um = Median(u_muon);
@@ -142,6 +147,12 @@ int Run(const Options& o) {
         "median update phase (norm + F): AdamW {:.1f} ms, Muon {:.1f} ms; Muon's extra update "
         "work = {:+.2f}% of the AdamW step\n",
         1e3 * ua, 1e3 * um, 100 * (um - ua) / ta);
+    fmt::print("median of per-step ratios (adjacent AdamW/Muon steps): {:.3f} ({:+.1f}%)\n",
+               Median(ratios), 100 * (Median(ratios) - 1));
+    fmt::print(
+        "rank 0 medians: compute AdamW {:.1f} ms / Muon {:.1f} ms, exposed comm wait {:.1f} / "
+        "{:.1f} ms\n",
+        1e3 * Median(c_adam), 1e3 * Median(c_muon), 1e3 * Median(w_adam), 1e3 * Median(w_muon));
     fmt::print("last loss: AdamW {:.4f}, Muon {:.4f}\n", loss_adam, loss_muon);
     if (!o.json.empty()) {
       nlohmann::json j = {{"model", o.model},
@@ -160,6 +171,7 @@ int Run(const Options& o) {
                           {"step_ms_adamw", 1e3 * ta},
                           {"step_ms_muon", 1e3 * tm},
                           {"ratio", tm / ta},
+                          {"median_paired_ratio", Median(ratios)},
                           {"update_ms_adamw", 1e3 * ua},
                           {"update_ms_muon", 1e3 * um},
                           {"update_overhead", (um - ua) / ta},
