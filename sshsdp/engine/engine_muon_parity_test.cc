@@ -1,10 +1,10 @@
 // Distributed Muon + AdamW parity (issue 4): multi-rank training with Muon per head (per matrix:
 // the packed QKV as one unit; per expert: the MoE model's stacked experts) on every layout of
-// engine_parity_test equals the same
-// engine on a one-rank communicator — the single-process reference of the same logical
-// per-unit update — with head boundaries that cut through shards (the default test model) and
-// that fall exactly on shard boundaries (d_ff = 16: at so = 2 every unit is local, at so = 4
-// one ZeRO-1 boundary lies between two V heads and another cuts a K head). Also asserts:
+// engine_parity_test equals the same engine on a one-rank communicator — the single-process
+// reference of the same logical per-unit update — with head boundaries that cut through shards
+// (the default test model) and that fall exactly on shard boundaries (d_ff = 16: at so = 2 every
+// unit is local, at so = 4 one ZeRO-1 boundary lies between two V heads and another cuts a K
+// head). Also asserts:
 //   * bytes moved by the update phase = the off-rank fragments of split units, computed here
 //     from the shard chain (u, bf16 or fp32, to the execution rank, v in fp32 back), zero with no
 //     exchange at all when every unit is local;
