@@ -98,7 +98,19 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--muon-ns-steps", o.muon_ns_steps, "Newton-Schulz iterations (quintic)")
       ->capture_default_str();
-  app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
+  app.add_option("--weight-dtype", o.weight_dtype,
+                 "runtime weight dtype: bf16 | fp32 | mxfp8 (E4M3 + UE8M0 32x32 blocks for "
+                 "transformer blocks; embedding and LM head stay bf16)")
+      ->capture_default_str();
+  app.add_option("--scale-layout", o.scale_layout,
+                 "MXFP8 scale layout of packed runtime weights: row_major | block_row_major | "
+                 "deepgemm_mn_major | cublas_swizzle")
+      ->capture_default_str();
+  app.add_option("--reduce", o.reduce,
+                 "gradient reduction precision: fp32 | bf16+fp32 | bf16sr (bf16 partials with "
+                 "stochastic rounding)")
+      ->capture_default_str();
+  app.add_option("--sr-seed", o.sr_seed, "seed of bf16sr stochastic rounding")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
       ->capture_default_str();
@@ -223,7 +235,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.microbatches = o.microbatches;
     cfg.batch_size = o.batch_size;
     cfg.seq_len = T;
-    cfg.weight_dtype = ParseDType(o.weight_dtype);
+    cfg.weight_dtype = o.weight_dtype == "mxfp8" ? DType::kE4M3 : ParseDType(o.weight_dtype);
+    cfg.scale_layout = ParseScaleLayout(o.scale_layout);
+    cfg.reduce = ParseReduceMode(o.reduce);
+    cfg.sr_seed = o.sr_seed;
     cfg.reshard_after_forward = !o.keep_gathered;
     cfg.prefetch = !o.no_prefetch;
     cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};

@@ -20,7 +20,10 @@ struct TrainOptions {
   int microbatches = 1, batch_size = 4;
   int steps = 50, warmup = 0;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
-  std::string weight_dtype = "bf16";
+  std::string weight_dtype = "bf16";            // bf16 | fp32 | mxfp8
+  std::string scale_layout = "cublas_swizzle";  // MXFP8 scale layout of Tw (scale_layout.h)
+  std::string reduce = "fp32";                  // gradient reduction: fp32 | bf16+fp32 | bf16sr
+  uint64_t sr_seed = 0;                         // bf16sr stochastic-rounding seed
   uint64_t seed = 1;
   std::string data = "synthetic";
   int log_every = 10;

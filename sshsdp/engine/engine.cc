@@ -8,12 +8,16 @@
 #include <cstring>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/engine/mx_weights.h"
 #include "sshsdp/kernels/elementwise.h"
 
 namespace sshsdp {
 
 struct Engine::RuntimeGroup {
   GroupLayout layout;
+  DType wdt = DType::kBF16;   // runtime weight dtype of this group (kE4M3: MXFP8)
+  DType sdt = DType::kBF16;   // persistent ZeRO-3 weight dtype (fp32 with ②)
+  void* f32_block = nullptr;  // ② with MXFP8: the gathered fp32 weights, quantized on arrival
   std::unique_ptr<ShardChain> chain;
   Range z3, z2, z1;
   size_t padded = 0;
@@ -98,8 +102,27 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
       topo_(world.size(), cfg.ranks_per_node > 0 ? cfg.ranks_per_node : world.size(), cfg.sw,
             cfg.sg, EffectiveSo(cfg)),
       rank_(world.rank()) {
-  SSHSDP_CHECK(cfg.weight_dtype == DType::kF32 || cfg.weight_dtype == DType::kBF16, ConfigError,
-               "runtime weight dtype must be fp32 or bf16, got {}", DTypeName(cfg.weight_dtype));
+  SSHSDP_CHECK(cfg.weight_dtype == DType::kF32 || cfg.weight_dtype == DType::kBF16 ||
+                   cfg.weight_dtype == DType::kE4M3,
+               ConfigError, "runtime weight dtype must be fp32, bf16 or mxfp8 (e4m3), got {}",
+               DTypeName(cfg.weight_dtype));
+  if (cfg.weight_dtype == DType::kE4M3) {
+    SSHSDP_CHECK(model.ConsumesMx(), ConfigError,
+                 "weight dtype mxfp8: this model does not consume MXFP8 weight views");
+    SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.weight_copies &&
+                     !cfg.redundancies.tw_every_use,
+                 ConfigError,
+                 "weight dtype mxfp8 runs on the flat shard layout without ③/① copies (of the "
+                 "baselines only ② quantize-every-gather), got {}",
+                 cfg.redundancies.ToString());
+  }
+  grad_dtype_ = GradDType(cfg.reduce);
+  SSHSDP_CHECK(grad_dtype_ == DType::kF32 ||
+                   (cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.grad_copies),
+               ConfigError,
+               "reduce mode {} writes bf16 gradients straight into G′: it needs the flat shard "
+               "layout without ④ gradient copies",
+               ReduceModeName(cfg.reduce));
   SSHSDP_CHECK(cfg.microbatches >= 1, ConfigError, "microbatches must be >= 1, got {}",
                cfg.microbatches);
   SSHSDP_CHECK(cfg.batch_size >= 1, ConfigError, "batch size must be >= 1, got {}", cfg.batch_size);
@@ -115,7 +138,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   views_direct_ = cfg_.shard_layout == ShardLayout::kFlat && !R.tw_every_use && !R.weight_copies;
   grads_direct_ = cfg_.shard_layout == ShardLayout::kFlat && !R.grad_copies;
   skip_gather_ = topo_.sw() == 1 && store_dtype_ == cfg_.weight_dtype && !R.weight_copies;
-  skip_rs_ = topo_.sg() == 1 && grads_direct_ && !R.separate_add;
+  skip_rs_ = topo_.sg() == 1 && grads_direct_ && !R.separate_add && grad_dtype_ == DType::kF32;
   for (int g = 0; g < model.num_groups(); ++g) BuildGroup(g);
 
   // Communicators (collective over the world, in the same order on every rank). The
@@ -132,6 +155,16 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   comm_thread_ = std::make_unique<CommThread>("runtime");
   up_p2p_ = world_.Duplicate();
   BuildUpdate();
+  if (cfg_.weight_dtype == DType::kE4M3) {
+    std::vector<const GroupLayout*> layouts;
+    std::vector<const ShardChain*> chains;
+    for (auto& gp : groups_) {
+      layouts.push_back(&gp->layout);
+      chains.push_back(gp->chain.get());
+    }
+    mx_ = std::make_unique<MxWeights>(layouts, chains, topo_, rank_, cfg_.scale_layout, *up_p2p_,
+                                      &memory_);
+  }
 }
 
 void Engine::BuildUpdate() {
@@ -218,11 +251,14 @@ void Engine::BuildGroup(int gi) {
   g->z2 = g->chain->LocalRange(Shard::kZero2);
   g->z1 = g->chain->LocalRange(Shard::kZero1);
   g->padded = g->layout.list.padded_numel();
-  const size_t ws = DTypeSize(store_dtype_);
+  g->wdt = cfg_.weight_dtype;
+  if (g->wdt == DType::kE4M3 && !MxWeights::GroupIsMx(g->layout)) g->wdt = DType::kBF16;
+  g->sdt = cfg_.redundancies.cast_every_gather ? DType::kF32 : g->wdt;
+  const size_t ws = DTypeSize(g->sdt);
   const std::string p = "group" + std::to_string(gi);
 
   g->w_z3 = Buffer(p + ".w_z3", g->z3.size() * ws, &memory_, "weights");
-  if (store_dtype_ == DType::kF32) {
+  if (g->sdt == DType::kF32) {
     // Zero copy: fp32 runtime weights ARE the main weights; the ZeRO-1 slice of Wᶻ³ holds them.
     g->main_z1 = g->w_z3->data_as<float>() + (g->z1.begin - g->z3.begin);
   } else {
@@ -241,8 +277,8 @@ void Engine::BuildGroup(int gi) {
   g->v = g->m + g->z1.size();
 
   if (cfg_.shard_layout == ShardLayout::kFlat) {
-    g->w_full = FullViews(p + ".w_full", g->layout, cfg_.weight_dtype);
-    g->g_full = FullViews(p + ".g_full", g->layout, DType::kF32);
+    g->w_full = FullViews(p + ".w_full", g->layout, g->wdt);
+    g->g_full = FullViews(p + ".g_full", g->layout, grad_dtype_);
   } else {  // runtime parameters are not views of the buffer: bare roots
     g->w_full = std::make_unique<DataNode>(p + ".w_full", g->padded * DTypeSize(cfg_.weight_dtype));
     g->w_full->Finalize();
@@ -285,7 +321,7 @@ void Engine::Recycle(void* p, size_t /*bytes*/) {
 void Engine::StartGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
   if (skip_gather_ || g.gather_started) return;
-  const size_t bytes = g.padded * DTypeSize(cfg_.weight_dtype);
+  const size_t bytes = g.padded * DTypeSize(g.wdt);
   g.gather_block = Acquire(bytes);
   g.w_full->AttachExternal(g.gather_block, bytes);
   g.gather_started = true;
@@ -293,9 +329,17 @@ void Engine::StartGather(int gi) {
   const void* src = g.w_z3->data();
   void* dst = g.gather_block;
   const size_t count = g.z3.size();
-  const DType dt = cfg_.weight_dtype;
+  const DType dt = g.wdt;
   Communicator* comm = rt_zero3_.get();
-  if (store_dtype_ == dt && !cfg_.redundancies.weight_copies) {
+  if (dt == DType::kE4M3 && g.sdt == DType::kF32) {
+    // ② with MXFP8 (quantize on demand, FSDP2 / veScale style): gather the fp32 ZeRO-3 shards;
+    // WaitGather quantizes the whole layer and relays its scales out, on every gather.
+    g.f32_block = Acquire(g.padded * 4);
+    void* f32 = g.f32_block;
+    g.gather_handle = comm_thread_->Submit([=] { comm->AllGather(src, f32, count, DType::kF32); });
+    return;
+  }
+  if (g.sdt == dt && !cfg_.redundancies.weight_copies) {
     g.gather_handle = comm_thread_->Submit([=] { comm->AllGather(src, dst, count, dt); });
     return;
   }
@@ -303,7 +347,7 @@ void Engine::StartGather(int gi) {
   // then gathered in place.
   const size_t es = DTypeSize(dt);
   char* slice = static_cast<char*>(dst) + topo_.GroupPosition(Group::kZero3, rank_) * count * es;
-  if (store_dtype_ != dt) {  // ②: fp32 ZeRO-3 shard cast on every gather
+  if (g.sdt != dt) {  // ②: fp32 ZeRO-3 shard cast on every gather
     void* cast_dst = cfg_.redundancies.weight_copies ? Acquire(count * es) : slice;
     {
       ScopedTimer t(&time_.cast);
@@ -324,8 +368,22 @@ void Engine::WaitGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
   if (skip_gather_) return;
   StartGather(gi);
-  ScopedTimer t(&time_.comm_wait);
-  g.gather_handle.Wait();
+  {
+    ScopedTimer t(&time_.comm_wait);
+    g.gather_handle.Wait();
+  }
+  if (g.f32_block) {  // ② with MXFP8: G and Tw on the gathered layer, every gather
+    {
+      ScopedTimer t(&time_.cast);
+      mx_->QuantizeFull(gi, static_cast<const float*>(g.f32_block),
+                        static_cast<uint8_t*>(g.gather_block));
+      mx_->Relayout(gi);
+    }
+    counters_.weight_preps++;
+    counters_.scale_relayouts++;
+    Recycle(g.f32_block, g.padded * 4);
+    g.f32_block = nullptr;
+  }
 }
 
 void Engine::ReleaseGather(int gi) {
@@ -334,16 +392,17 @@ void Engine::ReleaseGather(int gi) {
   if (skip_gather_ || !g.gather_started) return;
   g.gather_handle.Wait();
   g.w_full->Release();
-  Recycle(g.gather_block, g.padded * DTypeSize(cfg_.weight_dtype));
+  Recycle(g.gather_block, g.padded * DTypeSize(g.wdt));
   g.gather_block = nullptr;
   g.gather_started = false;
 }
 
 void Engine::PrepareAndGatherWeights() {
+  if (mx_) PrepareMx();
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
     const size_t z1_off = g.z1.begin - g.z3.begin;
-    if (store_dtype_ == DType::kBF16) {
+    if (g.sdt == DType::kBF16) {
       // G: cast the ZeRO-1 main weights straight into the ZeRO-1 slice of Wᶻ³.
       ScopedTimer t(&time_.cast);
       FloatToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off, g.z1.size());
@@ -356,9 +415,62 @@ void Engine::PrepareAndGatherWeights() {
                    "position {}",
                    g.layout.group, z1_off, up_replica_ag_->rank());
       ScopedTimer t(&time_.comm_wait);
-      up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), store_dtype_);
+      up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), g.sdt);
+    }
+    if (g.sdt == DType::kE4M3) {
+      // S follows W: outer all-gather of its ZeRO-1 slice into Sᶻ³, then the ZeRO-3
+      // all-gather into the full S (on the communication thread, which owns the ZeRO-3
+      // communicator), and Tw relays it out into S′ — once per optimizer step (weight reuse).
+      const int gi = g.layout.group;
+      ScopedTimer t(&time_.comm_wait);
+      if (up_replica_ag_->size() > 1)
+        up_replica_ag_->AllGatherInPlace(mx_->s_z3(gi), mx_->s_z1_count(gi), DType::kUE8M0);
+      Communicator* z3 = rt_zero3_.get();
+      const void* src = mx_->s_z3(gi);
+      void* dst = mx_->s_full(gi);
+      const size_t count = mx_->s_z3_count(gi);
+      comm_thread_->Submit([=] { z3->AllGather(src, dst, count, DType::kUE8M0); }).Wait();
     }
   }
+  for (auto& gp : groups_) {
+    if (gp->sdt != DType::kE4M3) continue;
+    ScopedTimer t(&time_.cast);
+    mx_->Relayout(gp->layout.group);
+    counters_.scale_relayouts++;
+  }
+}
+
+void Engine::PrepareMx() {
+  // G at ZeRO-1 on 32-row bands (split bands point to point through the update planner).
+  std::vector<const float*> mains;
+  std::vector<uint8_t*> codes;
+  bool any = false;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    mains.push_back(g.main_z1);
+    codes.push_back(g.w_z3->data_as<uint8_t>() + (g.z1.begin - g.z3.begin));
+    any = any || g.sdt == DType::kE4M3;
+  }
+  if (!any) return;  // ②: quantized per gather instead
+  {
+    ScopedTimer t(&time_.cast);
+    mx_->Quantize(mains, codes);
+  }
+  for (auto& gp : groups_)
+    if (gp->sdt == DType::kE4M3) counters_.weight_preps++;
+  counters_.mx_split_bands = mx_->last_stats().split_bands;
+  counters_.mx_p2p_bytes = mx_->last_stats().bytes_sent;
+}
+
+std::vector<TensorRef> Engine::WeightViews(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  std::vector<TensorRef> v = g.Views(*g.w_full, g.wdt);
+  if (g.wdt == DType::kE4M3)
+    for (size_t r = 0; r < v.size(); ++r) {
+      v[r].scales = mx_->scales(gi, static_cast<int>(r));
+      v[r].scale_layout = cfg_.scale_layout;
+    }
+  return v;
 }
 
 void Engine::InitWeights(uint64_t seed) {
@@ -412,9 +524,7 @@ StepStats Engine::Step(const BatchFn& batch) {
       StartGather(g);
       if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
       WaitGather(g);
-      std::vector<TensorRef> w = views_direct_
-                                     ? groups_[g]->Views(*groups_[g]->w_full, cfg_.weight_dtype)
-                                     : RuntimeWeights(g);
+      std::vector<TensorRef> w = views_direct_ ? WeightViews(g) : RuntimeWeights(g);
       {
         ScopedTimer t(&time_.compute);
         model_.Forward(g, w);
@@ -435,18 +545,18 @@ StepStats Engine::Step(const BatchFn& batch) {
           counters_.fused_accumulations++;
         }
       } else {
-        const size_t bytes = G.padded * 4;
+        const size_t gs = DTypeSize(grad_dtype_);
+        const size_t bytes = G.padded * gs;
         G.grad_block = Acquire(bytes);
         G.g_full->AttachExternal(G.grad_block, bytes);
         if (grads_direct_) {
           const size_t used = G.layout.list.numel();
-          std::memset(static_cast<float*>(G.grad_block) + used, 0, (G.padded - used) * 4);
+          std::memset(static_cast<char*>(G.grad_block) + used * gs, 0, (G.padded - used) * gs);
         }
       }
-      std::vector<TensorRef> w =
-          views_direct_ ? G.Views(*G.w_full, cfg_.weight_dtype) : RuntimeWeights(g);
+      std::vector<TensorRef> w = views_direct_ ? WeightViews(g) : RuntimeWeights(g);
       std::vector<TensorRef> grads =
-          grads_direct_ ? G.Views(*G.g_full, DType::kF32) : GradTargets(g);
+          grads_direct_ ? G.Views(*G.g_full, grad_dtype_) : GradTargets(g);
       {
         ScopedTimer t(&time_.compute);
         model_.Backward(g, w, grads, mode);
@@ -466,8 +576,16 @@ StepStats Engine::Step(const BatchFn& batch) {
           counters_.fused_accumulations++;
         }
         Communicator* comm = rt_zero2_.get();
+        const DType gdt = grad_dtype_;
+        ReduceScatterOptions ro;
+        if (cfg_.reduce == ReduceMode::kBf16Sr) {
+          // bf16sr: bf16 partials with stochastic rounding, keyed by (seed, step, stream).
+          ro.partial_dtype = DType::kBF16;
+          ro.sr_key = {cfg_.sr_seed, static_cast<uint64_t>(step_),
+                       static_cast<uint32_t>(mb * n + g)};
+        }
         G.rs_handle = comm_thread_->Submit(
-            [=] { comm->ReduceScatter(src, DType::kF32, dst, DType::kF32, count, acc); });
+            [=] { comm->ReduceScatterPartials(src, gdt, dst, DType::kF32, count, acc, ro); });
       }
       ReleaseGather(g);
       if (g + 1 < n && groups_[g + 1]->grad_block) FinishReduceScatter(g + 1);
@@ -571,6 +689,30 @@ std::map<std::string, std::vector<float>> Engine::GatherMainWeights() {
       std::vector<float>& dst = out[u.name];
       dst.resize(NumElements(u.shape));
       std::copy_n(full.begin() + mem.offset, pc.valid, dst.begin() + pc.offset);
+    }
+  }
+  return out;
+}
+
+std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
+  std::map<std::string, MxRuntimeWeight> out;
+  if (!mx_) return out;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    const int gi = g.layout.group;
+    if (!mx_->is_mx(gi) || g.sdt != DType::kE4M3) continue;
+    const size_t c = g.z1.size();
+    std::vector<uint8_t> all(c * world_.size()), full(g.padded);
+    world_.AllGather(g.w_z3->data_as<uint8_t>() + (g.z1.begin - g.z3.begin), all.data(), c,
+                     DType::kE4M3);
+    for (int j = 0; j < topo_.so(); ++j)
+      std::memcpy(full.data() + j * c, all.data() + topo_.Zero1ChunkOwner(j, 0) * c, c);
+    for (size_t r = 0; r < g.layout.runtime.size(); ++r) {
+      const RuntimeParam& rp = g.layout.runtime[r];
+      MxRuntimeWeight& w = out[rp.name];
+      w.codes.assign(full.begin() + rp.offset, full.begin() + rp.offset + rp.numel);
+      const uint8_t* s = mx_->scales(gi, static_cast<int>(r));
+      w.scales.assign(s, s + mx_->scales_bytes(gi, static_cast<int>(r)));
     }
   }
   return out;
@@ -763,11 +905,12 @@ std::vector<UpdateParam> Engine::UpdateParams() const {
 
 std::map<std::string, uint64_t> Engine::AnalyticMemory() const {
   std::map<std::string, uint64_t> a;
-  const size_t ws = DTypeSize(cfg_.weight_dtype);
+  size_t ws = 0;
+  for (const auto& g : groups_) ws = std::max(ws, DTypeSize(g->wdt));
   size_t max_full = 0;
   for (const auto& g : groups_) {
-    a["weights"] += std::max<size_t>(g->z3.size() * DTypeSize(store_dtype_), 64);
-    if (store_dtype_ != DType::kF32) a["main_weights"] += std::max<size_t>(g->z1.size() * 4, 64);
+    a["weights"] += std::max<size_t>(g->z3.size() * DTypeSize(g->sdt), 64);
+    if (g->sdt != DType::kF32) a["main_weights"] += std::max<size_t>(g->z1.size() * 4, 64);
     a["gradients"] += std::max<size_t>(g->z2.size() * 4, 64);
     if (topo_.so() != topo_.sg()) a["gradients"] += std::max<size_t>(g->z1.size() * 4, 64);
     a["optimizer_state"] += std::max<size_t>(g->z1.size() * 8, 64);

@@ -47,10 +47,12 @@
 #include "sshsdp/base/memory_account.h"
 #include "sshsdp/comm/comm_thread.h"
 #include "sshsdp/comm/communicator.h"
+#include "sshsdp/engine/reduce_mode.h"
 #include "sshsdp/engine/redundancy.h"
 #include "sshsdp/layout/data_node.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/layout/topology.h"
+#include "sshsdp/numerics/scale_layout.h"
 #include "sshsdp/params/model.h"
 #include "sshsdp/params/param_layout.h"
 #include "sshsdp/update/adamw.h"
@@ -58,13 +60,17 @@
 
 namespace sshsdp {
 
+class MxWeights;
+
 struct EngineConfig {
   int sw = 1, sg = 1, so = 1;  // weight / gradient / optimizer shard degrees (sw | sg | so | W)
   int ranks_per_node = 0;      // 0: the whole world is one node
   int microbatches = 1;        // per optimizer step
   int batch_size = 1;          // samples per microbatch per rank
   int seq_len = 0;             // 0: the model's maximum
-  DType weight_dtype = DType::kBF16;  // runtime weights w / W′: fp32 or bf16
+  // Runtime weights w / W′: fp32, bf16, or kE4M3 = MXFP8 (E4M3 elements + UE8M0 scales, 32x32
+  // blocks; groups holding embedding / LM-head tables stay bf16 — mx_weights.h).
+  DType weight_dtype = DType::kBF16;
   bool reshard_after_forward = true;  // release gathered weights after forward (FSDP2 default)
   bool prefetch = true;               // all-gather the next layer while this one computes
   AdamWConfig adamw;
@@ -81,6 +87,13 @@ struct EngineConfig {
   // redundancies to pay and the shard layout of the flat buffers. Defaults: sshsdp.
   Redundancies redundancies;
   ShardLayout shard_layout = ShardLayout::kFlat;
+  // MXFP8 runtime weights: the layout Tw relays the scales of every packed runtime weight
+  // into (scale_layout.h), for the kernels that consume them.
+  ScaleLayout scale_layout = ScaleLayout::kCublasSwizzle;
+  // Gradient reduction precision (reduce_mode.h, paper §4.3) and the seed of its stochastic
+  // rounding (bf16sr). Checkpoint state: sr_seed and the optimizer step (Engine::SrState).
+  ReduceMode reduce = ReduceMode::kFp32;
+  uint64_t sr_seed = 0;
 };
 
 // Deterministic counters of one step (tests assert them exactly).
@@ -95,6 +108,10 @@ struct StepCounters {
   uint64_t weight_preps = 0;         // G invocations (cast/quantize passes over ZeRO-1 shards;
                                      // with ② one more per all-gather, over ZeRO-3 shards)
   uint64_t gathers = 0;              // ZeRO-3 all-gathers issued
+  uint64_t scale_relayouts = 0;      // MXFP8 Tw: per-group scale relayouts into S′ (once per
+                                     // step with weight reuse; per gather with ②)
+  uint64_t mx_split_bands = 0;       // MXFP8 G: 32-row bands split across ZeRO-1 shards
+  uint64_t mx_p2p_bytes = 0;         // MXFP8 G: point-to-point bytes this rank sent
   CommCounters update_p2p;           // structured update: fetch/return of split units (also in
                                      // update_comm)
   double update_exec_cost = 0;       // unit-stage work this rank ran (Newton–Schulz FLOPs)
@@ -155,6 +172,22 @@ class Engine {
   // After the ZeRO-1 state was overwritten (checkpoint load): sets the optimizer step and
   // re-runs G and the outer all-gather. Collective.
   void RestoreState(int64_t step);
+  // Stochastic-rounding state of the bf16sr reduction, for checkpoints: every draw is a
+  // function of (seed, step, stream, element), so saving {seed, step} and restoring the step
+  // (RestoreState) with the same EngineConfig::sr_seed resumes the exact rounding.
+  struct SrState {
+    uint64_t seed = 0;
+    int64_t step = 0;
+  };
+  SrState sr_state() const { return {cfg_.sr_seed, step_}; }
+
+  // MXFP8 runtime weights (weight_dtype = kE4M3) of every MX runtime parameter, by name:
+  // E4M3 codes [rows, cols] row-major (consolidated from the ZeRO-1 shards) and the scales
+  // relaid out by Tw (EngineConfig::scale_layout). Collective; for tests and reports.
+  struct MxRuntimeWeight {
+    std::vector<uint8_t> codes, scales;
+  };
+  std::map<std::string, MxRuntimeWeight> GatherMxWeights();
 
   const Topology& topology() const { return topo_; }
   const EngineConfig& config() const { return cfg_; }
@@ -173,6 +206,8 @@ class Engine {
 
  private:
   struct RuntimeGroup;
+  std::vector<TensorRef> WeightViews(int g);  // direct W′ views (+ S′ for MXFP8 groups)
+  void PrepareMx();                           // MXFP8: G on bands, S gathers, Tw
   void BuildGroup(int g);
   void StartGather(int g);
   void WaitGather(int g);
@@ -217,6 +252,8 @@ class Engine {
   bool grads_direct_ = true;          // backward writes straight into G′ views
   bool skip_gather_ = false;          // sw = 1 and nothing to cast or copy: W′ is Wᶻ³
   bool skip_rs_ = false;              // sg = 1 and direct fused accumulation: G′ is G′ᶻ²
+  DType grad_dtype_ = DType::kF32;    // G′: fp32, or bf16 in the bf16 reduce modes
+  std::unique_ptr<MxWeights> mx_;     // MXFP8 runtime weights (weight_dtype = kE4M3)
   int64_t step_ = 0;
   uint64_t activation_bytes_ = 0;
 };

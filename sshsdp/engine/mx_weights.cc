@@ -1,0 +1,210 @@
+// MxWeights: G on 32-row bands through the update planner, S sharded like W, Tw scale
+// relayout (see mx_weights.h).
+#include "sshsdp/engine/mx_weights.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/update/update_unit.h"
+
+namespace sshsdp {
+
+namespace {
+constexpr int kMxScaleTag = 7101;  // scale fragments, execution rank → S owners
+}  // namespace
+
+bool MxWeights::GroupIsMx(const GroupLayout& layout) {
+  for (const UpdateParam& u : layout.update)
+    if (u.kind == UpdateKind::kEmbedding) return false;
+  return !layout.update.empty();
+}
+
+MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
+                     const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
+                     ScaleLayout layout, Communicator& p2p, MemoryAccount* account)
+    : topo_(topo),
+      rank_(rank),
+      replica_(topo.Coord(rank).d),
+      layout_(layout),
+      p2p_(p2p),
+      account_(account),
+      chains_(chains) {
+  std::vector<UpdateUnit> units;
+  groups_.resize(layouts.size());
+  for (size_t g = 0; g < layouts.size(); ++g) {
+    Group& G = groups_[g];
+    G.layout = layouts[g];
+    G.mx = GroupIsMx(*layouts[g]);
+    if (!G.mx) continue;
+    const GroupLayout& L = *layouts[g];
+    G.s_list = TensorList(L.list.name() + ".s", DType::kUE8M0);
+    for (size_t m = 0; m < L.update.size(); ++m) {
+      int64_t rows = 0, cols = 0;
+      MatrixView(L.update[m].shape, &rows, &cols);
+      G.rows.push_back(rows);
+      G.cols.push_back(cols);
+      G.s_list.Add(L.update[m].name + ".s", {MxWeightScaleCount(rows, cols)});
+      const size_t off = L.list.member(m).offset;
+      for (int64_t b = 0; b < MxNumBands(rows); ++b) {
+        const MxBand band = MxWeightBand(rows, cols, b);
+        UpdateUnit u;
+        u.name = L.update[m].name + ".band" + std::to_string(b);
+        u.group = static_cast<int>(g);
+        u.first_member = static_cast<int>(m);
+        u.num_members = 1;
+        u.kind = L.update[m].kind;
+        u.begin = off + static_cast<size_t>(band.elem_begin);
+        u.rows = band.row_end - band.row_begin;
+        u.cols = cols;
+        units.push_back(u);
+        bands_.push_back({static_cast<int>(g), static_cast<int>(m), b});
+      }
+    }
+    G.s_list.Finalize(static_cast<size_t>(topo.so()));
+    G.s_chain = std::make_unique<ShardChain>(G.s_list, topo, rank);
+    G.z1 = G.s_chain->LocalRange(Shard::kZero1);
+    G.z3 = G.s_chain->LocalRange(Shard::kZero3);
+    G.s_chunk = G.s_list.padded_numel() / static_cast<size_t>(topo.so());
+    G.s_z3.assign(G.z3.size(), 0);
+    G.s_full.assign(G.s_list.padded_numel(), 0);
+    size_t off = 0;
+    for (size_t r = 0; r < L.runtime.size(); ++r) {
+      std::vector<MxScaleGrid> parts = Parts(static_cast<int>(g), static_cast<int>(r));
+      const size_t bytes = ScaleLayoutBytes(layout_, PackedScales(parts, MxOperand::kAsStored));
+      G.rt_offset.push_back(off);
+      G.rt_bytes.push_back(bytes);
+      off += (bytes + 63) / 64 * 64;
+    }
+    G.s_prime.assign(std::max<size_t>(off, 64), 0);
+    try {  // dry run on zero scales: a layout the parts cannot use fails here, at setup
+      Relayout(static_cast<int>(g));
+    } catch (const NumericsError& e) {
+      throw ConfigError(fmt::format("--scale-layout {} cannot hold group {}'s runtime weights: {}",
+                                    ScaleLayoutName(layout_), L.group, e.what()));
+    }
+  }
+  if (account_) account_->Allocate("scales", persistent_bytes());
+  band_scales_.resize(bands_.size());
+  if (units.empty()) return;
+
+  UpdateProgram prog{
+      "mx_quantize",
+      {{"main", DType::kF32, FieldRole::kState}, {"q", DType::kE4M3, FieldRole::kTemporary}},
+      {}};
+  std::map<std::pair<int, size_t>, size_t> index;  // (group, begin) → band unit
+  for (size_t i = 0; i < units.size(); ++i) index[{units[i].group, units[i].begin}] = i;
+  // f0 (unit = one 32-row band): codes and scales of the whole band on its execution rank.
+  prog.stages.push_back({"quantize",
+                         {{"main", Extent::Unit()}},
+                         {{"q", Extent::Unit()}},
+                         {},
+                         nullptr,
+                         [this, index](const StageBatch& b) {
+                           for (const StageItem& it : b.items) {
+                             const size_t u = index.at({it.unit->group, it.unit->begin});
+                             const BandRef& br = bands_[u];
+                             const Group& G = groups_[br.group];
+                             std::vector<uint8_t>& s = band_scales_[u];
+                             s.resize(static_cast<size_t>(MxBlocks(G.cols[br.member])));
+                             MxQuantizeWeightBand(static_cast<const float*>(it.data[0]),
+                                                  G.rows[br.member], G.cols[br.member], br.band,
+                                                  static_cast<uint8_t*>(it.data[1]), s.data());
+                             stats_.bands_executed++;
+                           }
+                         }});
+  // f1 (elementwise): each owner stores its own codes into its ZeRO-1 slice of Wᶻ³.
+  prog.stages.push_back(
+      {"store", {{"q", Extent::Elements(1)}}, {}, {}, nullptr, [this](const StageBatch& b) {
+         for (const StageItem& it : b.items) {
+           const int g = it.unit->group;
+           const size_t z1 = chains_[g]->LocalRange(Shard::kZero1).begin;
+           std::memcpy(codes_z1_[g] + (it.begin - z1), it.data[0], static_cast<size_t>(it.numel));
+         }
+       }});
+  plan_ = std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica_);
+  exec_ = std::make_unique<UpdateExecutor>(plan_, chains, rank, p2p, account);
+}
+
+MxWeights::~MxWeights() {
+  if (account_) account_->Free("scales", persistent_bytes());
+}
+
+size_t MxWeights::persistent_bytes() const {
+  size_t b = 0;
+  for (const Group& G : groups_) b += G.s_z3.size() + G.s_full.size() + G.s_prime.size();
+  return b;
+}
+
+std::vector<MxScaleGrid> MxWeights::Parts(int g, int r) const {
+  const Group& G = groups_[g];
+  const RuntimeParam& rp = G.layout->runtime[r];
+  std::vector<MxScaleGrid> parts;
+  for (int m = rp.first_member; m < rp.first_member + rp.num_members; ++m)
+    parts.push_back({G.s_full.data() + G.s_list.member(m).offset, G.rows[m], G.cols[m], 32});
+  return parts;
+}
+
+void MxWeights::Quantize(const std::vector<const float*>& main_z1,
+                         const std::vector<uint8_t*>& codes_z1) {
+  stats_ = {};
+  if (!exec_) return;
+  codes_z1_ = codes_z1;
+  std::vector<Zero1State> state(groups_.size());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    state[g].chunk = chains_[g]->LocalRange(Shard::kZero1);
+    state[g].fields["main"] = const_cast<float*>(main_z1[g]);
+  }
+  exec_->Run(state, ScalarState{});
+  stats_.bytes_sent = exec_->last_run().bytes_sent;
+  stats_.split_bands = static_cast<uint64_t>(plan_->num_split());
+
+  // Scales: the execution rank of each band → the owners of the band's S elements.
+  std::vector<P2POp> sends, recvs;
+  for (size_t u = 0; u < bands_.size(); ++u) {
+    const BandRef& br = bands_[u];
+    Group& G = groups_[br.group];
+    const int exec = plan_->placements()[u].exec_rank;
+    const size_t kb = static_cast<size_t>(MxBlocks(G.cols[br.member]));
+    const size_t s0 = G.s_list.member(br.member).offset + static_cast<size_t>(br.band) * kb;
+    const size_t s1 = s0 + kb;
+    for (size_t j = s0 / G.s_chunk; j * G.s_chunk < s1; ++j) {
+      const int owner = topo_.Zero1ChunkOwner(static_cast<int>(j), replica_);
+      if (exec != rank_ && owner != rank_) continue;
+      const size_t lo = std::max(s0, j * G.s_chunk), hi = std::min(s1, (j + 1) * G.s_chunk);
+      uint8_t* dst = G.s_z3.data() + (G.z1.begin - G.z3.begin) + (lo - G.z1.begin);
+      if (exec == rank_ && owner == rank_) {
+        std::memcpy(dst, band_scales_[u].data() + (lo - s0), hi - lo);
+      } else if (exec == rank_) {
+        sends.push_back({owner, band_scales_[u].data() + (lo - s0), hi - lo, kMxScaleTag});
+        stats_.bytes_sent += hi - lo;
+      } else {
+        recvs.push_back({exec, dst, hi - lo, kMxScaleTag});
+      }
+    }
+  }
+  if (!sends.empty() || !recvs.empty()) p2p_.Exchange(sends, recvs);
+  codes_z1_.clear();
+}
+
+void MxWeights::QuantizeFull(int g, const float* full_main, uint8_t* codes) {
+  Group& G = groups_[g];
+  for (size_t m = 0; m < G.rows.size(); ++m) {
+    const size_t off = G.layout->list.member(m).offset;
+    MxQuantizeWeight(full_main + off, G.rows[m], G.cols[m], codes + off,
+                     G.s_full.data() + G.s_list.member(m).offset);
+  }
+}
+
+void MxWeights::Relayout(int g) {
+  Group& G = groups_[g];
+  for (size_t r = 0; r < G.layout->runtime.size(); ++r) {
+    std::vector<MxScaleGrid> parts = Parts(g, static_cast<int>(r));
+    RelayoutPackedScales(parts, MxOperand::kAsStored, layout_, G.s_prime.data() + G.rt_offset[r],
+                         G.rt_bytes[r]);
+  }
+}
+
+}  // namespace sshsdp
