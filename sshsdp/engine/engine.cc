@@ -921,6 +921,9 @@ std::map<std::string, uint64_t> Engine::AnalyticMemory() const {
   if (topo_.sw() > 1) transient += 2 * max_full * ws;
   if (topo_.sg() > 1) transient += 2 * max_full * 4;
   a["transient(max)"] = transient;
+  // Update-scoped temporaries (Muon's u and v: whole units executed here, local fragments of
+  // the others), allocated for the update phase only.
+  a["update_temporaries(max)"] = update_->temporary_bytes();
   return a;
 }
 

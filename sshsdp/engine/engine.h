@@ -1,7 +1,8 @@
 // Engine: the sharded training step of DESIGN §6 on real ranks — runtime parameters
 // decoupled from update parameters, ZeRO-3 weight all-gather, ZeRO-2 gradient
 // reduce-scatter with fused accumulation, outer ZeRO-1 reduce-scatter / all-gather, HSDP
-// replicas, AdamW on ZeRO-1 shards, weight preparation G and weight reuse.
+// replicas, structured updates on ZeRO-1 shards (AdamW; Muon per head / matrix / expert with
+// point-to-point units), weight preparation G and weight reuse.
 //
 // The engine is a library: a user hands it a Model (which declares runtime parameters and
 // their update parts, and computes a layer from views) and a world Communicator; the engine
