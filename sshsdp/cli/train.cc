@@ -265,9 +265,17 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
                  "--resume and --init-weights exclude each other: a checkpoint holds the weights");
     std::string resume_dir;
+    std::vector<std::string> resume_notes;
     if (!o.resume.empty()) {
       resume_dir = ResolveCheckpoint(o.resume);  // IoError naming the path when there is none
       const Manifest saved_manifest = ReadManifest(resume_dir);
+      // The stochastic-rounding stream continues only with the saved seed (draws are keyed
+      // by seed, step and element).
+      const uint64_t sr_seed = saved_manifest.meta.scalars.value("sr_seed", cfg.sr_seed);
+      if (sr_seed != cfg.sr_seed)
+        resume_notes.push_back(fmt::format("continuing with the checkpoint's --sr-seed {} (not {})",
+                                           sr_seed, cfg.sr_seed));
+      cfg.sr_seed = sr_seed;
       if (!o.layout_given) {
         // No layout flags: continue at the saved layout, if it fits this world.
         const CheckpointLayout saved = saved_manifest.layout;
@@ -287,14 +295,14 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // Validates the layout against the world size (LayoutError names the numbers).
     Topology check(world_size, cfg.ranks_per_node ? cfg.ranks_per_node : world_size, cfg.sw, cfg.sg,
                    cfg.so);
+    std::unique_ptr<Model> model_owner = MakeModel(o, gc);  // Gpt or MoeGpt
+    Model& model = *model_owner;
     std::map<std::string, std::vector<float>> init;
     if (!o.init_weights.empty())  // names and shapes must be this model's (ConfigError lists)
       init = ReadInitWeights(o.init_weights, ModelTensors(model));
 
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
-    std::unique_ptr<Model> model_owner = MakeModel(o, gc);  // Gpt or MoeGpt
-    Model& model = *model_owner;
     Engine engine(model, *world, cfg);
     // What a checkpoint must match (model) and what it records about this run.
     const nlohmann::json model_json =
@@ -307,6 +315,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                      {"microbatches", o.microbatches},
                                      {"seq_len", T},
                                      {"weight_dtype", o.weight_dtype},
+                                     {"reduce", o.reduce},
                                      {"optimizer", o.optimizer},
                                      {"muon_unit", o.muon_unit},
                                      {"muon_lr", num(o.muon_lr)},
@@ -331,6 +340,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                    lr.manifest.dir, start, lr.bytes_read, lr.seconds);
         for (const std::string& d : JsonDifferences(lr.manifest.meta.run, run_json))
           lr.notes.push_back("run option " + d);
+        lr.notes.insert(lr.notes.end(), resume_notes.begin(), resume_notes.end());
         for (const std::string& n : lr.notes) fmt::print("  note: {}\n", n);
         std::fflush(stdout);
       }
@@ -445,7 +455,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                             run_json,
                             // The data position is the step (SampleIndex); the seed fixes the
                             // data source and the initial weights.
-                            {{"data_position", engine.step()}, {"seed", o.seed}}};
+                            // sr_seed + the step fix the bf16sr rounding stream.
+                            {{"data_position", engine.step()},
+                             {"seed", o.seed},
+                             {"sr_seed", engine.config().sr_seed}}};
         SaveResult s = SaveCheckpoint(engine, *world, o.ckpt_dir, meta, {o.keep, o.ckpt_fault});
         if (rank == 0) {
           fmt::print("saved {} ({} files, {} bytes, {:.3f} s){}\n", s.dir, s.files, s.bytes,
