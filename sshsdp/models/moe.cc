@@ -419,18 +419,21 @@ double MoeGpt::AuxLoss() const {
 
 double MoeGpt::Loss() const { return CrossEntropy() + AuxLoss(); }
 
-std::vector<int32_t> MoeGpt::Routing(int l) const {
+const MoeGpt::BlockActs& MoeGpt::Routed(int l) const {
   SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l), PlanError,
                "MoE GPT: block {} is not an MoE block", l);
   SSHSDP_CHECK(B_ > 0 && (fwd_done_ || fwd_next_ > l + 1), PlanError,
                "MoE GPT: routing of block {} read before its forward", l);
-  const BlockActs& A = blocks_[l];
+  return blocks_[l];
+}
+
+std::vector<int32_t> MoeGpt::Routing(int l) const {
+  const BlockActs& A = Routed(l);
   return std::vector<int32_t>(A.sel, A.sel + static_cast<int64_t>(B_) * T_ * c_.top_k);
 }
 
 std::vector<int64_t> MoeGpt::ExpertTokens(int l) const {
-  Routing(l);  // checks
-  const BlockActs& A = blocks_[l];
+  const BlockActs& A = Routed(l);
   std::vector<int64_t> n(c_.n_expert);
   for (int e = 0; e < c_.n_expert; ++e) n[e] = A.offsets[e + 1] - A.offsets[e];
   return n;

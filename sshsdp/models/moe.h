@@ -33,11 +33,14 @@
 // Grouped GEMM: the N·k (token, expert) assignments are permuted into one buffer grouped by
 // expert (counting sort: experts in index order, tokens in index order inside each expert —
 // deterministic), each expert runs its MLP as plain GEMMs on its slice of the packed weight
-// over its contiguous rows (no call for an expert without tokens), and the outputs are
+// over its contiguous rows (no call for an expert without tokens; rows go in chunks from a
+// bounded set of sizes so the GEMM primitive cache stays small), and the outputs are
 // un-permuted with a per-token gather of its k rows (scatter-add expressed as a gather:
 // deterministic, no races). Backward mirrors it and writes each expert's weight gradient
 // straight into its slice of the packed runtime-gradient view; an expert with no tokens gets
 // explicit zeros there in kOverwrite mode and is left untouched in kAccumulate mode.
+// Weights fp32 or bf16 (bf16 expert GEMMs; the router always multiplies in fp32); MXFP8
+// runtime weights are not consumed yet (ConsumesMx() is false, so the engine refuses them).
 //
 //   MoeGpt model(MoeConfig::Preset("moe-tiny"));
 //   DenseParams p(model);  p.Init(1);
@@ -141,6 +144,8 @@ class MoeGpt final : public Model {
 
   void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
   size_t NumViews(int g) const;
+  // Block l's activations after its forward (PlanError for a dense block or before).
+  const BlockActs& Routed(int l) const;
   void ForwardBlock(int l, const std::vector<TensorRef>& w);
   // out = MoE(ln2) of block l (overwritten).
   void ForwardMoe(int l, const std::vector<TensorRef>& w, float* out);
