@@ -45,6 +45,11 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
   app.add_option("--presets", o.presets,
                  "comma-separated presets (default: sshsdp,fsdp2,megatron-fsdp,vescale-fsdp)")
       ->delimiter(',');
+  app.add_option("--comm-path", o.comm_paths,
+                 "per-microbatch all-gather/reduce-scatter path(s): collective | direct | "
+                 "collective,direct (each preset on each path; direct rows are '<preset>+direct')")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_flag("--ablation", o.ablation,
                "instead of presets: fsdp2, then turn sshsdp's optimizations on one at a time");
   app.add_flag("--sequential", o.sequential,
@@ -185,6 +190,8 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     {
       EngineConfig probe;
       for (const std::string& p : presets) ApplyPreset(p, &probe);  // ConfigError if unknown
+      SSHSDP_CHECK(!o.comm_paths.empty(), ConfigError, "--comm-path needs at least one value");
+      for (const std::string& c : o.comm_paths) ParseCommPath(c);  // ConfigError if unknown
     }
     const int world_size = WorldSize();
     const int rpn = o.ranks_per_node ? o.ranks_per_node : world_size;
@@ -221,13 +228,17 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       std::vector<std::pair<std::string, EngineConfig>> configs;
       EngineConfig wb = base;
       wb.batch_size = B;
+      wb.comm_path = ParseCommPath(o.comm_paths.front());
       if (o.ablation) {
         configs = AblationLadder(wb);
       } else {
         for (const std::string& p : presets) {
-          EngineConfig c = wb;
-          ApplyPreset(p, &c);
-          configs.emplace_back(p, c);
+          for (const std::string& path : o.comm_paths) {
+            EngineConfig c = wb;
+            ApplyPreset(p, &c);
+            c.comm_path = ParseCommPath(path);
+            configs.emplace_back(c.comm_path == CommPath::kDirect ? p + "+direct" : p, c);
+          }
         }
       }
       const std::string peer_dir =
@@ -349,7 +360,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       // Ratios against the sshsdp row (or the ladder's last rung, which is sshsdp).
       double ref = 0;
       for (const Row& r : rows)
-        if (r.label == "sshsdp" || r.switches == "none") ref = r.tokens_per_s;
+        if (r.label == "sshsdp" ||
+            (r.switches == "none" && r.label.find("+direct") == std::string::npos))
+          ref = r.tokens_per_s;
       if (ref == 0) ref = rows.front().tokens_per_s;
       for (Row& r : rows) r.ratio = r.tokens_per_s / ref;
       const int64_t tpm = static_cast<int64_t>(B) * T;

@@ -4,6 +4,8 @@
 //
 //   mpirun -np 2 sshsdp bench --model small --batch-size 1,2,4,8 --json out/bench.json
 //   mpirun -np 2 sshsdp bench --ablation            # fsdp2 → +one optimization at a time
+//   mpirun -np 4 sshsdp bench --presets fsdp2,sshsdp --comm-path collective,direct
+//       --ranks-per-node 2 --batch-size 1,4,16,64     # (one line) the paper's Figure 8 here
 //   mpirun -np 2 sshsdp bench --peer-inputs out/peer  # also writes init weights + batches
 //
 // For every workload (samples per microbatch per rank) and every configuration it builds a
@@ -38,6 +40,9 @@ struct BenchOptions {
   int sw = 0, sg = 0, so = 0, ranks_per_node = 0;  // 0: the world size
   std::string weight_dtype = "bf16";
   std::vector<std::string> presets;  // empty: all
+  // Per-microbatch AG/RS paths (comm_path.h): every preset runs on each; direct rows are
+  // labelled "<preset>+direct".
+  std::vector<std::string> comm_paths = {"collective"};
   bool ablation = false;
   bool sequential = false;  // time configurations back to back (default: round-robin steps)
   int warmup = 2, steps = 5;

@@ -142,6 +142,12 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_flag("--no-prefetch", o.no_prefetch, "do not prefetch the next layer's all-gather");
   app.add_flag("--keep-gathered", o.keep_gathered,
                "keep gathered weights from forward for backward (no reshard after forward)");
+  app.add_option("--comm-path", o.comm_path,
+                 "per-microbatch all-gather / reduce-scatter: collective (ring collectives) | "
+                 "direct (ZeroSM: registered windows, one-sided transfers, inter-node-first "
+                 "all-gather, node-local reduction first; needs ZeRO-3/ZeRO-2 groups spread "
+                 "evenly over --ranks-per-node nodes)")
+      ->capture_default_str();
 }
 
 namespace {
@@ -241,6 +247,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.sr_seed = o.sr_seed;
     cfg.reshard_after_forward = !o.keep_gathered;
     cfg.prefetch = !o.no_prefetch;
+    cfg.comm_path = ParseCommPath(o.comm_path);
     cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     cfg.clip_norm = o.clip;
     SSHSDP_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError,

@@ -31,6 +31,7 @@ struct TrainOptions {
   std::string save_weights;
   std::string init_weights;
   bool no_prefetch = false, keep_gathered = false;
+  std::string comm_path = "collective";  // runtime AG/RS: collective (ring) | direct (ZeroSM)
   // Optimizer (sshsdp/update): AdamW everywhere, or Muon for matrices — per head (every update
   // parameter; experts of stacked MoE weights one by one) or per matrix (the packed QKV as one
   // [3d, d] unit) — with AdamW for norm gains, embeddings and the LM head.

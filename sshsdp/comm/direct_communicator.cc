@@ -121,7 +121,7 @@ void FinalReduceTo(const T* const* local, int L, const P* const* remote, int K, 
 }
 
 template <class T>
-void FinalReduceFrom(const T* const* local, int L, const void* const* remote, PartialPrecision pp,
+void FinalReduceFrom(const T* const* local, int L, const void* const* remote, DType partial_dtype,
                      int K, int k0, void* out, DType out_dtype, size_t n, bool accumulate) {
   std::vector<const float*> rf(K, nullptr);
   std::vector<const bf16*> rb(K, nullptr);
@@ -129,7 +129,7 @@ void FinalReduceFrom(const T* const* local, int L, const void* const* remote, Pa
     rf[k] = static_cast<const float*>(remote[k]);
     rb[k] = static_cast<const bf16*>(remote[k]);
   }
-  if (pp == PartialPrecision::kFp32) {
+  if (partial_dtype == DType::kF32) {
     FinalReduceTo(local, L, rf.data(), K, k0, out, out_dtype, n, accumulate);
   } else {
     FinalReduceTo(local, L, rb.data(), K, k0, out, out_dtype, n, accumulate);
@@ -196,10 +196,6 @@ std::unique_ptr<MpiCommunicator> AsMpi(std::unique_ptr<Communicator> c, const st
 }
 
 }  // namespace
-
-const char* PartialPrecisionName(PartialPrecision p) {
-  return p == PartialPrecision::kFp32 ? "fp32" : "bf16sr";
-}
 
 struct DirectCommunicator::Descriptor {
   int64_t v[kNumFields] = {};
@@ -300,9 +296,12 @@ DataNode& DirectCommunicator::Register(std::unique_ptr<DataNode> root) {
   return *registered_.back()->root;
 }
 
-void DirectCommunicator::ReserveReduceScatter(size_t max_count, PartialPrecision partials) {
+void DirectCommunicator::ReserveReduceScatter(size_t max_count, DType partial_dtype) {
   if (geo_.K == 1) return;
-  const size_t pe = partials == PartialPrecision::kFp32 ? 4 : 2;
+  SSHSDP_CHECK(partial_dtype == DType::kF32 || partial_dtype == DType::kBF16, CommError,
+               "ReserveReduceScatter on {}: partials are fp32 or bf16, not {}", name(),
+               DTypeName(partial_dtype));
+  const size_t pe = DTypeSize(partial_dtype);
   SSHSDP_CHECK(max_count <= std::numeric_limits<size_t>::max() / (2 * geo_.K * pe), CommError,
                "ReserveReduceScatter on {}: count {} overflows", name(), max_count);
   int64_t want = static_cast<int64_t>(max_count * pe), lo = 0, hi = 0;
@@ -409,7 +408,7 @@ void DirectCommunicator::Rendezvous(Descriptor& mine, const std::string& where,
     if (f == kKind)
       return v == kAllGather ? "AllGather" : v == kReduceScatter ? "ReduceScatter" : "?";
     if (f == kDtype) return std::string(DTypeName(static_cast<DType>(v)));
-    if (f == kPartials) return PartialPrecisionName(static_cast<PartialPrecision>(v));
+    if (f == kPartials) return std::string(DTypeName(static_cast<DType>(v)));
     if (f == kWindow) {
       return v >= 0 && v < static_cast<int64_t>(registered_.size())
                  ? fmt::format("#{} '{}'", v, registered_[v]->root->name())
@@ -614,12 +613,12 @@ void DirectCommunicator::DoAllGather(const char* own, char* recv, const Resolved
 
 void DirectCommunicator::ReduceScatter(const void* send, DType send_dtype, void* recv,
                                        DType recv_dtype, size_t count, bool accumulate) {
-  ReduceScatterWith(send, send_dtype, recv, recv_dtype, count, accumulate, reduce_options_);
+  ReduceScatterPartials(send, send_dtype, recv, recv_dtype, count, accumulate, {});
 }
 
-void DirectCommunicator::ReduceScatterWith(const void* send, DType send_dtype, void* recv,
-                                           DType recv_dtype, size_t count, bool accumulate,
-                                           const ReduceOptions& o) {
+void DirectCommunicator::ReduceScatterPartials(const void* send, DType send_dtype, void* recv,
+                                               DType recv_dtype, size_t count, bool accumulate,
+                                               const ReduceScatterOptions& o) {
   const std::string where = fmt::format("ReduceScatter on {}", name());
   BusyGuard guard(busy_, where);
   const int n = size();
@@ -630,11 +629,11 @@ void DirectCommunicator::ReduceScatterWith(const void* send, DType send_dtype, v
   d.v[kCount] = static_cast<int64_t>(count);
   d.v[kDtype] = static_cast<int64_t>(send_dtype);
   d.v[kWindow] = -1;
-  d.v[kPartials] = static_cast<int64_t>(o.partials);
-  if (o.partials == PartialPrecision::kBf16Sr) {
-    d.v[kSrSeed] = static_cast<int64_t>(o.sr.seed);
-    d.v[kSrStep] = static_cast<int64_t>(o.sr.step);
-    d.v[kSrStream] = static_cast<int64_t>(o.sr.stream);
+  d.v[kPartials] = static_cast<int64_t>(o.partial_dtype);
+  if (o.partial_dtype == DType::kBF16) {
+    d.v[kSrSeed] = static_cast<int64_t>(o.sr_key.seed);
+    d.v[kSrStep] = static_cast<int64_t>(o.sr_key.step);
+    d.v[kSrStream] = static_cast<int64_t>(o.sr_key.stream);
   }
   auto reducible = [](DType t) { return t == DType::kF32 || t == DType::kBF16; };
   std::string err;
@@ -643,8 +642,9 @@ void DirectCommunicator::ReduceScatterWith(const void* send, DType send_dtype, v
   if (!reducible(send_dtype) || !reducible(recv_dtype)) {
     err = fmt::format("send dtype {} / recv dtype {}: reduce fp32 or bf16 buffers",
                       DTypeName(send_dtype), DTypeName(recv_dtype));
-  } else if (o.partials != PartialPrecision::kFp32 && o.partials != PartialPrecision::kBf16Sr) {
-    err = "unknown partial precision";
+  } else if (!reducible(o.partial_dtype)) {
+    err = fmt::format("partial dtype {}: partials are fp32 or bf16 (stochastic rounding)",
+                      DTypeName(o.partial_dtype));
   } else if (count > std::numeric_limits<size_t>::max() / (static_cast<size_t>(n) * 4)) {
     err = fmt::format("count {} overflows the address space", count);
   } else if (count > 0) {
@@ -664,7 +664,7 @@ void DirectCommunicator::ReduceScatterWith(const void* send, DType send_dtype, v
   counters_.calls++;
   Rendezvous(d, where, err);
   if (count == 0) return;
-  const size_t pe = o.partials == PartialPrecision::kFp32 ? 4 : 2;
+  const size_t pe = DTypeSize(o.partial_dtype);
   if (geo_.K > 1 && count * pe > workspace_slot_) GrowWorkspace(count * pe);
   DoReduceScatter(r, static_cast<const char*>(send), send_dtype, recv, recv_dtype, count,
                   accumulate, o, s);
@@ -672,11 +672,13 @@ void DirectCommunicator::ReduceScatterWith(const void* send, DType send_dtype, v
 
 void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DType send_dtype,
                                          void* recv, DType recv_dtype, size_t count,
-                                         bool accumulate, const ReduceOptions& o, uint64_t s) {
+                                         bool accumulate, const ReduceScatterOptions& o,
+                                         uint64_t s) {
   const NodeGeometry& g = geo_;
   const RmaWindow& w = *r.reg->window;
   const size_t es = DTypeSize(send_dtype);
-  const size_t pe = o.partials == PartialPrecision::kFp32 ? 4 : 2;
+  const size_t pe = DTypeSize(o.partial_dtype);
+  const bool sr = o.partial_dtype == DType::kBF16;
   const size_t slice_bytes = count * es;
   const int p0 = rank();
   // Slice j of node member l's G′, read in place from its registered region.
@@ -700,17 +702,17 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
     const uint64_t first = static_cast<uint64_t>(g.k0) * g.n * count + dest * count;
     if (send_dtype == DType::kF32) {
       auto* f = reinterpret_cast<const float* const*>(srcs.data());
-      if (o.partials == PartialPrecision::kFp32) {
+      if (!sr) {
         SumSlices(f, g.L, reinterpret_cast<float*>(out), count);
       } else {
-        StochasticRoundSumBf16(f, g.L, reinterpret_cast<bf16*>(out), count, o.sr, first);
+        StochasticRoundSumBf16(f, g.L, reinterpret_cast<bf16*>(out), count, o.sr_key, first);
       }
     } else {
       auto* b = reinterpret_cast<const bf16* const*>(srcs.data());
-      if (o.partials == PartialPrecision::kFp32) {
+      if (!sr) {
         SumSlices(b, g.L, reinterpret_cast<float*>(out), count);
       } else {
-        StochasticRoundSumBf16(b, g.L, reinterpret_cast<bf16*>(out), count, o.sr, first);
+        StochasticRoundSumBf16(b, g.L, reinterpret_cast<bf16*>(out), count, o.sr_key, first);
       }
     }
   };
@@ -740,10 +742,10 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
   for (int l = 0; l < g.L; ++l) srcs[l] = slice(l, p0);
   if (send_dtype == DType::kF32) {
     FinalReduceFrom(reinterpret_cast<const float* const*>(srcs.data()), g.L, remote.data(),
-                    o.partials, g.K, g.k0, recv, recv_dtype, count, accumulate);
+                    o.partial_dtype, g.K, g.k0, recv, recv_dtype, count, accumulate);
   } else {
     FinalReduceFrom(reinterpret_cast<const bf16* const*>(srcs.data()), g.L, remote.data(),
-                    o.partials, g.K, g.k0, recv, recv_dtype, count, accumulate);
+                    o.partial_dtype, g.K, g.k0, recv, recv_dtype, count, accumulate);
   }
 
   // 3. Done reading the node peers' G′; wait until they are done reading this rank's.
@@ -794,6 +796,51 @@ std::unique_ptr<Communicator> DirectCommunicator::Split(int color, int key) {
 std::unique_ptr<Communicator> DirectCommunicator::Duplicate() {
   BusyGuard guard(busy_, "Duplicate on " + name());
   return Create(AsMpi(inner_->Duplicate(), name()));
+}
+
+// ---------------------------------------------------------------------------------------
+// RegisteredSlots.
+
+RegisteredSlots::RegisteredSlots(DirectCommunicator& comm, const std::string& name,
+                                 size_t slot_bytes, int slots)
+    : name_(name), slot_bytes_((slot_bytes + 63) / 64 * 64) {
+  SSHSDP_CHECK(slots >= 1, CommError, "registered slots '{}': need at least one slot, got {}", name,
+               slots);
+  auto root = std::make_unique<DataNode>(name);
+  for (int i = 0; i < slots; ++i) {
+    root->AddChild("slot" + std::to_string(i), DType::kF32, {static_cast<int64_t>(slot_bytes_ / 4)},
+                   DataNode::kAuto, 64);
+  }
+  root->Finalize();
+  root_ = &comm.Register(std::move(root));
+  for (const auto& c : root_->children()) ptrs_.push_back(c->data());
+  used_.assign(ptrs_.size(), false);
+}
+
+void* RegisteredSlots::Acquire() {
+  for (size_t i = 0; i < ptrs_.size(); ++i) {
+    if (used_[i]) continue;
+    used_[i] = true;
+    return ptrs_[i];
+  }
+  throw CommError(fmt::format(
+      "registered slots '{}': all {} slots of {} bytes are in use; more buffers are live at "
+      "once than the schedule declared — register more slots",
+      name_, ptrs_.size(), slot_bytes_));
+}
+
+void RegisteredSlots::Release(void* p) {
+  for (size_t i = 0; i < ptrs_.size(); ++i) {
+    if (ptrs_[i] != p) continue;
+    SSHSDP_CHECK(used_[i], CommError, "registered slots '{}': slot {} released twice", name_, i);
+    used_[i] = false;
+    return;
+  }
+  throw CommError(fmt::format("registered slots '{}': {} is not one of its slots", name_, p));
+}
+
+int RegisteredSlots::in_use() const {
+  return static_cast<int>(std::count(used_.begin(), used_.end(), true));
 }
 
 }  // namespace sshsdp

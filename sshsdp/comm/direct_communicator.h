@@ -78,7 +78,7 @@
 //   auto root = std::make_unique<DataNode>("G'");                 // data tree of G′
 //   root->AddChild("slot0", DType::kF32, {n * shard}); root->Finalize();
 //   DataNode& g = z2->Register(std::move(root));                  // window + AttachExternal
-//   z2->ReserveReduceScatter(shard, PartialPrecision::kFp32);     // size the one workspace
+//   z2->ReserveReduceScatter(shard);                              // size the one workspace
 //   ... backward writes g.FindChild("slot0") ...
 //   z2->ReduceScatter(g.FindChild("slot0")->data(), DType::kF32, gz2, DType::kF32, shard,
 //                     /*accumulate=*/true);                       // gz2 += Σ slices
@@ -100,17 +100,21 @@
 
 namespace sshsdp {
 
-// Precision of the node-local partial sums of the direct reduce-scatter (paper §4.3 modes:
-// fp32 = fp32 G′ / fp32 partials; bf16+fp32 = bf16 G′ / fp32 partials; bf16sr = bf16 G′ /
-// bf16 partials stored with stochastic rounding). The final reduction is always fp32.
-enum class PartialPrecision : uint8_t { kFp32 = 0, kBf16Sr = 1 };
-const char* PartialPrecisionName(PartialPrecision p);
+// Reduction modes (paper §4.3), chosen per call with the seam's ReduceScatterPartials:
+//   fp32       fp32 G′, fp32 node partials       (ReduceScatter, or partial_dtype kF32)
+//   bf16+fp32  bf16 G′, fp32 node partials       (send dtype bf16, partial_dtype kF32)
+//   bf16sr     bf16 G′, bf16 node partials stored with stochastic rounding (partial_dtype
+//              kBF16): the partial of node k for element i of destination slice d is rounded
+//              with the Philox draw of logical element k·(n·count) + d·count + i under
+//              options.sr_key — a function of (seed, step, stream, element), so runs reproduce
+//              bit for bit and resume exactly. This node's own partial is never rounded.
+// The final reduction is always fp32, accumulated straight into recv.
 
+// The first spelling of the same choice, kept for callers written against it:
+// ReduceScatterWith(…, {kBf16Sr, key}) == ReduceScatterPartials(…, {DType::kBF16, key}).
+enum class PartialPrecision : uint8_t { kFp32 = 0, kBf16Sr = 1 };
 struct ReduceOptions {
   PartialPrecision partials = PartialPrecision::kFp32;
-  // bf16sr: the partial of node k for element i of destination slice d is rounded with the
-  // Philox draw of logical element k·(n·count) + d·count + i under this key — a function of
-  // (seed, step, stream, element), so runs reproduce bit for bit and resume exactly.
   SrKey sr;
 };
 
@@ -134,9 +138,9 @@ class DirectCommunicator final : public Communicator {
   // watches its binding: releasing or re-binding it is a detected binding change, and the
   // next collective on its memory fails on every member with CommError naming the root.
   DataNode& Register(std::unique_ptr<DataNode> root);
-  // Sizes the reduce-scatter workspace for counts up to max_count with `partials` (collective;
+  // Sizes the reduce-scatter workspace for counts up to max_count of partial_dtype (collective;
   // nothing to do on one node). A larger count later grows it collectively inside the call.
-  void ReserveReduceScatter(size_t max_count, PartialPrecision partials);
+  void ReserveReduceScatter(size_t max_count, DType partial_dtype = DType::kF32);
   // Bytes of registered windows + workspace + control block on this rank.
   size_t registered_bytes() const;
 
@@ -151,12 +155,19 @@ class DirectCommunicator final : public Communicator {
   void AllGather(const void* send, void* recv, size_t count, DType dtype) override;
   // send (G′: size()·count fp32 or bf16 elements) must lie inside a registered window at the
   // same offset on every member; recv (fp32 or bf16, count elements) anywhere, not
-  // overlapping send. Uses the options set with set_reduce_options.
+  // overlapping send. ReduceScatter = fp32 partials.
   void ReduceScatter(const void* send, DType send_dtype, void* recv, DType recv_dtype, size_t count,
                      bool accumulate) override;
+  void ReduceScatterPartials(const void* send, DType send_dtype, void* recv, DType recv_dtype,
+                             size_t count, bool accumulate,
+                             const ReduceScatterOptions& options) override;
   void ReduceScatterWith(const void* send, DType send_dtype, void* recv, DType recv_dtype,
-                         size_t count, bool accumulate, const ReduceOptions& options);
-  void set_reduce_options(const ReduceOptions& o) { reduce_options_ = o; }
+                         size_t count, bool accumulate, const ReduceOptions& o) {
+    ReduceScatterOptions ro;
+    ro.partial_dtype = o.partials == PartialPrecision::kFp32 ? DType::kF32 : DType::kBF16;
+    ro.sr_key = o.sr;
+    ReduceScatterPartials(send, send_dtype, recv, recv_dtype, count, accumulate, ro);
+  }
 
   void AllReduce(void* buf, size_t count, DType dtype) override;
   void Exchange(const std::vector<P2POp>& sends, const std::vector<P2POp>& recvs) override;
@@ -197,8 +208,8 @@ class DirectCommunicator final : public Communicator {
   void DoAllGather(const char* own, char* recv, const Resolved& r, size_t count, size_t e,
                    bool in_place, uint64_t s);
   void DoReduceScatter(const Resolved& r, const char* send, DType send_dtype, void* recv,
-                       DType recv_dtype, size_t count, bool accumulate, const ReduceOptions& o,
-                       uint64_t s);
+                       DType recv_dtype, size_t count, bool accumulate,
+                       const ReduceScatterOptions& o, uint64_t s);
   void CountTo(int position, uint64_t bytes);
 
   std::unique_ptr<MpiCommunicator> inner_;
@@ -210,7 +221,36 @@ class DirectCommunicator final : public Communicator {
   size_t workspace_slot_ = 0;  // bytes of one partial slot
   uint64_t seq_ = 0;           // op number, identical on every member
   std::atomic<bool> busy_{false};
-  ReduceOptions reduce_options_;
+};
+
+// A registered root cut into `slots` equal regions of slot_bytes (rounded up to 64), handed
+// out lowest-free-first. Every member runs the same acquire/release sequence (the engine's
+// schedule is the same on every rank), so every member takes the same slot — the symmetric
+// offset the collectives check (a divergence is caught there, before any transfer).
+//
+//   RegisteredSlots gather(*z3, "zero3.gather", max_layer_bytes, /*slots=*/2);   // collective
+//   void* w = gather.Acquire();        // a region of the registered root
+//   w_full->AttachExternal(w, bytes);  // the layer's data tree binds to it
+//   z3->AllGather(w_z3, w, shard, DType::kBF16);
+//   w_full->Release(); gather.Release(w);
+class RegisteredSlots {
+ public:
+  RegisteredSlots(DirectCommunicator& comm, const std::string& name, size_t slot_bytes, int slots);
+  // Throws CommError naming the root when every slot is in use.
+  void* Acquire();
+  // Throws CommError unless p was acquired here and not released since.
+  void Release(void* p);
+  size_t slot_bytes() const { return slot_bytes_; }
+  int slots() const { return static_cast<int>(ptrs_.size()); }
+  int in_use() const;
+  const DataNode& root() const { return *root_; }
+
+ private:
+  std::string name_;
+  size_t slot_bytes_ = 0;
+  DataNode* root_ = nullptr;
+  std::vector<void*> ptrs_;
+  std::vector<bool> used_;
 };
 
 }  // namespace sshsdp

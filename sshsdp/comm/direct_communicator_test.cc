@@ -261,17 +261,19 @@ TEST(DirectReduceScatter, Bf16SrMatchesReferenceAndReproduces) {
     };
     DataNode& gp = RegisterBuffer(*direct, "G'sr", DType::kBF16, n * count);
     for (size_t j = 0; j < n * count; ++j) gp.data_as<bf16>()[j] = G(p, j);
-    ReduceOptions o;
-    o.partials = PartialPrecision::kBf16Sr;
-    o.sr = SrKey{1234, 7, 3};
+    ReduceScatterOptions o;
+    o.partial_dtype = DType::kBF16;
+    o.sr_key = SrKey{1234, 7, 3};
     auto old = [](size_t i) { return static_cast<float>(i % 11) * 0.25f; };
     std::vector<float> a(count), b(count), c(count);
     for (size_t i = 0; i < count; ++i) a[i] = b[i] = c[i] = old(i);
-    direct->ReduceScatterWith(gp.data(), DType::kBF16, a.data(), DType::kF32, count, true, o);
-    direct->ReduceScatterWith(gp.data(), DType::kBF16, b.data(), DType::kF32, count, true, o);
-    ReduceOptions o2 = o;
-    o2.sr.seed = 99;
-    direct->ReduceScatterWith(gp.data(), DType::kBF16, c.data(), DType::kF32, count, true, o2);
+    direct->ReduceScatterPartials(gp.data(), DType::kBF16, a.data(), DType::kF32, count, true, o);
+    // The first spelling (ReduceScatterWith) is the same call.
+    direct->ReduceScatterWith(gp.data(), DType::kBF16, b.data(), DType::kF32, count, true,
+                              ReduceOptions{PartialPrecision::kBf16Sr, o.sr_key});
+    ReduceScatterOptions o2 = o;
+    o2.sr_key.seed = 99;
+    direct->ReduceScatterPartials(gp.data(), DType::kBF16, c.data(), DType::kF32, count, true, o2);
 
     // Reference: P_k = SR(Σ_l G_{at[k][l]}) with element indices k·n·count + p·count + i for
     // k != k0; this node's P_k0 stays fp32; total in node order; recv = old + total.
@@ -291,7 +293,7 @@ TEST(DirectReduceScatter, Bf16SrMatchesReferenceAndReproduces) {
           pk[i] = s;
         }
       } else {
-        StochasticRoundSumBf16(srcs.data(), srcs.size(), part.data(), count, o.sr,
+        StochasticRoundSumBf16(srcs.data(), srcs.size(), part.data(), count, o.sr_key,
                                static_cast<uint64_t>(k) * n * count + p * count);
         for (size_t i = 0; i < count; ++i) pk[i] = Bf16ToFloat(part[i]);
       }
@@ -313,6 +315,35 @@ TEST(DirectReduceScatter, Bf16SrMatchesReferenceAndReproduces) {
                    {3 * ReduceScatterBytes(g, count, 2, 2).intra,
                     3 * ReduceScatterBytes(g, count, 2, 2).inter, 3},
                    "bf16sr: one bf16 partial per node");
+  }
+}
+
+// bf16sr on data whose partial sums are exact in bf16: stochastic rounding changes nothing, so
+// the direct path (one rounded partial per node) and the ring (one rounded partial per hop)
+// give the same bits, each reproducibly for its key.
+TEST(DirectReduceScatter, Bf16SrEqualsRingWhenPartialsAreExact) {
+  const size_t count = 501;
+  for (int rpn : RanksPerNodeChoices()) {
+    SCOPED_TRACE(Trace(rpn));
+    auto ring = MpiCommunicator::World(rpn);
+    auto direct = DirectWorld(rpn);
+    const int n = direct->size(), p = direct->rank();
+    DataNode& gp = RegisterBuffer(*direct, "G'", DType::kBF16, n * count);
+    for (size_t j = 0; j < n * count; ++j) gp.data_as<bf16>()[j] = FloatToBf16(Small(p, j));
+    ReduceScatterOptions o;
+    o.partial_dtype = DType::kBF16;
+    o.sr_key = SrKey{42, 3, 1};
+    std::vector<float> a(count, 1.0f), b(count, 1.0f);
+    direct->ReduceScatterPartials(gp.data(), DType::kBF16, a.data(), DType::kF32, count, true, o);
+    ring->ReduceScatterPartials(gp.data(), DType::kBF16, b.data(), DType::kF32, count, true, o);
+    for (size_t i = 0; i < count; ++i) {
+      float exact = 1.0f;
+      for (int r = 0; r < n; ++r) exact += Small(r, p * count + i);
+      ASSERT_EQ(a[i], exact) << i;
+      ASSERT_EQ(a[i], b[i]) << i;
+    }
+    const NodeGeometry& g = direct->geometry();
+    ExpectCounters(*direct, ReduceScatterBytes(g, count, 2, 2), "bf16sr");
   }
 }
 
@@ -549,7 +580,7 @@ TEST(DirectStress, TwoHundredBackToBackReduceScattersReuseOneWorkspace) {
   const NodeGeometry& g = d->geometry();
   const int n = d->size(), p = d->rank();
   const size_t max_count = 300;
-  d->ReserveReduceScatter(max_count, PartialPrecision::kFp32);
+  d->ReserveReduceScatter(max_count);
   const size_t reserved = d->registered_bytes();
   DataNode& gp = RegisterBuffer(*d, "G'", DType::kF32, n * max_count);
   DataNode& gb = RegisterBuffer(*d, "G'bf16", DType::kBF16, n * max_count);

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/comm/direct_communicator.h"
 #include "sshsdp/engine/mx_weights.h"
 #include "sshsdp/kernels/elementwise.h"
 
@@ -110,10 +111,10 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
     SSHSDP_CHECK(model.ConsumesMx(), ConfigError,
                  "weight dtype mxfp8: this model does not consume MXFP8 weight views");
     SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.weight_copies &&
-                     !cfg.redundancies.tw_every_use,
+                     !cfg.redundancies.tw_every_use && cfg.comm_path == CommPath::kCollective,
                  ConfigError,
-                 "weight dtype mxfp8 runs on the flat shard layout without ③/① copies (of the "
-                 "baselines only ② quantize-every-gather), got {}",
+                 "weight dtype mxfp8 runs on the flat shard layout without ③/① copies and on the "
+                 "collective comm path (of the baselines only ② quantize-every-gather), got {}",
                  cfg.redundancies.ToString());
   }
   grad_dtype_ = GradDType(cfg.reduce);
@@ -139,6 +140,17 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   grads_direct_ = cfg_.shard_layout == ShardLayout::kFlat && !R.grad_copies;
   skip_gather_ = topo_.sw() == 1 && store_dtype_ == cfg_.weight_dtype && !R.weight_copies;
   skip_rs_ = topo_.sg() == 1 && grads_direct_ && !R.separate_add && grad_dtype_ == DType::kF32;
+  if (cfg_.comm_path == CommPath::kDirect) {
+    // Plan-time checks of the direct path, before any collective.
+    SSHSDP_CHECK(dynamic_cast<MpiCommunicator*>(&world) != nullptr, ConfigError,
+                 "comm_path=direct runs on MPI windows: pass an MpiCommunicator world");
+    for (sshsdp::Group grp : {sshsdp::Group::kZero3, sshsdp::Group::kZero2}) {
+      DirectCommunicator::CheckGeometry(topo_.GroupMembers(grp, rank_),
+                                        topo_.GroupPosition(grp, rank_), topo_.ranks_per_node(),
+                                        fmt::format("comm_path=direct, {} group of rank {} ({})",
+                                                    GroupName(grp), rank_, topo_.ToString()));
+    }
+  }
   for (int g = 0; g < model.num_groups(); ++g) BuildGroup(g);
 
   // Communicators (collective over the world, in the same order on every rank). The
@@ -149,6 +161,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   rt_dup_ = world_.Duplicate();
   rt_zero3_ = split(*rt_dup_, sshsdp::Group::kZero3);
   rt_zero2_ = split(*rt_dup_, sshsdp::Group::kZero2);
+  if (cfg_.comm_path == CommPath::kDirect) SetUpDirectPath();
   up_replica_rs_ = split(world_, sshsdp::Group::kReplicaRS);
   up_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
   up_hsdp_ = split(world_, sshsdp::Group::kHsdp);
@@ -208,6 +221,43 @@ void Engine::BuildUpdate() {
   for (size_t g = 0; g < groups_.size(); ++g)
     for (size_t u = 0; u < groups_[g]->layout.update.size(); ++u)
       groups_[g]->layout.update[u].optimizer = update_->optimizers()[g][u];
+}
+
+void Engine::SetUpDirectPath() {
+  // The comm thread's ZeRO-3 / ZeRO-2 groups become direct communicators (their own windows);
+  // the buffers their collectives touch are slots of registered roots, as many as the
+  // schedule keeps live at once: two gathered layers (this one and the prefetched one) or all
+  // of them without reshard_after_forward; two gradient buffers (this layer's and the one
+  // whose reduce-scatter is still running).
+  auto to_direct = [](std::unique_ptr<Communicator>& c) {
+    auto* mpi = dynamic_cast<MpiCommunicator*>(c.get());
+    SSHSDP_CHECK(mpi != nullptr, ConfigError, "comm_path=direct: {} is not an MPI group",
+                 c->name());
+    c.release();
+    auto d = DirectCommunicator::Create(std::unique_ptr<MpiCommunicator>(mpi));
+    DirectCommunicator* raw = d.get();
+    c = std::move(d);
+    return raw;
+  };
+  DirectCommunicator* z3 = to_direct(rt_zero3_);
+  DirectCommunicator* z2 = to_direct(rt_zero2_);
+  const int n = static_cast<int>(groups_.size());
+  size_t max_padded = 0, max_z2 = 0;
+  for (const auto& g : groups_) {
+    max_padded = std::max(max_padded, g->padded);
+    max_z2 = std::max(max_z2, g->z2.size());
+  }
+  if (!skip_gather_) {
+    gather_slots_ = std::make_unique<RegisteredSlots>(
+        *z3, "zero3.gather", max_padded * DTypeSize(cfg_.weight_dtype),
+        cfg_.reshard_after_forward ? std::min(2, n) : n);
+  }
+  if (!skip_rs_) {
+    grad_slots_ =
+        std::make_unique<RegisteredSlots>(*z2, "zero2.grad", max_padded * 4, std::min(2, n));
+    z2->ReserveReduceScatter(max_z2);  // fp32 partials: room for bf16 ones too
+  }
+  memory_.Allocate("registered", z3->registered_bytes() + z2->registered_bytes());
 }
 
 Engine::~Engine() {
@@ -322,7 +372,7 @@ void Engine::StartGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
   if (skip_gather_ || g.gather_started) return;
   const size_t bytes = g.padded * DTypeSize(g.wdt);
-  g.gather_block = Acquire(bytes);
+  g.gather_block = gather_slots_ ? gather_slots_->Acquire() : Acquire(bytes);
   g.w_full->AttachExternal(g.gather_block, bytes);
   g.gather_started = true;
   counters_.gathers++;
@@ -392,7 +442,11 @@ void Engine::ReleaseGather(int gi) {
   if (skip_gather_ || !g.gather_started) return;
   g.gather_handle.Wait();
   g.w_full->Release();
-  Recycle(g.gather_block, g.padded * DTypeSize(g.wdt));
+  if (gather_slots_) {
+    gather_slots_->Release(g.gather_block);
+  } else {
+    Recycle(g.gather_block, g.padded * DTypeSize(g.wdt));
+  }
   g.gather_block = nullptr;
   g.gather_started = false;
 }
@@ -547,7 +601,7 @@ StepStats Engine::Step(const BatchFn& batch) {
       } else {
         const size_t gs = DTypeSize(grad_dtype_);
         const size_t bytes = G.padded * gs;
-        G.grad_block = Acquire(bytes);
+        G.grad_block = grad_slots_ ? grad_slots_->Acquire() : Acquire(bytes);
         G.g_full->AttachExternal(G.grad_block, bytes);
         if (grads_direct_) {
           const size_t used = G.layout.list.numel();
@@ -864,7 +918,11 @@ void Engine::FinishReduceScatter(int gi) {
     ScopedTimer t(&time_.comm_wait);
     P.rs_handle.Wait();
   }
-  Recycle(P.grad_block, P.padded * 4);
+  if (grad_slots_) {
+    grad_slots_->Release(P.grad_block);
+  } else {
+    Recycle(P.grad_block, P.padded * 4);
+  }
   P.grad_block = nullptr;
   if (P.rs_tmp) {  // ⑤: the separate accumulation pass
     {

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "sshsdp/base/memory_account.h"
+#include "sshsdp/comm/comm_path.h"
 #include "sshsdp/comm/comm_thread.h"
 #include "sshsdp/comm/communicator.h"
 #include "sshsdp/engine/reduce_mode.h"
@@ -61,6 +62,7 @@
 
 namespace sshsdp {
 
+class RegisteredSlots;
 class MxWeights;
 
 struct EngineConfig {
@@ -95,6 +97,12 @@ struct EngineConfig {
   // rounding (bf16sr). Checkpoint state: sr_seed and the optimizer step (Engine::SrState).
   ReduceMode reduce = ReduceMode::kFp32;
   uint64_t sr_seed = 0;
+  // How the per-microbatch ZeRO-3 all-gather and ZeRO-2 reduce-scatter move bytes
+  // (comm_path.h): ring collectives, or the direct (ZeroSM) path — gather buffers and G′ in
+  // registered windows, one-sided transfers, inter-node-first all-gather, node-local reduction
+  // before the inter-node exchange (direct_communicator.h). Needs ZeRO-3 and ZeRO-2 groups
+  // spread evenly over nodes (LayoutError at construction otherwise).
+  CommPath comm_path = CommPath::kCollective;
 };
 
 // Deterministic counters of one step (tests assert them exactly).
@@ -214,6 +222,7 @@ class Engine {
   void WaitGather(int g);
   void ReleaseGather(int g);
   void PrepareAndGatherWeights();  // G + outer all-gather
+  void SetUpDirectPath();          // comm_path = direct: direct communicators, registered slots
   void BuildUpdate();              // optimizers, units, plans of the structured update
   // Redundancy paths (redundancy.h): runtime weight views of a gathered group (③ copy-out,
   // ① pack), gradient targets for backward (④ per-parameter tensors, packed gradients of
@@ -244,6 +253,9 @@ class Engine {
   // Transient gather / gradient buffers, reused by size (accounted as "transient").
   std::multimap<size_t, void*> free_blocks_;
   std::vector<std::pair<void*, size_t>> all_blocks_;
+  // comm_path = direct: gather buffers (W′) and runtime gradients (G′) are slots of roots
+  // registered with the ZeRO-3 / ZeRO-2 direct communicators, not transient blocks.
+  std::unique_ptr<RegisteredSlots> gather_slots_, grad_slots_;
 
   StepCounters counters_;
   CopyMeter copy_meter_;
