@@ -18,6 +18,7 @@
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/engine/presets.h"
+#include "sshsdp/engine/reduce_mode.h"
 #include "sshsdp/models/gpt.h"
 
 namespace sshsdp {
@@ -238,6 +239,59 @@ TEST(EngineDirect, PresetsRunOnTheDirectPath) {
       EXPECT_EQ(a.counters.add_passes, b.counters.add_passes);
       EXPECT_EQ(a.counters.runtime_comm.total(), b.counters.runtime_comm.total());
     }
+  }
+}
+
+// The gradient reduction modes on the direct path (paper §4.3): bf16 G′ with fp32 partials
+// (bf16+fp32) and with bf16 stochastically rounded node partials (bf16sr). Losses follow the
+// collective path within bf16 tolerance, bf16sr reproduces bit for bit for the same seed, and
+// the runtime bytes are exact: bf16 slices within the node, one fp32 / bf16 partial per node.
+TEST(EngineDirect, ReduceModes) {
+  const int W = World();
+  const Layout l = LayoutsFor(W).front();
+  auto world = MpiCommunicator::World(l.rpn);
+  const int r = world->rank();
+  const GptConfig gc = TestModel();
+  for (ReduceMode mode : {ReduceMode::kBf16Fp32, ReduceMode::kBf16Sr}) {
+    SCOPED_TRACE(fmt::format("W={} reduce={}", W, ReduceModeName(mode)));
+    EngineConfig dcfg = BaseConfig(l, 2, DType::kBF16, CommPath::kDirect);
+    dcfg.reduce = mode;
+    dcfg.sr_seed = 11;
+    EngineConfig ccfg = dcfg;
+    ccfg.comm_path = CommPath::kCollective;
+    Gpt dm(gc), dm2(gc), cm(gc);
+    Engine d(dm, *world, dcfg), d2(dm2, *world, dcfg), c(cm, *world, ccfg);
+    for (Engine* e : {&d, &d2, &c}) e->InitWeights(5);
+    const Topology& topo = d.topology();
+    const NodeGeometry g3 = GeometryOf(topo, Group::kZero3, r);
+    const NodeGeometry g2 = GeometryOf(topo, Group::kZero2, r);
+    const size_t pe = mode == ReduceMode::kBf16Sr ? 2 : 4;
+    uint64_t inter = 0, intra = 0;
+    const int n = dm.num_groups();
+    for (int g = 0; g < n; ++g) {
+      const uint64_t padded =
+          BuildGroupLayout(g, dm.GroupParams(g), DType::kBF16, l.so).list.padded_numel();
+      const uint64_t gathers = l.sw == 1 ? 0 : (g + 1 < n ? 2 : 1);
+      const uint64_t c3 = padded / l.sw, c2 = padded / l.sg;
+      inter += gathers * (g3.K - 1) * c3 * 2;
+      intra += gathers * static_cast<uint64_t>(g3.L - 1) * g3.K * c3 * 2;
+      if (l.sg > 1) {
+        inter += (g2.K - 1) * c2 * pe;
+        intra += static_cast<uint64_t>(g2.n - g2.K) * c2 * 2;
+      }
+    }
+    int64_t step = 0;
+    BatchFn batch = MakeBatch(&step, 2, W, r, 2, 8, gc.vocab);
+    for (; step < 2; ++step) {
+      StepStats a = d.Step(batch), a2 = d2.Step(batch), b = c.Step(batch);
+      EXPECT_NEAR(a.loss, b.loss, 2e-3 * std::abs(b.loss)) << "step " << step;
+      EXPECT_EQ(a.loss, a2.loss) << "same seed, same bits, step " << step;
+      EXPECT_EQ(a.grad_norm, a2.grad_norm) << "step " << step;
+      EXPECT_EQ(a.counters.runtime_comm.inter_node_bytes, 2 * inter) << "step " << step;
+      EXPECT_EQ(a.counters.runtime_comm.intra_node_bytes, 2 * intra) << "step " << step;
+    }
+    auto wa = d.GatherMainWeights(), wb = d2.GatherMainWeights();
+    for (auto& [name, va] : wa) EXPECT_EQ(va, wb.at(name)) << name;
   }
 }
 
