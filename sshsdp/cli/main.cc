@@ -14,6 +14,8 @@ int main(int argc, char** argv) {
       "Launch multi-rank runs with mpirun, e.g.\n"
       "  mpirun -np 4 sshsdp train --model tiny --sw 2 --sg 2 --so 4 --steps 100"};
   app.require_subcommand(1);
+  // A later flag overrides an earlier one (scripts/run.sh passes defaults the user may override).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   sshsdp::TrainOptions train;
   CLI::App* t = app.add_subcommand("train", "train a reference model (run under mpirun)");
   sshsdp::AddTrainOptions(*t, train);
