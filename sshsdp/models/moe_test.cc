@@ -396,11 +396,12 @@ TEST(MoeRouting, TiesGoToTheLowerExpertIndex) {
     MoeGpt m(c);
     DenseParams p(m);
     RandomizeWeights(p, 5);
-    // Experts 1 and 2 have identical router rows and beat 0 and 3: exactly equal logits.
+    // Experts 1 and 2 beat 0 and 3 with router rows (1, 0, ..., 0): their logits are the same
+    // single product x_0·1 (every other term an exact zero), equal in any summation order.
     ForceRouting(p, 2, {-2.0f, 1.0f, 1.0f, -2.0f});
     std::vector<float>& wr = p.master(2, 4);
     const int d = c.trunk.d_model;
-    std::copy_n(wr.begin() + d, d, wr.begin() + 2 * d);
+    for (int e : {1, 2}) std::fill(wr.begin() + e * d + 1, wr.begin() + (e + 1) * d, 0.0f);
     p.SyncWeights();
     Batch b = MakeBatch(2, 8, 32, 4);
     RunForward(m, p, b);
@@ -670,8 +671,13 @@ TEST(Moe, Bf16WeightsAndGradientsTrackFp32) {
   RunBackward(m, p32, GradWrite::kOverwrite);
   double l16 = RunForward(m, p16, b);
   // The router computes in fp32 from the same bf16-representable weights; only bf16
-  // activations upstream can move a near-tie.
-  EXPECT_EQ(AllRouting(m), route32);
+  // activations upstream can move a near-tie, so at most a few assignments differ.
+  const auto route16 = AllRouting(m);
+  ASSERT_EQ(route16.size(), route32.size());
+  int moved = 0;
+  for (size_t l = 0; l < route16.size(); ++l)
+    for (size_t i = 0; i < route16[l].size(); ++i) moved += route16[l][i] != route32[l][i];
+  EXPECT_LE(moved, 2);
   RunBackward(m, p16, GradWrite::kOverwrite);
   EXPECT_NEAR(l16, l32, 2e-2 * l32);
   for (int g = 0; g < m.num_groups(); ++g) {
