@@ -44,7 +44,8 @@
 //      this rank's node (control window) + flush. The target polls that flag with
 //      MPI_Fetch_and_op(MPI_NO_OP) on itself (atomic with the accumulate) and, once it reads
 //      s, calls MPI_Win_sync before loading the data. Flush-before-flag is what makes "flag
-//      seen" imply "data complete" (MPI-3 unified model; RmaWindow checks nothing weaker).
+//      seen" imply "data complete" (MPI-3 passive target; the MPI_Win_sync also reconciles
+//      the public and private window copies should a library use the separate model).
 //   3. Intra-node transfers: plain stores into / loads from the peer's region, then a release
 //      store of s into the peer's per-source "done" flag (std::atomic_ref on the shared
 //      window, bracketed by MPI_Win_sync); the peer waits with acquire loads until it reads s.
@@ -60,7 +61,10 @@
 //   communicator are serialized (one thread; concurrent use is detected and refused), a call
 //   returns only after its puts completed (flush) and its inbound partials were consumed, and
 //   the next call's rendezvous orders every peer's next writes after that.
-//   Polling loops yield (sched_yield, then short sleeps) and drive MPI progress.
+//   Polling loops yield (sched_yield, then short sleeps) so 8 ranks on 2 cores do not starve
+//   each other; arrival polls are MPI calls, so they also drive MPI progress. A rank waiting on
+//   "done" flags has already seen every arrival it needs and flushed every put it issued, so
+//   no peer depends on its progress there.
 //
 // Bytes this rank sends (counted like MpiCommunicator: payload that leaves this rank's memory
 // toward another member — pushed by this rank, or loaded by a node peer from this rank's

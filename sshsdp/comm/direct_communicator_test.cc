@@ -445,8 +445,15 @@ TEST(DirectGeometry, RejectsUnbalancedGroupsBeforeAnyCollective) {
   EXPECT_EQ(g.l0, 1);
   EXPECT_THROW(NodeGeometry::Of({0, 1}, 0, 0, "x"), LayoutError);
 
-  // Real groups: the first three ranks over nodes of 2 (W >= 4 and even).
   const int W = WorldSize(), r = WorldRank();
+  // ranks_per_node must divide the world: refused before the group (and its windows) exist.
+  try {
+    DirectCommunicator::Create(MpiCommunicator::World(W + 1));
+    ADD_FAILURE() << "ranks_per_node=" << W + 1 << " accepted";
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("divide"), std::string::npos) << e.what();
+  }
+  // Real groups: the first three ranks over nodes of 2 (W >= 4 and even).
   if (W < 4 || W % 2) return;
   auto world = MpiCommunicator::World(2);
   const int color = r < 3 ? 0 : 1;
