@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <map>
-#include <numeric>
 
 #include "sshsdp/base/error.h"
 
