@@ -87,7 +87,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--muon-momentum", o.muon_momentum, "Muon momentum mu (m = mu*m + g)")
       ->capture_default_str();
   app.add_flag("--muon-nesterov,!--no-muon-nesterov", o.muon_nesterov,
-               "Nesterov input to Newton-Schulz (u = g + mu*m; off: u = m)")
+               "Nesterov input to Newton-Schulz, on by default (u = g + mu*m; "
+               "--no-muon-nesterov: u = m)")
       ->capture_default_str();
   app.add_option("--muon-scale", o.muon_scale,
                  "Muon update scale: reference (sqrt(max(1, rows/cols))) | rms "
