@@ -243,10 +243,11 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       }
       const std::string peer_dir =
           o.peer_inputs.empty() ? "" : fmt::format("{}/b{}", o.peer_inputs, B);
-      // Phase 1, per configuration: build, init, warm-up steps; its RSS peak is measured as
-      // the process baseline plus the growth during its own build and warm-up. Phase 2: the
-      // timed steps, round-robin over the configurations (or each back to back with
-      // --sequential), so load changes on a shared machine hit every configuration alike.
+      // Phase 1, per configuration alone: build, init, warm-up steps; its RSS peak is the
+      // process baseline plus the growth during its own build and warm-up (then it is freed).
+      // Phase 2: all configurations rebuilt and warmed up again, then the timed steps
+      // round-robin over them (or each back to back with --sequential, without the rebuild),
+      // so load changes on a shared machine hit every configuration alike.
       struct Live {
         std::unique_ptr<Model> model;
         std::unique_ptr<Engine> engine;
@@ -358,9 +359,22 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         if (o.sequential) {
           for (int s = 0; s < o.steps; ++s) run_step(L, true);
           finish(L);
+        } else {
+          // Isolated peak measured: free it, so the next configuration's peak is its own.
+          L.engine.reset();
+          L.model.reset();
         }
       }
       if (!o.sequential) {
+        for (size_t ci = 0; ci < configs.size(); ++ci) {  // rebuild, same warm-up, then time
+          Live& L = live[ci];
+          L.model = MakeModel(o, gc);
+          L.engine = std::make_unique<Engine>(*L.model, *world, configs[ci].second);
+          L.engine->InitWeights(o.seed);
+          L.cur = 0;
+          L.row.losses.clear();
+          for (int s = 0; s < o.warmup; ++s) run_step(L, false);
+        }
         for (int s = 0; s < o.steps; ++s)
           for (Live& L : live) run_step(L, true);
         for (Live& L : live) finish(L);
