@@ -512,6 +512,15 @@ std::vector<std::string> CheckpointFaultPhases() {
           "before-rename", "after-rename", "mid-prune"};
 }
 
+void PrepareCheckpointRoot(const std::string& root) {
+  std::error_code ec;
+  fs::create_directories(root, ec);  // several ranks at once: an existing directory is fine
+  SSHSDP_CHECK(fs::is_directory(root), IoError, "{}: cannot create the checkpoint directory: {}",
+               root, ec ? ec.message() : "a file of that name exists");
+  SSHSDP_CHECK(::access(root.c_str(), W_OK | X_OK) == 0, IoError,
+               "{}: checkpoint directory is not writable: {}", root, std::strerror(errno));
+}
+
 // ---- Save ----------------------------------------------------------------------------
 
 SaveResult SaveCheckpoint(Engine& engine, Communicator& world, const std::string& root,

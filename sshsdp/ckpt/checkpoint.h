@@ -137,6 +137,11 @@ struct SaveResult {
   std::vector<std::string> pruned;  // directories removed (rank 0)
 };
 
+// Creates `root` if needed and checks that it is a writable directory (IoError naming it).
+// Call it at startup on every rank, so a bad checkpoint directory fails before training
+// rather than at the first save.
+void PrepareCheckpointRoot(const std::string& root);
+
 // Saves the engine's ZeRO-1 state at engine.step() into root/step_<step>. Collective over
 // `world` (the engine's world). Throws on every rank if any rank fails (the previous
 // checkpoints stay as they were). An existing checkpoint of the same step is replaced.

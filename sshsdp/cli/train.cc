@@ -270,6 +270,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                  "--save-every and --keep must be >= 0, got {} and {}", o.save_every, o.keep);
     SSHSDP_CHECK(o.save_every == 0 || !o.ckpt_dir.empty(), ConfigError,
                  "--save-every {} needs --ckpt-dir (where to write checkpoints)", o.save_every);
+    if (o.save_every > 0) PrepareCheckpointRoot(o.ckpt_dir);  // fails now, not at step N
     SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
                  "--resume and --init-weights exclude each other: a checkpoint holds the weights");
     std::string resume_dir;

@@ -17,10 +17,10 @@
 #           `sshsdp ckpt inspect`, and resuming from it reproduces the uninterrupted run bit for
 #           bit, cleaning the interrupted save's *.tmp.
 #   errors  flipped byte, truncated file, missing rank file, newer format version, different
-#           model, layout not fitting the world, no checkpoint at all: a clear message naming
-#           the file and the problem, non-zero exit, no hang (`timeout`), in both `sshsdp ckpt
-#           inspect` and `--resume`; safetensors export / --init-weights round trip; a file of
-#           another model refused listing the first mismatches.
+#           model, layout not fitting the world, no checkpoint at all, unusable --ckpt-dir: a
+#           clear message naming the file and the problem, non-zero exit, no hang (`timeout`),
+#           in both `sshsdp ckpt inspect` and `--resume`; safetensors export / --init-weights
+#           round trip; a file of another model refused listing the first mismatches.
 #
 # Usage: ckpt_cli_test.sh resume|faults|errors SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
@@ -262,6 +262,10 @@ if [ "$section" = errors ]; then
   expect_error "saved layout not fitting the world size is refused" \
     "layout W=2 nodes=1x2 sw=2 sg=2 so=2 does not fit 3 ranks" \
     -- job 3 --steps 4 --resume "$good"
+  touch "$tmp/afile"
+  expect_error "an unusable --ckpt-dir fails at startup, named" \
+    "afile/ckpt: cannot create the checkpoint directory" \
+    -- job 2 --steps 2 --save-every 1 --ckpt-dir "$tmp/afile/ckpt"
   mkdir -p "$tmp/empty/step_00000009.tmp"
   expect_error "no complete checkpoint: incomplete saves ignored, named" "no complete checkpoint" \
     "1 incomplete save(s)" -- "${resume[@]}" "$tmp/empty"
