@@ -83,19 +83,6 @@ BatchFn MakeBatch(const int64_t* step, int W, int rank, int B, int vocab) {
   };
 }
 
-// One directory for the whole job (rank 0's pid), fresh per test.
-std::string SharedDir(Communicator& world, const std::string& name) {
-  int32_t pid = static_cast<int32_t>(::getpid()), all[64] = {};
-  world.AllGather(&pid, all, 4, DType::kE4M3);
-  const fs::path p = fs::temp_directory_path() / fmt::format("sshsdp_ckpt_mpi_{}_{}", all[0], name);
-  if (world.rank() == 0) {
-    fs::remove_all(p);
-    fs::create_directories(p);
-  }
-  world.Barrier();
-  return p.string();
-}
-
 // The first n ranks of `world` (every rank must call; ranks >= n get a group they ignore).
 std::unique_ptr<Communicator> FirstRanks(Communicator& world, int n) {
   return world.Split(world.rank() < n ? 0 : 1, world.rank());
@@ -118,7 +105,27 @@ class CheckpointMpi : public ::testing::Test {
     world_ = MpiCommunicator::World(4);
     if (world_->size() != 4) GTEST_SKIP() << "needs 4 ranks";
   }
+  void TearDown() override {
+    if (dir_.empty()) return;
+    world_->Barrier();
+    if (world_->rank() == 0) fs::remove_all(dir_);
+  }
+  // One fresh directory for the whole job (named by rank 0's pid), removed after the test.
+  std::string SharedDir(Communicator& world, const std::string& name) {
+    int32_t pid = static_cast<int32_t>(::getpid()), all[64] = {};
+    world.AllGather(&pid, all, 4, DType::kE4M3);
+    const fs::path p =
+        fs::temp_directory_path() / fmt::format("sshsdp_ckpt_mpi_{}_{}", all[0], name);
+    if (world.rank() == 0) {
+      fs::remove_all(p);
+      fs::create_directories(p);
+    }
+    world.Barrier();
+    dir_ = p.string();
+    return dir_;
+  }
   std::unique_ptr<Communicator> world_;
+  std::string dir_;
 };
 
 TEST_F(CheckpointMpi, ReshardToAnyLayoutKeepsEveryFieldBitIdentical) {

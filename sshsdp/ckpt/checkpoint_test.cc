@@ -3,6 +3,7 @@
 // listing / resolving (incomplete *.tmp saves ignored), tensor-mismatch messages and
 // --init-weights refusal of another model's safetensors file.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -19,10 +20,25 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
+// Fresh directories under the temp dir, removed after the last test.
+std::vector<fs::path>& TmpDirs() {
+  static std::vector<fs::path> dirs;
+  return dirs;
+}
+class RemoveTmpDirs : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (const auto& d : TmpDirs()) fs::remove_all(d);
+  }
+};
+const auto* const kRemoveTmpDirs = ::testing::AddGlobalTestEnvironment(new RemoveTmpDirs);
+
 std::string Tmp(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("sshsdp_ckpt_unit_" + name);
+  const fs::path p = fs::temp_directory_path() /
+                     fmt::format("sshsdp_ckpt_unit_{}_{}", static_cast<long>(::getpid()), name);
   fs::remove_all(p);
   fs::create_directories(p);
+  TmpDirs().push_back(p);
   return p.string();
 }
 
