@@ -19,10 +19,13 @@
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/engine/presets.h"
 #include "sshsdp/engine/reduce_mode.h"
+#include "sshsdp/engine/testing/parity_data.h"
 #include "sshsdp/models/gpt.h"
 
 namespace sshsdp {
 namespace {
+
+using testing::MakeBatch;
 
 struct Layout {
   int sw, sg, so, rpn;
@@ -60,25 +63,6 @@ GptConfig TestModel() {
   c.n_head = 3;
   c.n_layer = 2;
   return c;
-}
-
-int32_t Tok(int64_t sample, int t, int vocab) {
-  uint64_t x = static_cast<uint64_t>(sample) * 1000003u + static_cast<uint64_t>(t) * 7919u + 17;
-  x ^= x >> 13;
-  x *= 0x9E3779B97F4A7C15ull;
-  return static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
-}
-
-BatchFn MakeBatch(int64_t* step, int M, int W, int rank, int B, int T, int V) {
-  return [=](int mb, int32_t* tok, int32_t* tgt) {
-    for (int b = 0; b < B; ++b) {
-      int64_t sample = ((*step * M + mb) * W + rank) * B + b;
-      for (int t = 0; t < T; ++t) {
-        tok[b * T + t] = Tok(sample, t, V);
-        tgt[b * T + t] = Tok(sample, t + 1, V);
-      }
-    }
-  };
 }
 
 EngineConfig BaseConfig(const Layout& l, int M, DType wdt, CommPath path) {

@@ -22,11 +22,14 @@
 
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/testing/parity_data.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/models/moe.h"
 
 namespace sshsdp {
 namespace {
+
+using testing::MakeBatch;
 
 struct Layout {
   int sw, sg, so, rpn;
@@ -74,25 +77,6 @@ GptConfig Aligned() {
   GptConfig c = Unaligned();
   c.d_ff = 16;
   return c;
-}
-
-int32_t Tok(int64_t sample, int t, int vocab) {
-  uint64_t x = static_cast<uint64_t>(sample) * 1000003u + static_cast<uint64_t>(t) * 7919u + 17;
-  x ^= x >> 13;
-  x *= 0x9E3779B97F4A7C15ull;
-  return static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
-}
-
-BatchFn MakeBatch(int64_t* step, int M, int W, int rank, int B, int T, int V) {
-  return [=](int mb, int32_t* tok, int32_t* tgt) {
-    for (int b = 0; b < B; ++b) {
-      int64_t sample = ((*step * M + mb) * W + rank) * B + b;
-      for (int t = 0; t < T; ++t) {
-        tok[b * T + t] = Tok(sample, t, V);
-        tgt[b * T + t] = Tok(sample, t + 1, V);
-      }
-    }
-  };
 }
 
 EngineConfig MuonConfigFor(const Layout& l, int M, DType wdt, UnitRule unit, DType u_dtype) {

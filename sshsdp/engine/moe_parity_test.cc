@@ -23,12 +23,15 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/testing/parity_data.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/models/moe.h"
 #include "sshsdp/params/param_layout.h"
 
 namespace sshsdp {
 namespace {
+
+using testing::MakeBatch;
 
 struct Layout {
   int sw, sg, so, rpn;
@@ -79,25 +82,6 @@ MoeConfig TestModelVariant() {
   c.shared_expert = false;
   c.moe_every = 2;
   return c;
-}
-
-int32_t Tok(int64_t sample, int t, int vocab) {
-  uint64_t x = static_cast<uint64_t>(sample) * 1000003u + static_cast<uint64_t>(t) * 7919u + 17;
-  x ^= x >> 13;
-  x *= 0x9E3779B97F4A7C15ull;
-  return static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
-}
-
-BatchFn MakeBatch(int64_t* step, int M, int W, int rank, int B, int T, int V) {
-  return [=](int mb, int32_t* tok, int32_t* tgt) {
-    for (int b = 0; b < B; ++b) {
-      int64_t sample = ((*step * M + mb) * W + rank) * B + b;
-      for (int t = 0; t < T; ++t) {
-        tok[b * T + t] = Tok(sample, t, V);
-        tgt[b * T + t] = Tok(sample, t + 1, V);
-      }
-    }
-  };
 }
 
 EngineConfig BaseConfig(const Layout& l, int M, DType wdt) {
