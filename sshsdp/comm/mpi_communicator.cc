@@ -232,8 +232,8 @@ void MpiCommunicator::RingAllGather(char* buf, const Chunks& bytes, const char* 
 }
 
 void MpiCommunicator::RingReduceScatter(const void* in, DType in_dtype, const Chunks& elems,
-                                        void* out, DType out_dtype, bool accumulate,
-                                        const char* op, const ReduceScatterOptions* options) {
+                                        void* out, DType out_dtype, bool accumulate, const char* op,
+                                        const ReduceScatterOptions* options) {
   const int n = size(), p = rank_;
   const size_t in_size = DTypeSize(in_dtype);
   auto local = [&](int chunk) {

@@ -125,7 +125,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> world_ranks_;  // world rank of every member, by position
   std::string label_;
   size_t max_message_bytes_ = kDefaultMaxMessageBytes;
-  std::vector<float> scratch_;  // two fp32 chunk buffers for reduce-scatter partials
+  std::vector<float> scratch_;   // two fp32 chunk buffers for reduce-scatter partials
   std::vector<bf16> scratch16_;  // two bf16 chunk buffers (bf16 + SR partials)
   std::vector<MPI_Request> requests_;
   std::vector<MPI_Status> statuses_;
