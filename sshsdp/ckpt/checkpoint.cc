@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -400,7 +401,11 @@ ojson BuildManifest(Engine& engine, const std::vector<Engine::Zero1Field>& field
     std::sort(v.begin(), v.end(), [](const ojson& a, const ojson& b) {
       return a["range"][0].get<uint64_t>() < b["range"][0].get<uint64_t>();
     });
-    tensors.push_back({{"name", u.name}, {"shape", u.shape}, {"group", u.group}, {"shards", v}});
+    tensors.push_back({{"name", u.name},
+                       {"shape", u.shape},
+                       {"group", u.group},
+                       {"optimizer", OptimizerName(u.optimizer)},
+                       {"shards", v}});
   }
   m["tensors"] = tensors;
   return m;
@@ -706,6 +711,7 @@ Manifest ReadManifest(const std::string& dir) {
     const std::string tw = fmt::format("{} tensor '{}'", where, ct.name);
     ct.shape = Get<std::vector<int64_t>>(t, "shape", tw);
     ct.group = Get<int>(t, "group", tw);
+    if (t.contains("optimizer")) ct.optimizer = Get<std::string>(t, "optimizer", tw);
     for (int64_t d : ct.shape) SSHSDP_CHECK(d > 0, IoError, "{}: non-positive dimension", tw);
     const uint64_t numel = NumElements(ct.shape);
     uint64_t next = 0;
@@ -843,6 +849,21 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
   for (const CheckpointTensor& t : m.tensors) have.push_back({t.name, t.shape});
   const std::string mismatch = DescribeTensorMismatch(want, have, m.ManifestPath());
   SSHSDP_CHECK(mismatch.empty(), ConfigError, "{}", mismatch);
+  // The same fields (m, v) mean different states under AdamW and Muon: a parameter must be
+  // resumed by the optimizer that saved it.
+  std::map<std::string, std::string> saved_optimizer;
+  for (const CheckpointTensor& t : m.tensors) saved_optimizer[t.name] = t.optimizer;
+  std::vector<std::string> moved;
+  for (const UpdateParam& u : engine.UpdateParams()) {
+    const std::string& saved = saved_optimizer[u.name];
+    if (!saved.empty() && saved != OptimizerName(u.optimizer))
+      moved.push_back(fmt::format("'{}' was updated by {} in the checkpoint, by {} here", u.name,
+                                  saved, OptimizerName(u.optimizer)));
+  }
+  SSHSDP_CHECK(moved.empty(), ConfigError,
+               "{}: {} parameter(s) changed optimizer, e.g. {}; resume with the optimizer options "
+               "the checkpoint was saved with (--optimizer, --muon-unit and unit overrides)",
+               m.ManifestPath(), moved.size(), moved.empty() ? "" : moved.front());
   const std::vector<Engine::Zero1Field> fields = engine.Zero1Fields();
   std::set<std::string> used;
   for (const auto& f : fields) {

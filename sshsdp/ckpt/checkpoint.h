@@ -86,6 +86,7 @@ struct CheckpointTensor {
   std::string name;
   std::vector<int64_t> shape;
   int group = 0;
+  std::string optimizer;                // "adamw" | "muon" ("" in checkpoints before it)
   std::vector<CheckpointShard> shards;  // sorted by begin, partitioning [0, numel)
 };
 

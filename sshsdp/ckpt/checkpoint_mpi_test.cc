@@ -298,6 +298,35 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
     }
     world_->Barrier();  // every rank got here: nobody was left waiting
   }
+
+  // Muon's momentum lives in the same 'm' field AdamW uses: a Muon checkpoint resumed under
+  // AdamW (or the reverse) is refused on every rank before any collective, naming a tensor.
+  EngineConfig muon = Config({4, 2, 2, 4}, 2, DType::kBF16);
+  muon.optimizer = OptimizerKind::kMuon;
+  {
+    Gpt model(gc);
+    Engine a(model, *world_, muon);
+    a.InitWeights(1);
+    SaveCheckpoint(a, *world_, dir + "/muon", {mj, {}, {}});
+  }
+  for (const auto& [path, cfg] :
+       {std::pair{dir + "/muon", Config({4, 1, 1, 2}, 2, DType::kBF16)}, std::pair{good, muon}}) {
+    SCOPED_TRACE(path);
+    Gpt model(gc);
+    Engine e(model, *world_, cfg);
+    try {
+      LoadCheckpoint(e, *world_, path, mj);
+      ADD_FAILURE() << "resumed under another optimizer";
+    } catch (const ConfigError& err) {
+      const std::string what = err.what();
+      for (const char* n : {"blocks.0.attn.q.h0", "changed optimizer", "--optimizer"})
+        EXPECT_NE(what.find(n), std::string::npos) << what;
+    }
+    world_->Barrier();
+  }
+  Gpt model(gc);
+  Engine same(model, *world_, muon);
+  EXPECT_NO_THROW(LoadCheckpoint(same, *world_, dir + "/muon/step_00000000", mj));
 }
 
 TEST_F(CheckpointMpi, SavesAreAtomicPrunedAndReplaceable) {
