@@ -101,6 +101,8 @@ nlohmann::json MoeModelJson(const MoeConfig& c) {
   j["renormalize"] = c.renormalize;
   j["expert_mlp"] = ExpertMlpName(c.expert_mlp);
   j["d_shared"] = c.shared_expert ? c.shared_ff() : 0;
+  // Experts in their own runtime groups (mxfp8) change the groups a checkpoint is cut into.
+  if (c.expert_group) j["expert_group"] = true;
   return j;
 }
 

@@ -101,7 +101,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--weight-dtype", o.weight_dtype,
                  "runtime weight dtype: bf16 | fp32 | mxfp8 (E4M3 + UE8M0 32x32 blocks for "
-                 "transformer blocks; embedding and LM head stay bf16)")
+                 "transformer blocks; embedding and LM head stay bf16; MoE presets: the expert "
+                 "weights only, in their own runtime groups; router, attention, dense blocks bf16)")
       ->capture_default_str();
   app.add_option("--scale-layout", o.scale_layout,
                  "MXFP8 scale layout of packed runtime weights: row_major | block_row_major | "
@@ -184,6 +185,8 @@ MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
   if (!o.expert_mlp.empty()) c.expert_mlp = ParseExpertMlp(o.expert_mlp);
   if (o.aux_loss_weight >= 0) c.aux_loss_weight = o.aux_loss_weight;
   c.shared_expert = o.shared_expert;
+  // MXFP8: experts in their own runtime groups, the only MX groups (moe.h).
+  c.expert_group = o.weight_dtype == "mxfp8";
   c.Validate();
   return c;
 }
@@ -199,10 +202,11 @@ std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
   const MoeConfig c = MakeMoeConfig(o, trunk);
   int moe_blocks = 0;
   for (int l = 0; l < trunk.n_layer; ++l) moe_blocks += c.IsMoeLayer(l);
-  return fmt::format("MoE GPT [{} of {} blocks MoE, E={} top-{} {} {}{} f={}{}, aux {}]",
+  return fmt::format("MoE GPT [{} of {} blocks MoE, E={} top-{} {} {}{} f={}{}, aux {}{}]",
                      moe_blocks, trunk.n_layer, c.n_expert, c.top_k, GatingName(c.gating),
                      ExpertMlpName(c.expert_mlp), c.renormalize ? " renorm" : "", c.expert_ff(),
-                     c.shared_expert ? " +shared" : "", c.aux_loss_weight);
+                     c.shared_expert ? " +shared" : "", c.aux_loss_weight,
+                     c.expert_group ? ", expert groups" : "");
 }
 
 GptConfig MakeGptConfig(const TrainOptions& o) {

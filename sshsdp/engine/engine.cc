@@ -109,7 +109,13 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
                DTypeName(cfg.weight_dtype));
   if (cfg.weight_dtype == DType::kE4M3) {
     SSHSDP_CHECK(model.ConsumesMx(), ConfigError,
-                 "weight dtype mxfp8: this model does not consume MXFP8 weight views");
+                 "weight dtype mxfp8: this model does not consume MXFP8 weight views (an MoE "
+                 "model does only with its experts in their own runtime groups: "
+                 "MoeConfig::expert_group)");
+    bool any_mx = false;
+    for (int g = 0; g < model.num_groups() && !any_mx; ++g) any_mx = model.GroupConsumesMx(g);
+    SSHSDP_CHECK(any_mx, ConfigError,
+                 "weight dtype mxfp8: no runtime group of this model consumes MXFP8 weights");
     SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.weight_copies &&
                      !cfg.redundancies.tw_every_use && cfg.comm_path == CommPath::kCollective,
                  ConfigError,
@@ -171,12 +177,14 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   if (cfg_.weight_dtype == DType::kE4M3) {
     std::vector<const GroupLayout*> layouts;
     std::vector<const ShardChain*> chains;
+    std::vector<bool> mx_groups;
     for (auto& gp : groups_) {
       layouts.push_back(&gp->layout);
       chains.push_back(gp->chain.get());
+      mx_groups.push_back(gp->wdt == DType::kE4M3);
     }
     mx_ = std::make_unique<MxWeights>(layouts, chains, topo_, rank_, cfg_.scale_layout, *up_p2p_,
-                                      &memory_);
+                                      &memory_, mx_groups);
   }
 }
 
@@ -302,7 +310,7 @@ void Engine::BuildGroup(int gi) {
   g->z1 = g->chain->LocalRange(Shard::kZero1);
   g->padded = g->layout.list.padded_numel();
   g->wdt = cfg_.weight_dtype;
-  if (g->wdt == DType::kE4M3 && !MxWeights::GroupIsMx(g->layout)) g->wdt = DType::kBF16;
+  if (g->wdt == DType::kE4M3 && !model_.GroupConsumesMx(gi)) g->wdt = DType::kBF16;
   g->sdt = cfg_.redundancies.cast_every_gather ? DType::kF32 : g->wdt;
   const size_t ws = DTypeSize(g->sdt);
   const std::string p = "group" + std::to_string(gi);

@@ -10,10 +10,15 @@
 // (muon_eligible = false). A further test forces routing so that two experts receive no
 // tokens on any rank: their packed-gradient slices must be written as explicit zeros (the
 // gradient blocks of sg > 1 are recycled, never cleared), so they change only by weight
-// decay, identically to the reference. The reference runs in the same process on a one-rank
-// communicator with W·M microbatches.
+// decay, identically to the reference. MXFP8 expert weights (MoeConfig::expert_group): only
+// the expert groups are MX (the router, attention and norm gains stay bf16, checked through
+// GatherMxWeights); training matches the reference on every layout, with expert matrices
+// (one 32-row band each) straddling ZeRO-1 shards so their G bands are split between ranks;
+// an MoE model without expert groups is refused. The reference runs in the same process on a
+// one-rank communicator with W·M microbatches.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -352,6 +357,101 @@ TEST(MoeEngineParity, ExpertsWithoutTokensGetZeroGradients) {
         }
       }
     }
+  }
+}
+
+// MXFP8 expert weights: the sharded engine quantizes every expert's own 32x32 blocks at
+// ZeRO-1 (bands split between ranks where a matrix straddles a shard) to the same codes as the
+// single-process engine. Step 1 runs on identical weights (only the loss/gradient summation
+// order differs); later main weights differ in their last fp32 bits and can land on the
+// neighbouring E4M3 code, hence the looser tolerance (as in mx_weights_test).
+void RunMxParity(MoeConfig mc, const Layout& l, int M, ScaleLayout sl) {
+  mc.expert_group = true;
+  auto world = MpiCommunicator::World(l.rpn);
+  const int W = world->size(), r = world->rank();
+  auto self = world->Split(r, 0);
+  MoeGpt model(mc), ref_model(mc);
+  if (l.so > 1) {
+    std::vector<std::string> straddle = StraddlingExperts(model, l, W, DType::kE4M3);
+    ASSERT_FALSE(straddle.empty()) << "no expert matrix crosses a ZeRO-1 boundary";
+  }
+  EngineConfig cfg = BaseConfig(l, M, DType::kE4M3);
+  cfg.scale_layout = sl;
+  EngineConfig rcfg = BaseConfig({1, 1, 1, 1}, M * W, DType::kE4M3);
+  rcfg.scale_layout = sl;
+  Engine eng(model, *world, cfg);
+  Engine ref(ref_model, *self, rcfg);
+  eng.InitWeights(7);
+  ref.InitWeights(7);
+
+  // Exactly the expert runtime weights are MX; the codes and scales equal the reference's.
+  auto mx = eng.GatherMxWeights();
+  auto rmx = ref.GatherMxWeights();
+  std::vector<std::string> want;
+  for (int blk = 0; blk < mc.trunk.n_layer; ++blk) {
+    if (!mc.IsMoeLayer(blk)) continue;
+    for (const RuntimeParamSpec& rp : model.GroupParams(model.ExpertGroup(blk)))
+      want.push_back(rp.name);
+  }
+  std::vector<std::string> got;
+  for (auto& [name, w] : mx) {
+    got.push_back(name);
+    EXPECT_EQ(w.codes, rmx.at(name).codes) << name;
+    EXPECT_EQ(w.scales, rmx.at(name).scales) << name;
+  }
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(mx.count("blocks.1.moe.router"), 0u);
+
+  int64_t step = 0;
+  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
+  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
+  for (; step < 3; ++step) {
+    StepStats a = eng.Step(batch);
+    StepStats b = ref.Step(rbatch);
+    const double tol = step == 0 ? 1e-5 : 2e-3;
+    EXPECT_NEAR(a.loss, b.loss, tol * std::abs(b.loss)) << "step " << step;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, (step == 0 ? 1e-4 : 2e-2) * b.grad_norm)
+        << "step " << step;
+    if (l.so > 1) {
+      EXPECT_GT(a.counters.mx_split_bands, 0u) << "step " << step;
+    }
+    ExpectSameWeights(eng, ref, 1e-3, step);  // << lr = 3e-3 per step
+  }
+}
+
+TEST(MoeEngineParity, MxExpertWeightsAllLayouts) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  for (const Layout& l : LayoutsFor(W)) {
+    SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+    RunMxParity(TestModel(), l, 2, ScaleLayout::kCublasSwizzle);
+  }
+}
+
+// GELU experts, sigmoid gating, a dense (bf16) block before the MoE block, DeepGEMM scales;
+// a shared expert (MX too) so that shard boundaries do not fall between w1 and w2.
+TEST(MoeEngineParity, MxExpertWeightsVariant) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const Layout l = LayoutsFor(W).front();
+  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  MoeConfig mc = TestModelVariant();
+  mc.shared_expert = true;
+  RunMxParity(mc, l, 2, ScaleLayout::kDeepGemmMnMajor);
+}
+
+// Without expert groups the MoE block's single flat buffer would hold the router (and the
+// attention, norm gains) too: refused at construction, on every rank alike.
+TEST(MoeEngineParity, MxWithoutExpertGroupsIsRefused) {
+  auto world = MpiCommunicator::World(1);
+  MoeGpt model(TestModel());
+  EngineConfig cfg = BaseConfig({1, 1, world->size(), 1}, 1, DType::kE4M3);
+  try {
+    Engine eng(model, *world, cfg);
+    ADD_FAILURE() << "MoE without expert groups accepted --weight-dtype mxfp8";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("expert_group"), std::string::npos) << e.what();
   }
 }
 

@@ -24,7 +24,8 @@ bool MxWeights::GroupIsMx(const GroupLayout& layout) {
 
 MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
                      const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
-                     ScaleLayout layout, Communicator& p2p, MemoryAccount* account)
+                     ScaleLayout layout, Communicator& p2p, MemoryAccount* account,
+                     const std::vector<bool>& mx_groups)
     : topo_(topo),
       rank_(rank),
       replica_(topo.Coord(rank).d),
@@ -37,7 +38,7 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
   for (size_t g = 0; g < layouts.size(); ++g) {
     Group& G = groups_[g];
     G.layout = layouts[g];
-    G.mx = GroupIsMx(*layouts[g]);
+    G.mx = mx_groups.empty() ? GroupIsMx(*layouts[g]) : mx_groups.at(g);
     if (!G.mx) continue;
     const GroupLayout& L = *layouts[g];
     G.s_list = TensorList(L.list.name() + ".s", DType::kUE8M0);

@@ -2,14 +2,19 @@
 // DESIGN §6 steps 1 and 7, §7) — the G stage at ZeRO-1 on 32-row bands, the per-group scale
 // tensor list S parallel to W, and the Tw scale relayout of every packed runtime weight.
 //
-// Which weights are MXFP8. A runtime group is MX when none of its update parameters is an
-// embedding / LM-head table (UpdateKind::kEmbedding): GPT blocks are MX, the embedding group
-// and the final-norm + LM-head group stay bf16 (the paper keeps non-expert GEMMs in BF16 too;
-// our default keeps the vocabulary GEMM and the lookup table precise). Inside an MX group
-// EVERY member is MXFP8, norm gains included (as [1, n] matrices, i.e. 1x32 blocks): one flat
-// buffer holds one dtype (one Atom per group here), and splitting the gains into a bf16 atom
-// is future work. Elements E4M3, scales UE8M0, 32x32 blocks per update parameter (each head
-// of a packed QKV has its own blocks), scale rule MxScaleRule::kCeil (never saturates).
+// Which weights are MXFP8: the model decides per runtime group (Model::GroupConsumesMx; the
+// engine passes the flags in). Default rule (GroupIsMx): a group is MX when none of its update
+// parameters is an embedding / LM-head table (UpdateKind::kEmbedding): GPT blocks are MX, the
+// embedding group and the final-norm + LM-head group stay bf16 (the paper keeps non-expert
+// GEMMs in BF16 too; our default keeps the vocabulary GEMM and the lookup table precise). The
+// MoE GPT (moe.h, MoeConfig::expert_group) makes only its expert groups MX — the packed
+// [E, out, in] routed-expert weights (each expert its own update parameter, own 32x32 blocks)
+// and the shared expert — and keeps the router, attention, norm gains and dense blocks bf16.
+// Inside an MX group EVERY member is MXFP8, norm gains included (as [1, n] matrices, i.e.
+// 1x32 blocks): one flat buffer holds one dtype (one Atom per group here), and splitting the
+// gains into a bf16 atom is future work. Elements E4M3, scales UE8M0, 32x32 blocks per update
+// parameter (each head of a packed QKV has its own blocks), scale rule MxScaleRule::kCeil (never
+// saturates).
 //
 // S. Per group, a byte TensorList with one member per W member: its row-major block grid
 // [ceil(rows/32), ceil(cols/32)]. S is sharded by the same topology (its own ShardChain,
@@ -56,16 +61,19 @@ namespace sshsdp {
 
 class MxWeights {
  public:
-  // Whether a group's runtime weights are MXFP8 (no embedding / LM-head member).
+  // The default rule (Model::GroupConsumesMx): MXFP8 unless a member is an embedding /
+  // LM-head table (or the group is empty).
   static bool GroupIsMx(const GroupLayout& layout);
 
   // layouts[g], chains[g]: every runtime group's layout and this rank's shard chain. p2p is
-  // ordered like the world (a world duplicate). Builds S, its chain and buffers, the band
-  // units and the G plan (metadata only). Throws ConfigError when a layout is not usable
-  // (e.g. kBlockRowMajor with parts whose rows are not multiples of 32).
+  // ordered like the world (a world duplicate). mx_groups[g]: whether group g is MX (the
+  // model's Model::GroupConsumesMx; empty = GroupIsMx of every layout). Builds S, its chain
+  // and buffers, the band units and the G plan (metadata only). Throws ConfigError when a
+  // layout is not usable (e.g. kBlockRowMajor with parts whose rows are not multiples of 32).
   MxWeights(const std::vector<const GroupLayout*>& layouts,
             const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
-            ScaleLayout layout, Communicator& p2p, MemoryAccount* account);
+            ScaleLayout layout, Communicator& p2p, MemoryAccount* account,
+            const std::vector<bool>& mx_groups = {});
   ~MxWeights();
 
   bool is_mx(int g) const { return groups_[g].mx; }

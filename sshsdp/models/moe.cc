@@ -14,6 +14,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
 
 namespace sshsdp {
@@ -193,6 +194,20 @@ MoeGpt::MoeGpt(const MoeConfig& config) : c_(config), trunk_(CheckedTrunk(config
     if (swiglu) slots_.s3 = next++;
   }
   slots_.count = next;
+  mx_scratch_.resize(static_cast<size_t>(slots_.count - slots_.w1));
+  roles_.push_back({Role::kEmbed, -1});
+  for (int l = 0; l < c_.trunk.n_layer; ++l) {
+    first_group_.push_back(static_cast<int>(roles_.size()));
+    if (!c_.IsMoeLayer(l)) {
+      roles_.push_back({Role::kDense, l});
+    } else if (!c_.expert_group) {
+      roles_.push_back({Role::kMoe, l});
+    } else {
+      roles_.push_back({Role::kAttnRouter, l});
+      roles_.push_back({Role::kExperts, l});
+    }
+  }
+  roles_.push_back({Role::kHead, -1});
   gain_scratch_.resize(c_.trunk.d_model);
   dgain_scratch_.resize(c_.trunk.d_model);
 }
@@ -200,9 +215,44 @@ MoeGpt::MoeGpt(const MoeConfig& config) : c_(config), trunk_(CheckedTrunk(config
 std::vector<RuntimeParamSpec> MoeGpt::GroupParams(int g) const {
   SSHSDP_CHECK(g >= 0 && g < num_groups(), PlanError, "MoE GPT has groups 0..{}, asked for {}",
                num_groups() - 1, g);
-  std::vector<RuntimeParamSpec> specs = trunk_.GroupParams(g);
-  const int l = g - 1;
-  if (g == 0 || g == num_groups() - 1 || !c_.IsMoeLayer(l)) return specs;
+  const GroupRole r = roles_[g];
+  switch (r.role) {
+    case Role::kEmbed:
+      return trunk_.GroupParams(0);
+    case Role::kHead:
+      return trunk_.GroupParams(c_.trunk.n_layer + 1);
+    case Role::kDense:
+      return trunk_.GroupParams(r.layer + 1);
+    case Role::kMoe:
+      return MoeBlockParams(r.layer);
+    case Role::kAttnRouter: {
+      std::vector<RuntimeParamSpec> specs = MoeBlockParams(r.layer);
+      specs.resize(static_cast<size_t>(slots_.w1));
+      return specs;
+    }
+    case Role::kExperts: {
+      std::vector<RuntimeParamSpec> specs = MoeBlockParams(r.layer);
+      specs.erase(specs.begin(), specs.begin() + slots_.w1);
+      return specs;
+    }
+  }
+  return {};
+}
+
+bool MoeGpt::GroupConsumesMx(int g) const {
+  SSHSDP_CHECK(g >= 0 && g < num_groups(), PlanError, "MoE GPT has groups 0..{}, asked for {}",
+               num_groups() - 1, g);
+  return roles_[g].role == Role::kExperts;
+}
+
+int MoeGpt::ExpertGroup(int l) const {
+  SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l), PlanError,
+               "MoE GPT: block {} is not an MoE block", l);
+  return c_.expert_group ? first_group_[l] + 1 : first_group_[l];
+}
+
+std::vector<RuntimeParamSpec> MoeGpt::MoeBlockParams(int l) const {
+  std::vector<RuntimeParamSpec> specs = trunk_.GroupParams(l + 1);
   specs.resize(4);  // ln1.g, attn.qkv, attn.proj, ln2.g: the dense GPT's, unchanged
   const int64_t E = c_.n_expert, d = c_.trunk.d_model, f = c_.expert_ff(), fs = c_.shared_ff();
   const float std = 0.02f;
@@ -352,18 +402,37 @@ void MoeGpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int 
 }
 
 size_t MoeGpt::NumViews(int g) const {
-  if (g == 0 || g == num_groups() - 1) return 2;
-  return c_.IsMoeLayer(g - 1) ? static_cast<size_t>(slots_.count) : 6;
+  switch (roles_[g].role) {
+    case Role::kEmbed:
+    case Role::kHead:
+      return 2;
+    case Role::kDense:
+      return 6;
+    case Role::kMoe:
+      return static_cast<size_t>(slots_.count);
+    case Role::kAttnRouter:
+      return static_cast<size_t>(slots_.w1);
+    case Role::kExperts:
+      return static_cast<size_t>(slots_.count - slots_.w1);
+  }
+  return 0;
 }
 
 void MoeGpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const {
   const size_t want = NumViews(g);
   SSHSDP_CHECK(v.size() == want, PlanError, "MoE GPT group {}: got {} {} views, expected {}", g,
                v.size(), what, want);
+  const Role role = roles_[g].role;
   for (size_t i = 0; i < v.size(); ++i) {
-    SSHSDP_CHECK(v[i].data != nullptr && IsFloatType(v[i].dtype), PlanError,
-                 "MoE GPT group {}: {} view {} must be non-null fp32 or bf16 (got {})", g, what, i,
-                 DTypeName(v[i].dtype));
+    // MXFP8 (codes + scales) only for expert weights.
+    const bool expert =
+        role == Role::kExperts || (role == Role::kMoe && i >= static_cast<size_t>(slots_.w1));
+    const bool mx = expert && kernels::IsMxElement(v[i].dtype) && v[i].scales != nullptr &&
+                    std::string_view(what) == "weight";
+    SSHSDP_CHECK(v[i].data != nullptr && (IsFloatType(v[i].dtype) || mx), PlanError,
+                 "MoE GPT group {}: {} view {} must be non-null fp32 or bf16 (MXFP8 with scales "
+                 "for expert weights) (got {})",
+                 g, what, i, DTypeName(v[i].dtype));
   }
 }
 
@@ -387,14 +456,27 @@ void MoeGpt::Forward(int g, const std::vector<TensorRef>& w) {
                "MoE GPT Forward({}) out of order: expected group {} (forward runs 0..{})", g,
                fwd_next_, num_groups() - 1);
   CheckViews(g, w, "weight");
-  if (g == 0) {
-    fwd_done_ = false;
-    bwd_next_ = -1;
-    layers::EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.trunk.d_model, res_[0]);
-  } else if (g == num_groups() - 1) {
-    ForwardHead(w);
-  } else {
-    ForwardBlock(g - 1, w);
+  const GroupRole r = roles_[g];
+  switch (r.role) {
+    case Role::kEmbed:
+      fwd_done_ = false;
+      bwd_next_ = -1;
+      layers::EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.trunk.d_model, res_[0]);
+      break;
+    case Role::kHead:
+      ForwardHead(w);
+      break;
+    case Role::kDense:
+    case Role::kMoe:
+      ForwardBlock(r.layer, w);
+      break;
+    case Role::kAttnRouter:
+      ForwardAttention(r.layer, w);
+      ForwardRouter(r.layer, w[slots_.router]);
+      break;
+    case Role::kExperts:
+      ForwardExperts(r.layer, w.data());
+      break;
   }
   fwd_next_ = g + 1;
   if (fwd_next_ == num_groups()) {
@@ -422,7 +504,7 @@ double MoeGpt::Loss() const { return CrossEntropy() + AuxLoss(); }
 const MoeGpt::BlockActs& MoeGpt::Routed(int l) const {
   SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l), PlanError,
                "MoE GPT: block {} is not an MoE block", l);
-  SSHSDP_CHECK(B_ > 0 && (fwd_done_ || fwd_next_ > l + 1), PlanError,
+  SSHSDP_CHECK(B_ > 0 && (fwd_done_ || fwd_next_ > first_group_[l]), PlanError,
                "MoE GPT: routing of block {} read before its forward", l);
   return blocks_[l];
 }
@@ -450,49 +532,78 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
   CheckViews(g, w, "weight");
   CheckViews(g, grad, "gradient");
   const bool acc = mode == GradWrite::kAccumulate;
-  if (g == num_groups() - 1) {
-    BackwardHead(w, grad, acc);
-  } else if (g == 0) {
-    layers::EmbeddingBackward(dres_, tokens_.data(), B_, T_, c_.trunk.d_model, grad[0],
-                              c_.trunk.vocab, grad[1], c_.trunk.seq_len, acc, table_scratch_);
-  } else {
-    BackwardBlock(g - 1, w, grad, acc);
+  const GroupRole r = roles_[g];
+  switch (r.role) {
+    case Role::kHead:
+      BackwardHead(w, grad, acc);
+      break;
+    case Role::kEmbed:
+      layers::EmbeddingBackward(dres_, tokens_.data(), B_, T_, c_.trunk.d_model, grad[0],
+                                c_.trunk.vocab, grad[1], c_.trunk.seq_len, acc, table_scratch_);
+      break;
+    case Role::kDense:
+    case Role::kMoe:
+      BackwardBlock(r.layer, w, grad, acc);
+      break;
+    case Role::kExperts:  // dln_ = ∂/∂ln2 from the experts; dres_ (∂/∂out) is left as is
+      BackwardRouted(r.layer, w.data(), grad.data(), acc, dres_, dln_);
+      BackwardShared(r.layer, w.data(), grad.data(), acc, dres_, dln_);
+      break;
+    case Role::kAttnRouter:
+      BackwardRouter(r.layer, w[slots_.router], grad[slots_.router], acc, dln_);
+      BackwardAttention(r.layer, w, grad, acc);
+      break;
   }
   // After group 0 the pass may be repeated (activations are untouched by backward).
   bwd_next_ = g == 0 ? num_groups() - 1 : g - 1;
 }
 
-void MoeGpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
-  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, ff = c_.trunk.ff();
+void MoeGpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   BlockActs& A = blocks_[l];
   const float* x = res_[l];
-  float* out = res_[l + 1];
   RmsNormForward(x, Gain(w[0]), A.ln1, A.ln1_rstd, N, d);
   LinearForward(A.ln1, w[1].data, w[1].dtype, A.qkv, N, 3 * d, d);
   layers::AttentionForward(A.qkv, A.att, A.atty, B_, T_, c_.trunk.n_head, c_.trunk.head_dim());
   LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d);
   kernels::Add(x, A.res_mid, A.res_mid, N * d);
   RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d);
+}
+
+void MoeGpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, ff = c_.trunk.ff();
+  BlockActs& A = blocks_[l];
+  float* out = res_[l + 1];
+  ForwardAttention(l, w);
   if (c_.IsMoeLayer(l)) {
-    ForwardMoe(l, w, out);
-  } else {
-    LinearForward(A.ln2, w[4].data, w[4].dtype, A.fch, N, ff, d);
-    layers::GeluForward(A.fch, A.fcg, N * ff);
-    LinearForward(A.fcg, w[5].data, w[5].dtype, out, N, d, ff);
+    ForwardRouter(l, w[slots_.router]);
+    ForwardExperts(l, w.data() + slots_.w1);
+    return;
   }
+  LinearForward(A.ln2, w[4].data, w[4].dtype, A.fch, N, ff, d);
+  layers::GeluForward(A.fch, A.fcg, N * ff);
+  LinearForward(A.fcg, w[5].data, w[5].dtype, out, N, d, ff);
   kernels::Add(A.res_mid, out, out, N * d);
 }
 
-void MoeGpt::ForwardMoe(int l, const std::vector<TensorRef>& w, float* out) {
+TensorRef MoeGpt::ExpertView(const TensorRef& t, int64_t rows, int64_t cols, int slot) {
+  if (!kernels::IsMxElement(t.dtype)) return t;
+  std::vector<float>& s = mx_scratch_[static_cast<size_t>(slot - slots_.w1)];
+  s.resize(static_cast<size_t>(rows * cols));
+  kernels::MxDequantizeOperand(static_cast<const uint8_t*>(t.data), t.dtype, t.scales,
+                               t.scale_layout, rows, cols, s.data());
+  return TensorRef{s.data(), DType::kF32};
+}
+
+void MoeGpt::ForwardRouter(int l, const TensorRef& router) {
   BlockActs& A = blocks_[l];
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
-  const int64_t f = c_.expert_ff(), fs = c_.shared_ff();
   const float* x = A.ln2;
 
   // 1. Router logits in fp32 (bf16 router weights are widened: routing decisions are made
   //    from fp32 logits, as MoE implementations do for stability).
-  LinearForward(x, RouterF32(w[slots_.router]), DType::kF32, A.score, N, E, d);
+  LinearForward(x, RouterF32(router), DType::kF32, A.score, N, E, d);
 
   // 2. Top-k by logit (ties: lower expert index first), then scores and gates.
   std::vector<char> taken(E);
@@ -554,20 +665,31 @@ void MoeGpt::ForwardMoe(int l, const std::vector<TensorRef>& w, float* out) {
   }
   const int64_t Nk = N * k;
   for (int64_t r = 0; r < Nk; ++r) std::copy_n(x + A.token[r] * d, d, A.xp + r * d);
+}
 
-  // 5. Experts: GEMMs on each expert's slice of the packed weights over its rows.
+void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
+  BlockActs& A = blocks_[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
+  const int E = c_.n_expert, k = c_.top_k;
+  const int64_t f = c_.expert_ff(), fs = c_.shared_ff();
+  const float* x = A.ln2;
+  float* out = res_[l + 1];
+  auto view = [&](int slot, int64_t rows, int64_t cols) {
+    return ExpertView(wx[slot - slots_.w1], rows, cols, slot);
+  };
+
+  // 5. Experts: GEMMs on each expert's slice of the packed weights over its rows (an MXFP8
+  //    packed weight is dequantized whole first: its scales are laid out for [E·out, in]).
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
-  const TensorRef& w1 = w[slots_.w1];
-  const TensorRef& w2 = w[slots_.w2];
+  const TensorRef w1 = view(slots_.w1, E * f, d);
+  const TensorRef w2 = view(slots_.w2, E * d, f);
+  const TensorRef w3 = swiglu ? view(slots_.w3, E * f, d) : TensorRef{};
   for (int e = 0; e < E; ++e) {
     const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
     if (n == 0) continue;
     const float* xe = A.xp + off * d;
     ExpertForward(xe, Slice(w1, e, f * d), w1.dtype, A.h1 + off * f, n, f, d);
-    if (swiglu) {
-      const TensorRef& w3 = w[slots_.w3];
-      ExpertForward(xe, Slice(w3, e, f * d), w3.dtype, A.h3 + off * f, n, f, d);
-    }
+    if (swiglu) ExpertForward(xe, Slice(w3, e, f * d), w3.dtype, A.h3 + off * f, n, f, d);
     ActivationForward(c_.expert_mlp, A.h1 + off * f, swiglu ? A.h3 + off * f : nullptr,
                       A.act + off * f, n * f);
     ExpertForward(A.act + off * f, Slice(w2, e, d * f), w2.dtype, A.yp + off * d, n, d, f);
@@ -575,10 +697,15 @@ void MoeGpt::ForwardMoe(int l, const std::vector<TensorRef>& w, float* out) {
 
   // 6. Shared expert (ungated) or zeros, then un-permute: out[t] += Σ_j gate_j · yp[row].
   if (c_.shared_expert) {
-    LinearForward(x, w[slots_.s1].data, w[slots_.s1].dtype, A.sh1, N, fs, d);
-    if (swiglu) LinearForward(x, w[slots_.s3].data, w[slots_.s3].dtype, A.sh3, N, fs, d);
+    const TensorRef s1 = view(slots_.s1, fs, d);
+    LinearForward(x, s1.data, s1.dtype, A.sh1, N, fs, d);
+    if (swiglu) {
+      const TensorRef s3 = view(slots_.s3, fs, d);
+      LinearForward(x, s3.data, s3.dtype, A.sh3, N, fs, d);
+    }
     ActivationForward(c_.expert_mlp, A.sh1, A.sh3, A.sha, N * fs);
-    LinearForward(A.sha, w[slots_.s2].data, w[slots_.s2].dtype, out, N, d, fs);
+    const TensorRef s2 = view(slots_.s2, d, fs);
+    LinearForward(A.sha, s2.data, s2.dtype, out, N, d, fs);
   } else {
     kernels::Fill(out, N * d, 0.0f);
   }
@@ -588,6 +715,7 @@ void MoeGpt::ForwardMoe(int l, const std::vector<TensorRef>& w, float* out) {
                     out + t * d, d);
     }
   }
+  kernels::Add(A.res_mid, out, out, N * d);
 }
 
 void MoeGpt::ForwardHead(const std::vector<TensorRef>& w) {
@@ -614,12 +742,14 @@ void MoeGpt::BackwardBlock(int l, const std::vector<TensorRef>& w,
                            const std::vector<TensorRef>& grad, bool acc) {
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, ff = c_.trunk.ff();
   const BlockActs& A = blocks_[l];
-  const float* x = res_[l];
-  float* dres = dres_;  // in: ∂/∂out; after the MLP: ∂/∂res_mid; out: ∂/∂x
+  float* dres = dres_;  // in: ∂/∂out
 
   // MLP: out = res_mid + mlp(ln2(res_mid)); dln_ = ∂/∂ln2.
   if (c_.IsMoeLayer(l)) {
-    BackwardMoe(l, w, grad, acc, dres, dln_);
+    const TensorRef *wx = w.data() + slots_.w1, *gx = grad.data() + slots_.w1;
+    BackwardRouted(l, wx, gx, acc, dres, dln_);
+    BackwardRouter(l, w[slots_.router], grad[slots_.router], acc, dln_);
+    BackwardShared(l, wx, gx, acc, dres, dln_);
   } else {
     LinearBackwardWeight(dres, A.fcg, w[5].dtype, grad[5].data, grad[5].dtype, N, d, ff, acc);
     LinearBackwardData(dres, w[5].data, w[5].dtype, dfch_, N, d, ff, false);
@@ -627,6 +757,15 @@ void MoeGpt::BackwardBlock(int l, const std::vector<TensorRef>& w,
     LinearBackwardWeight(dfch_, A.ln2, w[4].dtype, grad[4].data, grad[4].dtype, N, ff, d, acc);
     LinearBackwardData(dfch_, w[4].data, w[4].dtype, dln_, N, ff, d, false);
   }
+  BackwardAttention(l, w, grad, acc);
+}
+
+void MoeGpt::BackwardAttention(int l, const std::vector<TensorRef>& w,
+                               const std::vector<TensorRef>& grad, bool acc) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
+  const BlockActs& A = blocks_[l];
+  const float* x = res_[l];
+  float* dres = dres_;  // in: ∂/∂out; after ln2: ∂/∂res_mid; out: ∂/∂x
   RmsNormBackward(dln_, A.res_mid, Gain(w[3]), A.ln2_rstd, dres, dgain_scratch_.data(), N, d,
                   /*accumulate_dx=*/true);
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[3].data, grad[3].dtype, d, acc);
@@ -643,14 +782,13 @@ void MoeGpt::BackwardBlock(int l, const std::vector<TensorRef>& w,
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
 }
 
-void MoeGpt::BackwardMoe(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                         bool acc, const float* dy, float* dx) {
+void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, bool acc,
+                            const float* dy, float* dx) {
   const BlockActs& A = blocks_[l];
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
-  const int64_t f = c_.expert_ff(), fs = c_.shared_ff();
+  const int64_t f = c_.expert_ff();
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
-  const float* x = A.ln2;
 
   // 1. Un-permutation backward: ∂/∂gate_j = ⟨dy_t, yp[row]⟩ and dyp[row] = gate_j · dy_t
   //    (a permuted copy of the output gradient, every row written once).
@@ -667,18 +805,21 @@ void MoeGpt::BackwardMoe(int l, const std::vector<TensorRef>& w, const std::vect
 
   // 2. Experts: weight gradients straight into each expert's slice of the packed gradient
   //    views; dxp = ∂/∂(permuted input). No tokens: explicit zeros (overwrite) or nothing.
-  const TensorRef &w1 = w[slots_.w1], &w2 = w[slots_.w2];
-  const TensorRef &g1 = grad[slots_.w1], &g2 = grad[slots_.w2];
+  //    MXFP8 weights: the data GEMMs use the dequantized weight, the weight-gradient GEMMs run
+  //    in fp32 (the dequantized view's dtype; LinearComputeDType of an MX weight).
+  const int x0 = slots_.w1;
+  const TensorRef w1 = ExpertView(wx[slots_.w1 - x0], E * f, d, slots_.w1);
+  const TensorRef w2 = ExpertView(wx[slots_.w2 - x0], E * d, f, slots_.w2);
+  const TensorRef w3 = swiglu ? ExpertView(wx[slots_.w3 - x0], E * f, d, slots_.w3) : TensorRef{};
+  const TensorRef &g1 = gx[slots_.w1 - x0], &g2 = gx[slots_.w2 - x0];
+  const TensorRef g3 = swiglu ? gx[slots_.w3 - x0] : TensorRef{};
   for (int e = 0; e < E; ++e) {
     const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
     if (n == 0) {
       if (!acc) {
         kernels::FillZero(MutableSlice(g1, e, f * d), g1.dtype, f * d);
         kernels::FillZero(MutableSlice(g2, e, d * f), g2.dtype, d * f);
-        if (swiglu) {
-          const TensorRef& g3 = grad[slots_.w3];
-          kernels::FillZero(MutableSlice(g3, e, f * d), g3.dtype, f * d);
-        }
+        if (swiglu) kernels::FillZero(MutableSlice(g3, e, f * d), g3.dtype, f * d);
       }
       continue;
     }
@@ -696,7 +837,6 @@ void MoeGpt::BackwardMoe(int l, const std::vector<TensorRef>& w, const std::vect
                          wgrad_scratch_);
     ExpertBackwardData(dh1, Slice(w1, e, f * d), w1.dtype, dxe, n, f, d, false);
     if (swiglu) {
-      const TensorRef &w3 = w[slots_.w3], &g3 = grad[slots_.w3];
       ExpertBackwardWeight(dh3, xe, w3.dtype, MutableSlice(g3, e, f * d), g3.dtype, n, f, d, acc,
                            wgrad_scratch_);
       ExpertBackwardData(dh3, Slice(w3, e, f * d), w3.dtype, dxe, n, f, d, true);
@@ -710,6 +850,14 @@ void MoeGpt::BackwardMoe(int l, const std::vector<TensorRef>& w, const std::vect
     for (int j = 1; j < k; ++j)
       kernels::Add(dxt, dxp_ + static_cast<int64_t>(A.row[t * k + j]) * d, dxt, d);
   }
+}
+
+void MoeGpt::BackwardRouter(int l, const TensorRef& router, const TensorRef& gr, bool acc,
+                            float* dx) {
+  const BlockActs& A = blocks_[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
+  const int E = c_.n_expert, k = c_.top_k;
+  const float* x = A.ln2;
 
   // 4. Router: ∂/∂score from the gates (through the renormalisation) and from the aux loss,
   //    then through softmax or σ to the logits dz.
@@ -750,26 +898,32 @@ void MoeGpt::BackwardMoe(int l, const std::vector<TensorRef>& w, const std::vect
       }
     }
   }
-  const TensorRef& gr = grad[slots_.router];
   LinearBackwardWeight(dz_, x, DType::kF32, gr.data, gr.dtype, N, E, d, acc);
-  LinearBackwardData(dz_, RouterF32(w[slots_.router]), DType::kF32, dx, N, E, d, true);
+  LinearBackwardData(dz_, RouterF32(router), DType::kF32, dx, N, E, d, true);
+}
 
+void MoeGpt::BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, bool acc,
+                            const float* dy, float* dx) {
   // 5. Shared expert: a dense MLP on x.
-  if (c_.shared_expert) {
-    const TensorRef &s1 = w[slots_.s1], &s2 = w[slots_.s2];
-    LinearBackwardWeight(dy, A.sha, s2.dtype, grad[slots_.s2].data, grad[slots_.s2].dtype, N, d, fs,
-                         acc);
-    LinearBackwardData(dy, s2.data, s2.dtype, dsh1_, N, d, fs, false);
-    ActivationBackward(c_.expert_mlp, A.sh1, A.sh3, dsh1_, dsh3_, N * fs);
-    LinearBackwardWeight(dsh1_, x, s1.dtype, grad[slots_.s1].data, grad[slots_.s1].dtype, N, fs, d,
-                         acc);
-    LinearBackwardData(dsh1_, s1.data, s1.dtype, dx, N, fs, d, true);
-    if (swiglu) {
-      const TensorRef& s3 = w[slots_.s3];
-      LinearBackwardWeight(dsh3_, x, s3.dtype, grad[slots_.s3].data, grad[slots_.s3].dtype, N, fs,
-                           d, acc);
-      LinearBackwardData(dsh3_, s3.data, s3.dtype, dx, N, fs, d, true);
-    }
+  if (!c_.shared_expert) return;
+  const BlockActs& A = blocks_[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, fs = c_.shared_ff();
+  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
+  const float* x = A.ln2;
+  const int x0 = slots_.w1;
+  const TensorRef s1 = ExpertView(wx[slots_.s1 - x0], fs, d, slots_.s1);
+  const TensorRef s2 = ExpertView(wx[slots_.s2 - x0], d, fs, slots_.s2);
+  const TensorRef &gs1 = gx[slots_.s1 - x0], &gs2 = gx[slots_.s2 - x0];
+  LinearBackwardWeight(dy, A.sha, s2.dtype, gs2.data, gs2.dtype, N, d, fs, acc);
+  LinearBackwardData(dy, s2.data, s2.dtype, dsh1_, N, d, fs, false);
+  ActivationBackward(c_.expert_mlp, A.sh1, A.sh3, dsh1_, dsh3_, N * fs);
+  LinearBackwardWeight(dsh1_, x, s1.dtype, gs1.data, gs1.dtype, N, fs, d, acc);
+  LinearBackwardData(dsh1_, s1.data, s1.dtype, dx, N, fs, d, true);
+  if (swiglu) {
+    const TensorRef s3 = ExpertView(wx[slots_.s3 - x0], fs, d, slots_.s3);
+    const TensorRef& gs3 = gx[slots_.s3 - x0];
+    LinearBackwardWeight(dsh3_, x, s3.dtype, gs3.data, gs3.dtype, N, fs, d, acc);
+    LinearBackwardData(dsh3_, s3.data, s3.dtype, dx, N, fs, d, true);
   }
 }
 
@@ -792,9 +946,11 @@ double MoeGpt::FlopsPerToken() const {
 }
 
 int64_t MoeGpt::ActivationBytes() const {
+  size_t mx = 0;  // dequantized MXFP8 expert weights
+  for (const std::vector<float>& v : mx_scratch_) mx += v.size();
   return static_cast<int64_t>((arena_.size() + table_scratch_.size() + gain_scratch_.size() +
                                dgain_scratch_.size() + router_scratch_.size() +
-                               wgrad_scratch_.size()) *
+                               wgrad_scratch_.size() + mx) *
                                   sizeof(float) +
                               iarena_.size() * sizeof(int32_t));
 }

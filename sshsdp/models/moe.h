@@ -18,7 +18,7 @@
 // piecewise constant (no gradient), as in every MoE implementation.
 //
 // Runtime layout (what the engine shards and the kernels consume). Group 0 = {wte, wpe},
-// group L+1 = {lnf.g, lm_head}, group l+1 = block l:
+// group L+1 = {lnf.g, lm_head}, group l+1 = block l (without expert_group, see below):
 //   dense block: ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1 [d_ff,d], mlp.fc2 [d,d_ff]
 //   MoE block:   ln1.g, attn.qkv, attn.proj, ln2.g,
 //                moe.router [E,d]          one update part, kMatrix with muon_eligible=false
@@ -39,8 +39,23 @@
 // deterministic, no races). Backward mirrors it and writes each expert's weight gradient
 // straight into its slice of the packed runtime-gradient view; an expert with no tokens gets
 // explicit zeros there in kOverwrite mode and is left untouched in kAccumulate mode.
-// Weights fp32 or bf16 (bf16 expert GEMMs; the router always multiplies in fp32); MXFP8
-// runtime weights are not consumed yet (ConsumesMx() is false, so the engine refuses them).
+// Weights fp32 or bf16 (bf16 expert GEMMs; the router always multiplies in fp32).
+//
+// MXFP8 (engine --weight-dtype mxfp8) needs MoeConfig::expert_group: every MoE block then
+// runs as two runtime groups, g = its attention + router {ln1.g, attn.qkv, attn.proj, ln2.g,
+// moe.router} and g+1 = its experts {moe.w1, moe.w2, [moe.w3], [moe.shared.*]}, and only the
+// expert groups are MX (GroupConsumesMx): E4M3 codes of each packed [E, out, in] weight with
+// every expert's own 32x32 blocks, scales relaid out by Tw for the WHOLE packed [E·out, in]
+// operand (a cuBLAS-swizzle tile spans 128 rows, i.e. several experts), so the grouped GEMM
+// dequantizes the whole packed weight once per Forward/Backward call into fp32 scratch and
+// slices experts from it (kernels::MxDequantizeOperand — what an MX GPU GEMM computes); the
+// data GEMMs use it, the weight-gradient GEMMs run in fp32 (LinearComputeDType). The router
+// (routing decisions), attention, norm gains, dense blocks, embeddings and LM head stay bf16.
+// Forward: the attention group computes ln2, router, top-k, gates, aux loss and the permuted
+// input; the expert group the experts, shared expert, un-permutation and residual. Backward:
+// the expert group leaves ∂/∂ln2 of the experts and ∂/∂gate in scratch, the attention group
+// adds the router's part and runs the rest. Without expert_group ConsumesMx() is false and
+// the engine refuses mxfp8 (one flat buffer holds one dtype: the router would be FP8 too).
 //
 //   MoeGpt model(MoeConfig::Preset("moe-tiny"));
 //   DenseParams p(model);  p.Init(1);
@@ -83,6 +98,14 @@ struct MoeConfig {
   bool shared_expert = false;  // an always-on expert added to every token's output
   int d_shared = 0;            // its hidden width; 0 means d_expert
   float aux_loss_weight = 0.01f;
+  // Run each MoE block as TWO runtime groups: block l's attention + router (ln1.g, attn.qkv,
+  // attn.proj, ln2.g, moe.router) and then its experts (moe.w1, moe.w2, [moe.w3], [shared
+  // expert]). Required for MXFP8 runtime weights (the expert group is MX, the attention +
+  // router group stays bf16: one flat buffer holds one dtype); off by default so the group
+  // structure (and checkpoints, "group<g>.*") of existing runs is unchanged. The numerics are
+  // the same either way except for the summation order of ∂/∂ln2 (router and shared expert
+  // terms are added in the other order).
+  bool expert_group = false;
 
   // "moe-tiny":  d=64,  L=2, H=4, T=64,  E=4, k=2, f=128, SwiGLU, softmax, every block
   //              (a step runs in milliseconds);
@@ -103,7 +126,7 @@ class MoeGpt final : public Model {
 
   const MoeConfig& config() const { return c_; }
 
-  int num_groups() const override { return c_.trunk.n_layer + 2; }
+  int num_groups() const override { return static_cast<int>(roles_.size()); }
   std::vector<RuntimeParamSpec> GroupParams(int g) const override;
   void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
   void SetGradScale(double grad_scale) override { grad_scale_ = grad_scale; }
@@ -117,6 +140,13 @@ class MoeGpt final : public Model {
   // the shared expert, and the LM head.
   double FlopsPerToken() const override;
   int64_t ActivationBytes() const override;
+  // MXFP8 expert weights: only with expert_group (see MoeConfig), and then only the expert
+  // groups are MX (GroupConsumesMx); the router, attention, norm gains, dense blocks,
+  // embeddings and LM head stay bf16.
+  bool ConsumesMx() const override { return c_.expert_group; }
+  bool GroupConsumesMx(int g) const override;
+  // The runtime group holding block l's experts (== its only group without expert_group).
+  int ExpertGroup(int l) const;
 
   double CrossEntropy() const;  // mean over the B·T tokens
   double AuxLoss() const;       // Σ over MoE blocks of α·E·Σ_e f_e·P_e
@@ -142,20 +172,48 @@ class MoeGpt final : public Model {
     int router = 4, w1 = 5, w2 = 6, w3 = -1, s1 = -1, s2 = -1, s3 = -1, count = 7;
   };
 
+  // What a runtime group is: the embedding, a dense block, an MoE block (one group), an MoE
+  // block's attention + router group or its expert group (expert_group), the head.
+  enum class Role { kEmbed, kDense, kMoe, kAttnRouter, kExperts, kHead };
+  struct GroupRole {
+    Role role = Role::kEmbed;
+    int layer = -1;
+  };
+  // MoE block l's runtime parameters as one list (slots_ order).
+  std::vector<RuntimeParamSpec> MoeBlockParams(int l) const;
   void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
   size_t NumViews(int g) const;
   // Block l's activations after its forward (PlanError for a dense block or before).
   const BlockActs& Routed(int l) const;
+  // Block l up to ln2 = RMSNorm(res_mid) (views ln1.g, attn.qkv, attn.proj, ln2.g).
+  void ForwardAttention(int l, const std::vector<TensorRef>& w);
   void ForwardBlock(int l, const std::vector<TensorRef>& w);
-  // out = MoE(ln2) of block l (overwritten).
-  void ForwardMoe(int l, const std::vector<TensorRef>& w, float* out);
+  // Router of block l on ln2: scores, top-k, gates, aux loss, permutation and permuted input.
+  void ForwardRouter(int l, const TensorRef& router);
+  // res_[l+1] = res_mid + MoE(ln2) from the routing above; wx = the expert views (moe.w1 first,
+  // slots_ order).
+  void ForwardExperts(int l, const TensorRef* wx);
   void ForwardHead(const std::vector<TensorRef>& w);
   void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                      bool acc);
-  // dx = ∂/∂ln2 (overwritten) from dy = ∂/∂(MoE output); weight gradients into `grad`.
-  void BackwardMoe(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                   bool acc, const float* dy, float* dx);
+  // From dres_ = ∂/∂(block output), ∂/∂ln2 in dln_ through the attention and ln1 to dres_ =
+  // ∂/∂(block input); weight gradients of views 0..3.
+  void BackwardAttention(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                         bool acc);
+  // Routed experts: dx = ∂/∂ln2 (overwritten) from dy = ∂/∂(MoE output), ∂/∂gate into dgate_;
+  // weight gradients into the expert gradient views gx (moe.w1 first).
+  void BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, bool acc, const float* dy,
+                      float* dx);
+  // Shared expert (if any): dx += its ∂/∂ln2.
+  void BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, bool acc, const float* dy,
+                      float* dx);
+  // Router from dgate_ and the aux loss: dx += ∂/∂ln2 through the router, router gradient.
+  void BackwardRouter(int l, const TensorRef& router, const TensorRef& grad, bool acc, float* dx);
   void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
+  // An expert weight view ready for the grouped GEMM: fp32 / bf16 pass through; an MXFP8 view
+  // (E4M3 codes of the whole packed [rows, cols] runtime weight, scales relaid out by Tw for
+  // that whole operand) is dequantized once into scratch `slot` and returned as fp32.
+  TensorRef ExpertView(const TensorRef& t, int64_t rows, int64_t cols, int slot);
   const float* Gain(const TensorRef& t);
   // The router weight as fp32: the view itself, or widened from bf16 into scratch.
   const float* RouterF32(const TensorRef& t);
@@ -163,6 +221,8 @@ class MoeGpt final : public Model {
   MoeConfig c_;
   Gpt trunk_;  // declares the trunk's runtime parameters (identical to the dense GPT's)
   MoeSlots slots_;
+  std::vector<GroupRole> roles_;
+  std::vector<int> first_group_;  // first runtime group of block l
   int B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
   double grad_scale_ = 1.0;
@@ -178,6 +238,7 @@ class MoeGpt final : public Model {
         *dlogits_ = nullptr, *datt_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr,
         *dh3_ = nullptr, *dxp_ = nullptr, *dz_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr;
   std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_, router_scratch_, wgrad_scratch_;
+  std::vector<std::vector<float>> mx_scratch_;  // dequantized MX expert weights, per expert view
 
   int fwd_next_ = 0;
   bool fwd_done_ = false;

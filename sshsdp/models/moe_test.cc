@@ -15,7 +15,12 @@
 // * packed layout: one runtime parameter per matrix kind, per-expert kMatrix update parts;
 //   the router is kept off Muon; moe_every / moe_layers select the MoE blocks;
 // * bf16 weights track fp32; a few SGD steps on synthetic data lower the loss; presets and
-//   FlopsPerToken (active experts only).
+//   FlopsPerToken (active experts only);
+// * expert_group: an MoE block as two runtime groups (attention + router, experts) computes
+//   the same forward bit for bit and the same gradients to fp32 rounding; only the expert
+//   group consumes MXFP8, and the forward/backward with MXFP8 expert views (codes + scales
+//   relaid out for the whole packed [E·out, in] weight, every scale layout) equal the
+//   forward/backward with the dequantized fp32 weights exactly.
 #include "sshsdp/models/moe.h"
 
 #include <gtest/gtest.h>
@@ -24,12 +29,15 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/models/data.h"
+#include "sshsdp/numerics/mx.h"
+#include "sshsdp/numerics/scale_layout.h"
 
 namespace sshsdp {
 namespace {
@@ -771,6 +779,161 @@ TEST(Moe, PresetsAndActiveFlops) {
   RecordProperty("moe_tiny_step_ms", std::to_string(best * 1e3));
   EXPECT_LT(best, 0.5) << "moe-tiny forward+backward took " << best * 1e3 << " ms";
   EXPECT_NEAR(tiny.CrossEntropy(), std::log(256.0), 0.1);
+}
+
+// ---- expert_group and MXFP8 expert weights. ----
+
+MoeConfig SplitConfig() {
+  MoeConfig c = TinyConfig();
+  c.expert_group = true;
+  return c;
+}
+
+TEST(Moe, ExpertGroupSplitsMoeBlocksAndMatchesOneGroup) {
+  MoeGpt one(TinyConfig()), two(SplitConfig());
+  EXPECT_FALSE(one.ConsumesMx());
+  EXPECT_TRUE(two.ConsumesMx());
+  ASSERT_EQ(one.num_groups(), 4);
+  ASSERT_EQ(two.num_groups(), 5);  // embedding, dense block 0, block 1 attn+router, experts, head
+  EXPECT_EQ(one.ExpertGroup(1), 2);
+  EXPECT_EQ(two.ExpertGroup(1), 3);
+  EXPECT_THROW(two.ExpertGroup(0), PlanError);
+  std::vector<std::string> names;
+  for (int g : {2, 3})
+    for (const RuntimeParamSpec& s : two.GroupParams(g)) names.push_back(s.name);
+  std::vector<std::string> want;
+  for (const RuntimeParamSpec& s : one.GroupParams(2)) want.push_back(s.name);
+  EXPECT_EQ(names, want);
+  EXPECT_EQ(two.GroupParams(2).back().name, "blocks.1.moe.router");
+  EXPECT_EQ(two.GroupParams(3).front().name, "blocks.1.moe.w1");
+  for (int g = 0; g < two.num_groups(); ++g) EXPECT_EQ(two.GroupConsumesMx(g), g == 3) << g;
+  for (int g = 0; g < one.num_groups(); ++g) EXPECT_FALSE(one.GroupConsumesMx(g)) << g;
+
+  DenseParams p1(one), p2(two);
+  RandomizeWeights(p1, 21);  // same parameter order, so the same values by name
+  RandomizeWeights(p2, 21);
+  Batch b = MakeBatch(2, 8, 32, 3);
+  const double l1 = RunForward(one, p1, b);
+  const auto r1 = AllRouting(one);
+  const double l2 = RunForward(two, p2, b);
+  EXPECT_EQ(l1, l2);
+  EXPECT_EQ(AllRouting(two), r1);
+  RunBackward(one, p1, GradWrite::kOverwrite);
+  RunBackward(two, p2, GradWrite::kOverwrite);
+  std::map<std::string, std::vector<float>> g1;
+  for (int g = 0; g < one.num_groups(); ++g)
+    for (size_t i = 0; i < p1.specs(g).size(); ++i)
+      g1[p1.specs(g)[i].name] = p1.GradAsFloat(g, static_cast<int>(i));
+  for (int g = 0; g < two.num_groups(); ++g) {
+    for (size_t i = 0; i < p2.specs(g).size(); ++i) {
+      const std::vector<float>& a = g1.at(p2.specs(g)[i].name);
+      const std::vector<float> q = p2.GradAsFloat(g, static_cast<int>(i));
+      ASSERT_EQ(a.size(), q.size());
+      // Only the summation order of ∂/∂ln2 differs: fp32 rounding relative to the tensor.
+      double scale = 0;
+      for (float v : a) scale = std::max(scale, std::abs(double(v)));
+      for (size_t k = 0; k < a.size(); ++k)
+        EXPECT_NEAR(q[k], a[k], 1e-5 * scale) << p2.specs(g)[i].name << " " << k;
+    }
+  }
+}
+
+// MXFP8 codes + Tw-style scales of every expert-group runtime weight of `p`, and `deq`'s
+// expert group set to the dequantized values (MxDequantizeWeight on the unpacked grids: an
+// independent path from the kernel-layout lookup the model uses).
+struct MxGroup {
+  std::vector<std::vector<uint8_t>> codes, scales;
+  std::vector<TensorRef> Views(ScaleLayout layout) {
+    std::vector<TensorRef> v;
+    for (size_t r = 0; r < codes.size(); ++r)
+      v.push_back(TensorRef{codes[r].data(), DType::kE4M3, scales[r].data(), layout});
+    return v;
+  }
+};
+
+MxGroup QuantizeGroup(DenseParams& p, DenseParams& deq, int g, ScaleLayout layout) {
+  MxGroup out;
+  for (size_t r = 0; r < p.specs(g).size(); ++r) {
+    const RuntimeParamSpec& rp = p.specs(g)[r];
+    const std::vector<float>& w = p.master(g, static_cast<int>(r));
+    std::vector<float>& dq = deq.master(g, static_cast<int>(r));
+    std::vector<uint8_t> codes(w.size());
+    std::vector<std::vector<uint8_t>> grids;
+    std::vector<MxScaleGrid> parts;
+    for (const UpdatePart& part : rp.parts) {
+      const int64_t rows = part.shape[0], cols = part.shape[1];
+      grids.emplace_back(MxWeightScaleCount(rows, cols));
+      MxQuantizeWeight(w.data() + part.offset, rows, cols, codes.data() + part.offset,
+                       grids.back().data());
+      MxDequantizeWeight(codes.data() + part.offset, grids.back().data(), rows, cols,
+                         dq.data() + part.offset);
+    }
+    for (size_t i = 0; i < rp.parts.size(); ++i)
+      parts.push_back({grids[i].data(), rp.parts[i].shape[0], rp.parts[i].shape[1], 32});
+    std::vector<uint8_t> s(ScaleLayoutBytes(layout, PackedScales(parts, MxOperand::kAsStored)));
+    RelayoutPackedScales(parts, MxOperand::kAsStored, layout, s.data(), s.size());
+    out.codes.push_back(std::move(codes));
+    out.scales.push_back(std::move(s));
+  }
+  deq.SyncWeights();
+  return out;
+}
+
+TEST(Moe, MxExpertViewsEqualDequantizedFp32Weights) {
+  for (ExpertMlp mlp : {ExpertMlp::kSwiGLU, ExpertMlp::kGelu}) {
+    for (ScaleLayout layout :
+         {ScaleLayout::kRowMajor, ScaleLayout::kDeepGemmMnMajor, ScaleLayout::kCublasSwizzle}) {
+      SCOPED_TRACE(fmt::format("{} {}", ExpertMlpName(mlp), ScaleLayoutName(layout)));
+      MoeConfig c = SplitConfig();
+      c.expert_mlp = mlp;
+      c.d_expert = 40;  // 40-row experts: 32x32 blocks do not tile the packed [E·40, d]
+      MoeGpt m(c);
+      const int gx = m.ExpertGroup(1);
+      DenseParams p(m), deq(m);
+      RandomizeWeights(p, 5);
+      RandomizeWeights(deq, 5);
+      MxGroup mx = QuantizeGroup(p, deq, gx, layout);
+      Batch b = MakeBatch(2, 8, 32, 9);
+      const double want = RunForward(m, deq, b);
+      const auto route = AllRouting(m);
+      RunBackward(m, deq, GradWrite::kOverwrite);
+      std::vector<std::vector<std::vector<float>>> grads(m.num_groups());
+      for (int g = 0; g < m.num_groups(); ++g)
+        for (size_t i = 0; i < deq.specs(g).size(); ++i)
+          grads[g].push_back(deq.GradAsFloat(g, static_cast<int>(i)));
+
+      // Same run with the MX views for the expert group (gradients into deq's buffers again).
+      const std::vector<TensorRef> views = mx.Views(layout);
+      m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T);
+      for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, g == gx ? views : deq.Weights(g));
+      EXPECT_EQ(m.Loss(), want);
+      EXPECT_EQ(AllRouting(m), route);
+      for (int g = m.num_groups() - 1; g >= 0; --g)
+        m.Backward(g, g == gx ? views : deq.Weights(g), deq.Grads(g), GradWrite::kOverwrite);
+      for (int g = 0; g < m.num_groups(); ++g)
+        for (size_t i = 0; i < deq.specs(g).size(); ++i)
+          EXPECT_EQ(deq.GradAsFloat(g, static_cast<int>(i)), grads[g][i]) << deq.specs(g)[i].name;
+      // The quantization is real: the dequantized weights differ from the fp32 ones.
+      EXPECT_NE(deq.master(gx, 0), p.master(gx, 0));
+    }
+  }
+}
+
+TEST(Moe, MxViewsOnlyForExpertWeights) {
+  MoeGpt m(SplitConfig());
+  DenseParams p(m);
+  RandomizeWeights(p, 2);
+  Batch b = MakeBatch(1, 8, 32, 1);
+  m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T);
+  m.Forward(0, p.Weights(0));
+  m.Forward(1, p.Weights(1));
+  std::vector<TensorRef> w = p.Weights(2);  // attention + router: must not be MX
+  std::vector<uint8_t> codes(64 * 64), scales(4096);
+  w[4] = TensorRef{codes.data(), DType::kE4M3, scales.data(), ScaleLayout::kRowMajor};
+  EXPECT_THROW(m.Forward(2, w), PlanError);
+  // Without expert_group the model does not consume MX weights at all.
+  MoeGpt one(TinyConfig());
+  EXPECT_FALSE(one.ConsumesMx());
 }
 
 }  // namespace

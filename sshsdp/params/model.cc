@@ -71,6 +71,17 @@ int64_t Model::NumParams() const {
   return n;
 }
 
+bool Model::GroupConsumesMx(int g) const {
+  bool any = false;
+  for (const RuntimeParamSpec& s : GroupParams(g)) {
+    for (const UpdatePart& p : s.parts) {
+      if (p.kind == UpdateKind::kEmbedding) return false;
+      any = true;
+    }
+  }
+  return any;
+}
+
 void FillInit(const UpdatePart& part, uint64_t seed, int64_t begin, int64_t count, float* out) {
   SSHSDP_CHECK(begin >= 0 && count >= 0 && begin + count <= part.numel(), PlanError,
                "FillInit '{}': range [{}, {}) outside its {} elements", part.name, begin,

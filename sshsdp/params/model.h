@@ -124,6 +124,11 @@ class Model {
   // Whether Forward/Backward accept MXFP8 weight views (TensorRef with e4m3 codes + scales).
   // The engine refuses --weight-dtype mxfp8 for models that do not.
   virtual bool ConsumesMx() const { return false; }
+  // With --weight-dtype mxfp8, whether group g's runtime weights are MXFP8 (the others stay
+  // bf16). One flat buffer holds one dtype, so this is per group. Default: a group is MX when
+  // it has update parts and none is an embedding / LM-head table (UpdateKind::kEmbedding) —
+  // the dense GPT's blocks. The MoE GPT overrides it: only its expert groups (moe.h).
+  virtual bool GroupConsumesMx(int g) const;
 };
 
 // Writes count initial values of `part` (elements [begin, begin + count) of the part,
