@@ -3,7 +3,8 @@
 #   * --help is complete and exits 0 without mpirun;
 #   * bad input (layout not fitting the world, unknown dtype, malformed token file) fails
 #     fast with a message naming the problem, non-zero, and no rank hangs;
-#   * a short multi-rank training run writes metrics whose loss falls, and safetensors.
+#   * a short multi-rank training run writes metrics whose loss falls, and safetensors;
+#   * moe-tiny with MXFP8 expert weights trains.
 # Usage: cli_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
 bin=$1
@@ -74,6 +75,17 @@ timeout 120 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 0 \
   --init-weights "$tmp/w.safetensors" --save-weights "$tmp/w2.safetensors" >/dev/null 2>&1 &&
   cmp -s <(tensor_bytes "$tmp/w.safetensors") <(tensor_bytes "$tmp/w2.safetensors")
 check "--init-weights round-trips the saved weights bit for bit" $?
+
+# MoE with MXFP8 expert weights: experts in their own runtime groups (the only MX ones).
+timeout 120 "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --weight-dtype mxfp8 --steps 20 \
+  --log-every 10 --metrics "$tmp/moe.jsonl" >"$tmp/moe.out" 2>&1 &&
+  grep -q "expert groups" "$tmp/moe.out" && grep -q "weights mxfp8" "$tmp/moe.out"
+check "moe-tiny --weight-dtype mxfp8 runs (expert groups)" $?
+first=$(head -1 "$tmp/moe.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
+last=$(tail -1 "$tmp/moe.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
+echo "  moe mxfp8 loss $first -> $last"
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'
+check "moe-tiny mxfp8 loss falls by more than 1 nat" $?
 
 echo "$pass passed, $fails failed"
 [ "$fails" -eq 0 ]
