@@ -430,7 +430,8 @@ TEST(MoeEngineParity, MxExpertWeightsAllLayouts) {
 }
 
 // GELU experts, sigmoid gating, a dense (bf16) block before the MoE block, DeepGEMM scales;
-// a shared expert (MX too) so that shard boundaries do not fall between w1 and w2.
+// 40-row w1 experts (two bands each, the second partial); a shared expert (MX too) so that
+// shard boundaries do not fall between w1 and w2.
 TEST(MoeEngineParity, MxExpertWeightsVariant) {
   int W = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &W);
@@ -438,6 +439,7 @@ TEST(MoeEngineParity, MxExpertWeightsVariant) {
   SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
   MoeConfig mc = TestModelVariant();
   mc.shared_expert = true;
+  mc.d_expert = 40;
   RunMxParity(mc, l, 2, ScaleLayout::kDeepGemmMnMajor);
 }
 
