@@ -58,6 +58,12 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
   app.add_option("--steps", o.steps, "timed steps per configuration (median reported)")
       ->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--optimizer", o.optimizer,
+                 "adamw | muon (Muon for matrices per --muon-unit, AdamW for the rest; "
+                 "megatron-fsdp has no structured updates and is left out)")
+      ->capture_default_str();
+  app.add_option("--muon-unit", o.muon_unit, "Muon unit: head | matrix")->capture_default_str();
+  app.add_option("--muon-lr", o.muon_lr, "Muon learning rate")->capture_default_str();
   app.add_option("--clip", o.clip, "gradient-norm clipping (0: off)")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
       ->capture_default_str();
@@ -150,8 +156,16 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
         {"weight_copy_out", c.weight_copy_out},
         {"weight_pack", c.weight_pack},
         {"grad_copy", c.grad_copy},
-        {"grad_unpack", c.grad_unpack}}},
+        {"grad_unpack", c.grad_unpack},
+        {"update_copy", c.update_copy}}},
       {"add_passes", r.counters.add_passes},
+      {"update",
+       {{"comm_bytes", r.counters.update_comm.total()},
+        {"p2p_bytes", r.counters.update_p2p.total()},
+        {"full_tensor_bytes", r.counters.update_full_tensor.total()},
+        {"full_tensor_calls", r.counters.update_full_tensor.calls},
+        {"ns_flops_per_rank", r.counters.update_exec_cost},
+        {"copy_bytes", c.update_copy}}},
       {"weight_preps", r.counters.weight_preps},
       {"comm_intra_bytes_per_step",
        r.counters.runtime_comm.intra_node_bytes + r.counters.update_comm.intra_node_bytes},
@@ -186,10 +200,23 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  o.model);
     for (int b : o.batch_sizes)
       SSHSDP_CHECK(b >= 1, ConfigError, "--batch-size values must be >= 1, got {}", b);
-    const std::vector<std::string> presets = o.presets.empty() ? PresetNames() : o.presets;
+    SSHSDP_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError,
+                 "--optimizer must be adamw or muon, got '{}'", o.optimizer);
+    const bool muon = o.optimizer == "muon";
+    std::vector<std::string> presets = o.presets.empty() ? PresetNames() : o.presets;
+    if (muon && o.presets.empty() && !o.ablation)  // megatron-fsdp refuses structured updates
+      std::erase(presets, std::string("megatron-fsdp"));
     {
       EngineConfig probe;
-      for (const std::string& p : presets) ApplyPreset(p, &probe);  // ConfigError if unknown
+      for (const std::string& p : presets) {
+        ApplyPreset(p, &probe);  // ConfigError if unknown
+        SSHSDP_CHECK(
+            !muon || probe.redundancies.structured_updates != StructuredUpdates::kUnsupported,
+            ConfigError,
+            "--optimizer muon: preset '{}' has no structured updates (⑥: Megatron-FSDP "
+            "refuses Muon); drop it from --presets",
+            p);
+      }
       SSHSDP_CHECK(!o.comm_paths.empty(), ConfigError, "--comm-path needs at least one value");
       for (const std::string& c : o.comm_paths) ParseCommPath(c);  // ConfigError if unknown
     }
@@ -205,6 +232,17 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     base.weight_dtype = ParseDType(o.weight_dtype);
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     base.clip_norm = o.clip;
+    base.optimizer = muon ? OptimizerKind::kMuon : OptimizerKind::kAdamW;
+    base.muon_unit = ParseUnitRule(o.muon_unit);
+    SSHSDP_CHECK(base.muon_unit != UnitRule::kAdamW, ConfigError,
+                 "--muon-unit must be head or matrix, got '{}'", o.muon_unit);
+    base.muon.lr = o.muon_lr;
+    if (o.ablation) {
+      for (const auto& [label, c] : AblationLadder(base))
+        SSHSDP_CHECK(!muon || c.redundancies.structured_updates != StructuredUpdates::kUnsupported,
+                     ConfigError, "--optimizer muon: ablation step '{}' has no structured updates",
+                     label);
+    }
     Topology check(world_size, rpn, base.sw, base.sg, base.so);  // LayoutError names numbers
 
     auto world = MpiCommunicator::World(rpn);
@@ -217,10 +255,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       fmt::print(
           "sshsdp bench: {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
           "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
-          "timed, slowest rank) | GEMM peak {:.1f} GFLOP/s/rank\n",
+          "timed, slowest rank) | GEMM peak {:.1f} GFLOP/s/rank | optimizer {}\n",
           IsMoe(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           probe->NumParams() / 1e6, check.ToString(), o.weight_dtype, o.microbatches, o.warmup,
-          o.steps, peak / 1e9);
+          o.steps, peak / 1e9, muon ? "muon per " + o.muon_unit : o.optimizer);
     }
 
     nlohmann::json out = nlohmann::json::array();
@@ -423,6 +461,21 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
             "(times: ms per step, mean over ranks; copies and comm: per step, rank 0, comm = "
             "bytes sent intra+inter node; first-step losses agree within {:.1e} relative)\n",
             worst);
+        if (muon) {
+          // The update phase: optimizer time, Newton–Schulz work and update bytes per rank.
+          fmt::print(
+              "\nupdate phase (Muon per {}; rank 0, per step):\n{:<30} {:>9} {:>10} {:>10} "
+              "{:>12} {:>12} {:>10}\n",
+              o.muon_unit, "config", "optim ms", "NS GFLOP", "update KiB", "p2p KiB", "gather KiB",
+              "copy KiB");
+          for (const Row& r : rows) {
+            const StepCounters& k = r.counters;
+            fmt::print("{:<30} {:>9.1f} {:>10.3f} {:>10.1f} {:>12.1f} {:>12.1f} {:>10.1f}\n",
+                       r.label, 1e3 * r.time.optimizer, k.update_exec_cost / 1e9,
+                       k.update_comm.total() / 1024.0, k.update_p2p.total() / 1024.0,
+                       k.update_full_tensor.total() / 1024.0, k.copies.update_copy / 1024.0);
+          }
+        }
         for (const Row& r : rows) out.push_back(RowJson(r, tpm));
         if (!peer_dir.empty()) {
           nlohmann::json wl = {{"model",

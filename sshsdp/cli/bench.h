@@ -7,6 +7,8 @@
 //   mpirun -np 4 sshsdp bench --presets fsdp2,sshsdp --comm-path collective,direct
 //       --ranks-per-node 2 --batch-size 1,4,16,64     # (one line) the paper's Figure 8 here
 //   mpirun -np 2 sshsdp bench --peer-inputs out/peer  # also writes init weights + batches
+//   mpirun -np 2 sshsdp bench --presets sshsdp,fsdp2 --optimizer muon   # p2p units vs ⑥
+//       full_tensor; an "update phase" table adds Newton–Schulz FLOPs and update bytes per rank
 //
 // For every workload (samples per microbatch per rank) and every configuration it builds a
 // fresh model and engine and runs warm-up steps; then it times steps round-robin over the
@@ -47,6 +49,12 @@ struct BenchOptions {
   bool sequential = false;  // time configurations back to back (default: round-robin steps)
   int warmup = 2, steps = 5;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
+  // adamw | muon (Muon for matrices in units of muon_unit, AdamW for the rest). With muon,
+  // megatron-fsdp (no structured updates) is left out of the default presets and refused when
+  // named.
+  std::string optimizer = "adamw";
+  std::string muon_unit = "head";
+  float muon_lr = 0.02f;
   uint64_t seed = 1;
   std::string json;
   std::string peer_inputs;

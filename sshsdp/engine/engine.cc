@@ -197,8 +197,9 @@ void Engine::BuildUpdate() {
   o.muon = cfg_.muon;
   o.muon_unit = cfg_.muon_unit;
   o.overrides = cfg_.unit_overrides;
-  // ⑥ first: Megatron-FSDP refuses structured updates; FSDP2's full_tensor path (whole
-  // matrices gathered on every rank) is not built — both fail before any plan is made.
+  // ⑥ first: Megatron-FSDP refuses structured updates (before any plan is made); FSDP2's
+  // full_tensor path gathers whole matrices on every rank of the ZeRO-1 group
+  // (FullTensorMuon), on any shard layout; sshsdp / veScale move split units point to point.
   const UnitPolicy policy{o.optimizer == OptimizerKind::kMuon, o.muon_unit, o.overrides};
   std::string first_muon;
   for (auto& gp : groups_)
@@ -206,26 +207,30 @@ void Engine::BuildUpdate() {
       for (int u = rp.first_member; u < rp.first_member + rp.num_members && first_muon.empty(); ++u)
         if (RuleFor(gp->layout.update[u], rp, policy) != UnitRule::kAdamW)
           first_muon = gp->layout.update[u].name;
-  if (!first_muon.empty()) {
-    CheckStructuredUpdates(cfg_.redundancies, "muon", first_muon);
-    SSHSDP_CHECK(cfg_.redundancies.structured_updates == StructuredUpdates::kUnits, ConfigError,
-                 "optimizer 'muon' updates '{}' as a structured unit, but ⑥ full_tensor (gather "
-                 "whole matrices on every rank) is not implemented; use point-to-point units "
-                 "(the sshsdp or vescale-fsdp preset) or AdamW",
-                 first_muon);
+  if (!first_muon.empty()) CheckStructuredUpdates(cfg_.redundancies, "muon", first_muon);
+  o.full_tensor = cfg_.redundancies.structured_updates == StructuredUpdates::kFullTensor;
+  if (o.full_tensor && !first_muon.empty()) {
+    // The ZeRO-1 group of this rank's replica, ordered by chunk (collective over the world;
+    // the condition is the same on every rank).
+    up_zero1_ = world_.Split(topo_.Coord(rank_).d, topo_.ChunkIndex(Shard::kZero1, rank_));
   }
   std::vector<UpdateGroupView> views;
   for (auto& gp : groups_) {
-    UpdateGroupView v{&gp->layout, gp->chain.get(), {}};
+    UpdateGroupView v{&gp->layout, gp->chain.get(), {}, {}, {}};
     bool identity = gp->pieces.size() == gp->layout.update.size();
     for (size_t m = 0; m < gp->pieces.size(); ++m) {
-      v.member_update.push_back(gp->pieces[m].update);
-      identity = identity && gp->pieces[m].update == static_cast<int>(m);
+      const MemberPiece& pc = gp->pieces[m];
+      v.member_update.push_back(pc.update);
+      v.member_offset.push_back(pc.offset);
+      v.member_valid.push_back(pc.valid);
+      identity = identity && pc.update == static_cast<int>(m) && pc.offset == 0 &&
+                 pc.valid == gp->layout.list.member(m).numel;
     }
-    if (identity) v.member_update.clear();
+    if (identity) v.member_update.clear(), v.member_offset.clear(), v.member_valid.clear();
     views.push_back(std::move(v));
   }
-  update_ = std::make_unique<StructuredUpdate>(views, o, rank_, *up_p2p_, &memory_);
+  update_ =
+      std::make_unique<StructuredUpdate>(views, o, rank_, *up_p2p_, &memory_, up_zero1_.get());
   for (size_t g = 0; g < groups_.size(); ++g)
     for (size_t u = 0; u < groups_[g]->layout.update.size(); ++u)
       groups_[g]->layout.update[u].optimizer = update_->optimizers()[g][u];
@@ -569,6 +574,7 @@ StepStats Engine::Step(const BatchFn& batch) {
   for (Communicator* c :
        {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), up_p2p_.get(), &world_})
     up0 += c->counters();
+  if (up_zero1_) up0 += up_zero1_->counters();
 
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   double loss_sum = 0;
@@ -704,8 +710,10 @@ StepStats Engine::Step(const BatchFn& batch) {
     scalars.Set("adamw.lr", cfg_.adamw.lr);
     scalars.Set("muon.lr", cfg_.muon.lr);
     const CommCounters p2p0 = up_p2p_->counters();
+    const CommCounters z10 = up_zero1_ ? up_zero1_->counters() : CommCounters{};
     update_->Run(state, scalars);
     counters_.update_p2p = Delta(up_p2p_->counters(), p2p0);
+    if (up_zero1_) counters_.update_full_tensor = Delta(up_zero1_->counters(), z10);
     counters_.update_exec_cost = update_->last_run().exec_cost;
   }
   PrepareAndGatherWeights();
@@ -717,13 +725,15 @@ StepStats Engine::Step(const BatchFn& batch) {
   st.tokens = static_cast<int64_t>(M) * B * T * world_.size();
   st.counters = counters_;
   st.counters.copies = copy_meter_.bytes();
-  st.counters.bytes_copied = copy_meter_.bytes().total();
+  st.counters.copies.update_copy = update_->last_run().bytes_copied;  // ⑥ reassembly
+  st.counters.bytes_copied = st.counters.copies.total();
   st.counters.runtime_comm = Delta(rt_zero3_->counters(), rt0);
   st.counters.runtime_comm += Delta(rt_zero2_->counters(), rt1);
   CommCounters up1;
   for (Communicator* c :
        {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), up_p2p_.get(), &world_})
     up1 += c->counters();
+  if (up_zero1_) up1 += up_zero1_->counters();
   st.counters.update_comm = Delta(up1, up0);
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   time_.copy = copy_meter_.seconds();

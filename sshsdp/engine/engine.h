@@ -2,7 +2,8 @@
 // decoupled from update parameters, ZeRO-3 weight all-gather, ZeRO-2 gradient
 // reduce-scatter with fused accumulation, outer ZeRO-1 reduce-scatter / all-gather, HSDP
 // replicas, structured updates on ZeRO-1 shards (AdamW; Muon per head / matrix / expert with
-// point-to-point units), weight preparation G and weight reuse.
+// point-to-point units, or FSDP2-style full_tensor gathers with ⑥), weight preparation G and
+// weight reuse.
 //
 // The engine is a library: a user hands it a Model (which declares runtime parameters and
 // their update parts, and computes a layer from views) and a world Communicator; the engine
@@ -123,7 +124,10 @@ struct StepCounters {
   uint64_t mx_p2p_bytes = 0;         // MXFP8 G: point-to-point bytes this rank sent
   CommCounters update_p2p;           // structured update: fetch/return of split units (also in
                                      // update_comm)
-  double update_exec_cost = 0;       // unit-stage work this rank ran (Newton–Schulz FLOPs)
+  CommCounters update_full_tensor;   // ⑥ full_tensor: per-parameter all-gathers of Muon's u
+                                     // over the ZeRO-1 group (also in update_comm)
+  double update_exec_cost = 0;       // unit-stage work this rank ran (Newton–Schulz FLOPs; with
+                                     // ⑥ full_tensor every Muon unit, on every rank)
 };
 
 struct StepStats {
@@ -247,7 +251,8 @@ class Engine {
   std::unique_ptr<Communicator> rt_dup_, rt_zero3_, rt_zero2_;
   std::unique_ptr<Communicator> up_replica_rs_, up_replica_ag_, up_hsdp_;
   std::unique_ptr<CommThread> comm_thread_;
-  std::unique_ptr<Communicator> up_p2p_;  // structured-update point to point (world duplicate)
+  std::unique_ptr<Communicator> up_p2p_;    // structured-update point to point (world duplicate)
+  std::unique_ptr<Communicator> up_zero1_;  // ⑥ full_tensor: ZeRO-1 group, ordered by chunk
   std::unique_ptr<StructuredUpdate> update_;
 
   // Transient gather / gradient buffers, reused by size (accounted as "transient").

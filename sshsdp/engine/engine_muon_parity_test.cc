@@ -10,6 +10,18 @@
 //     exchange at all when every unit is local;
 //   * no bytes copied to assemble units (temporaries are data-tree views);
 //   * every unit's Newton–Schulz work runs exactly once per replica.
+// ⑥ full_tensor (FSDP2-style Muon, the fsdp2 preset: dim-0 shards, optimizer replicated across
+// replica groups): every rank of the ZeRO-1 group all-gathers every whole Muon matrix, runs
+// Newton–Schulz on all of them and keeps its own shard — the same training as the reference on
+// every layout (W = 3: uneven dim-0 chunks with padding; so < W: HSDP), with exact counters:
+//   * update bytes per rank = Σ over gathered parameters (so − 1) · count · sizeof(u), count =
+//     the largest ZeRO-1 chunk's share of the parameter (padding rows included) — for dim-0
+//     shards with sw = so, Σ ceil(rows / so) · cols;
+//   * one all-gather per gathered parameter (a head, a matrix, a stacked expert weight; the
+//     merged runtime parameter per "matrix");
+//   * Newton–Schulz FLOPs per rank = those of every unit (so × the balanced p2p share);
+//   * reassembly bytes = the merged matrices' elements (dim-0 pieces of several parts), zero
+//     per head.
 // SSHSDP_TEST_VERBOSE=1 prints the worst weight difference per step; SSHSDP_TEST_LAYOUT=
 // "sw,sg,so,rpn" runs one layout.
 #include <gtest/gtest.h>
@@ -19,9 +31,12 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <set>
 
+#include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/presets.h"
 #include "sshsdp/engine/testing/parity_data.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/models/moe.h"
@@ -271,6 +286,221 @@ TEST(EngineMuonParity, PerExpertMoe) {
   RunMuonParity(
       l, [c] { return std::make_unique<MoeGpt>(c); }, 61, DType::kF32, UnitRule::kHead, DType::kF32,
       2);
+}
+
+// ⑥ full_tensor: what one step must count, from the layouts (see the header).
+struct FullTensorExpect {
+  uint64_t bytes = 0, calls = 0, copy = 0;
+  double flops = 0;
+};
+
+FullTensorExpect ExpectFullTensor(const Model& model, const EngineConfig& cfg, int so) {
+  FullTensorExpect e;
+  const size_t es = DTypeSize(cfg.muon.u_dtype);
+  const UnitPolicy policy{true, cfg.muon_unit, {}};
+  for (int g = 0; g < model.num_groups(); ++g) {
+    const auto specs = model.GroupParams(g);
+    const GroupLayout flat = BuildGroupLayout(g, specs, cfg.weight_dtype, 1);
+    const UnitSelection sel = SelectUnits(flat, policy);
+    std::set<std::pair<int, int>> items;  // gathered parameters: update parts [first, +count)
+    for (const UpdateUnit& u : sel.muon) {
+      e.flops += NewtonSchulzFlops(u.rows, u.cols, cfg.muon.ns_steps);
+      items.insert({u.first_member, u.num_members});
+    }
+    const EngineLayout E =
+        BuildEngineLayout(cfg.shard_layout, g, specs, cfg.weight_dtype, cfg.sw, so);
+    const size_t chunk = E.layout.list.padded_numel() / so;
+    for (const auto& [first, count] : items) {
+      size_t send = 0, closed = 0, numel = 0;
+      for (int p = first; p < first + count; ++p) {
+        const auto& shape = flat.update[p].shape;
+        const size_t rows = shape[0], n = NumElements(shape);
+        closed += (rows + so - 1) / so * (n / rows);
+        numel += n;
+      }
+      for (int j = 0; j < so; ++j) {  // chunk j's share: its elements of the parameter's pieces
+        size_t lo = (j + 1) * chunk, hi = j * chunk;
+        for (size_t m = 0; m < E.pieces.size(); ++m) {
+          if (E.pieces[m].update < first || E.pieces[m].update >= first + count) continue;
+          const TensorListMember& mem = E.layout.list.member(m);
+          const size_t a = std::max(mem.offset, j * chunk),
+                       b = std::min(mem.end(), (j + 1) * chunk);
+          if (a >= b) continue;
+          lo = std::min(lo, a);
+          hi = std::max(hi, b);
+        }
+        if (hi > lo) send = std::max(send, hi - lo);
+      }
+      if (cfg.shard_layout == ShardLayout::kDim0 && cfg.sw == so) {
+        EXPECT_EQ(send, closed);
+      }
+      e.bytes += static_cast<uint64_t>(so - 1) * send * es;
+      e.calls++;
+      if (cfg.shard_layout == ShardLayout::kDim0 && cfg.sw == so && so > 1 && count > 1)
+        e.copy += numel * es;
+    }
+  }
+  return e;
+}
+
+// The fsdp2 preset with Muon against the single-process reference (the sshsdp engine on one
+// rank with W·M microbatches).
+void RunFullTensorParity(const Layout& l, const ModelFactory& make, int vocab, DType wdt,
+                         UnitRule unit, DType u_dtype, int M) {
+  auto world = MpiCommunicator::World(l.rpn);
+  const int W = world->size(), r = world->rank();
+  auto self = world->Split(r, 0);
+  std::unique_ptr<Model> model_owner = make(), ref_owner = make();
+  EngineConfig cfg = MuonConfigFor(l, M, wdt, unit, u_dtype);
+  ApplyPreset("fsdp2", &cfg);
+  Engine eng(*model_owner, *world, cfg);
+  Engine ref(*ref_owner, *self, MuonConfigFor({1, 1, 1, 1}, M * W, wdt, unit, u_dtype));
+  eng.InitWeights(7);
+  ref.InitWeights(7);
+  int64_t step = 0;
+  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, vocab);
+  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, vocab);
+
+  const int so = eng.topology().so();  // ⑦: so = sg
+  EXPECT_EQ(so, l.sg);
+  EXPECT_EQ(eng.structured_update().plan(OptimizerKind::kMuon), nullptr);
+  const FullTensorMuon* ft = eng.structured_update().full_tensor();
+  ASSERT_NE(ft, nullptr);
+  const FullTensorExpect want = ExpectFullTensor(*model_owner, cfg, so);
+  EXPECT_EQ(ft->BytesSent(), want.bytes);
+  EXPECT_EQ(ft->items().size(), want.calls);
+  ASSERT_GT(want.flops, 0);
+
+  const bool exact = wdt == DType::kF32 && u_dtype == DType::kF32;
+  const double loss_tol = exact ? 1e-6 : 1e-3, weight_tol = exact ? 5e-6 : 2e-3;
+  for (; step < 3; ++step) {
+    StepStats a = eng.Step(batch);
+    StepStats b = ref.Step(rbatch);
+    EXPECT_NEAR(a.loss, b.loss, loss_tol * std::abs(b.loss)) << "step " << step;
+    EXPECT_NEAR(a.grad_norm, b.grad_norm, (exact ? 1e-5 : 1e-2) * b.grad_norm) << "step " << step;
+    const StepCounters& c = a.counters;
+    EXPECT_EQ(c.update_full_tensor.total(), want.bytes) << "step " << step;
+    EXPECT_EQ(c.update_full_tensor.calls, want.calls);
+    EXPECT_EQ(c.update_p2p.total(), 0u);
+    EXPECT_EQ(c.update_exec_cost, want.flops);  // every unit on every rank
+    EXPECT_EQ(c.copies.update_copy, eng.structured_update().last_run().bytes_copied);
+    if (cfg.sw == so || so == 1) {
+      EXPECT_EQ(c.copies.update_copy, want.copy);
+      if (unit == UnitRule::kHead) {
+        EXPECT_EQ(c.copies.update_copy, 0u);
+      }
+    }
+    auto wa = eng.GatherMainWeights();
+    auto wb = ref.GatherMainWeights();
+    double worst = 0;
+    std::string worst_name;
+    for (auto& [name, va] : wa) {
+      const auto& vb = wb.at(name);
+      for (size_t i = 0; i < va.size(); ++i) {
+        double d = std::abs(double(va[i]) - vb[i]);
+        if (d > worst) worst = d, worst_name = name;
+      }
+    }
+    if (std::getenv("SSHSDP_TEST_VERBOSE") && r == 0)
+      fmt::print("full_tensor step {} worst {:.3g} ({})\n", step, worst, worst_name);
+    EXPECT_LT(worst, weight_tol) << "step " << step << " worst param " << worst_name;
+  }
+  // Newton–Schulz redundancy: so × the mean per-rank share of the balanced p2p units.
+  if (const UpdatePlan* p2p = ref.structured_update().plan(OptimizerKind::kMuon)) {
+    double total = 0;
+    for (const UnitPlacement& p : p2p->placements()) total += p.cost;
+    EXPECT_NEAR(want.flops, total, 1e-9 * total);
+  }
+}
+
+TEST(EngineMuonFullTensor, Fsdp2PerHeadFp32) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  for (const Layout& l : LayoutsFor(W)) {
+    SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+    RunFullTensorParity(l, GptOf(Unaligned()), 61, DType::kF32, UnitRule::kHead, DType::kF32, 2);
+  }
+}
+
+TEST(EngineMuonFullTensor, Fsdp2PerMatrixAndBf16) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const Layout l = LayoutsFor(W).front();
+  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  RunFullTensorParity(l, GptOf(Unaligned()), 61, DType::kF32, UnitRule::kMatrix, DType::kF32, 2);
+  RunFullTensorParity(l, GptOf(Unaligned()), 61, DType::kBF16, UnitRule::kHead, DType::kBF16, 2);
+}
+
+// Stacked experts: FSDP2 gathers the whole [E, f, d] weight (dim 0 = experts across ranks) and
+// runs Newton–Schulz per expert.
+TEST(EngineMuonFullTensor, Fsdp2PerExpertMoe) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  MoeConfig c;
+  c.trunk.vocab = 61;
+  c.trunk.seq_len = 8;
+  c.trunk.d_model = 24;
+  c.trunk.n_head = 3;
+  c.trunk.n_layer = 2;
+  c.n_expert = 4;
+  c.top_k = 2;
+  c.d_expert = 20;
+  const Layout l = LayoutsFor(W).front();
+  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  RunFullTensorParity(
+      l, [c] { return std::make_unique<MoeGpt>(c); }, 61, DType::kF32, UnitRule::kHead, DType::kF32,
+      2);
+}
+
+// The bench's ablation ladder with Muon: every step (⑥ full_tensor on flat shards included)
+// trains like the reference; megatron-fsdp still refuses Muon, naming the parameter.
+TEST(EngineMuonFullTensor, AblationLadderAndRefusal) {
+  int W = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const Layout l = LayoutsFor(W).front();
+  auto world = MpiCommunicator::World(l.rpn);
+  const int r = world->rank();
+  auto self = world->Split(r, 0);
+  const EngineConfig base = MuonConfigFor(l, 2, DType::kF32, UnitRule::kHead, DType::kF32);
+  for (const auto& [label, cfg] : AblationLadder(base)) {
+    SCOPED_TRACE(label);
+    Gpt model(Unaligned()), ref_model(Unaligned());
+    Engine eng(model, *world, cfg);
+    Engine ref(ref_model, *self,
+               MuonConfigFor({1, 1, 1, 1}, 2 * W, DType::kF32, UnitRule::kHead, DType::kF32));
+    eng.InitWeights(3);
+    ref.InitWeights(3);
+    int64_t step = 0;
+    StepStats a{}, b{};
+    for (; step < 2; ++step) {
+      a = eng.Step(MakeBatch(&step, 2, W, r, 2, 8, 61));
+      b = ref.Step(MakeBatch(&step, 2 * W, 1, 0, 2, 8, 61));
+    }
+    EXPECT_NEAR(a.loss, b.loss, 1e-5 * b.loss);
+    const bool full = cfg.redundancies.structured_updates == StructuredUpdates::kFullTensor;
+    EXPECT_EQ(eng.structured_update().full_tensor() != nullptr, full);
+    if (full) {
+      EXPECT_EQ(a.counters.update_full_tensor.total(),
+                ExpectFullTensor(model, cfg, eng.topology().so()).bytes);
+    }
+    auto wa = eng.GatherMainWeights();
+    auto wb = ref.GatherMainWeights();
+    double worst = 0;
+    for (auto& [name, va] : wa)
+      for (size_t i = 0; i < va.size(); ++i)
+        worst = std::max(worst, std::abs(double(va[i]) - wb.at(name)[i]));
+    EXPECT_LT(worst, 5e-6);
+  }
+  EngineConfig mg = base;
+  ApplyPreset("megatron-fsdp", &mg);
+  Gpt model(Unaligned());
+  try {
+    Engine e(model, *world, mg);
+    ADD_FAILURE() << "megatron-fsdp accepted Muon";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("megatron-fsdp"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("blocks.0.attn.q.h0"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

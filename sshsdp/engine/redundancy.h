@@ -17,7 +17,10 @@
 //                          in the reduce-scatter's final reduction
 //   ⑥ structured_updates   how structured (matrix) updates are done: point-to-point units
 //                          (sshsdp), whole matrices gathered on every rank (FSDP2's
-//                          full_tensor), or refused (Megatron-FSDP)
+//                          full_tensor: per Muon parameter an all-gather of u over the ZeRO-1
+//                          group, reassembly of dim-0 pieces, Newton–Schulz on every unit on
+//                          every rank, own shard kept — full_tensor_update.h; any layout), or
+//                          refused (Megatron-FSDP)
 //   ⑦ replicate_optimizer  optimizer state replicated across replica groups (so = sg, HSDP
 //                          all-reduce) instead of outer ZeRO-1
 //
@@ -116,8 +119,11 @@ struct CopyBytes {
   uint64_t weight_pack = 0;      // ① per-parameter tensors → packed runtime tensor
   uint64_t grad_copy = 0;        // ④ per-parameter gradients → reduce-scatter buffer
   uint64_t grad_unpack = 0;      // packed runtime gradient → non-contiguous member views
+  uint64_t update_copy = 0;      // structured update: ⑥ full_tensor reassembly of gathered
+                                 // pieces into whole matrices (torch.cat), scratch copies of
+                                 // state operands of split units
   uint64_t total() const {
-    return weight_copy_in + weight_copy_out + weight_pack + grad_copy + grad_unpack;
+    return weight_copy_in + weight_copy_out + weight_pack + grad_copy + grad_unpack + update_copy;
   }
 };
 

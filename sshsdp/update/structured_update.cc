@@ -8,7 +8,7 @@ namespace sshsdp {
 
 StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
                                    const UpdateOptions& options, int rank, Communicator& p2p,
-                                   MemoryAccount* account) {
+                                   MemoryAccount* account, Communicator* zero1) {
   SSHSDP_CHECK(!groups.empty(), PlanError, "structured update: no runtime groups");
   SSHSDP_CHECK(options.muon_unit == UnitRule::kHead || options.muon_unit == UnitRule::kMatrix,
                ConfigError, "Muon unit must be 'head' or 'matrix', got '{}'",
@@ -19,6 +19,7 @@ StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
   policy.overrides = options.overrides;
   std::vector<UpdateUnit> adamw, muon;
   std::vector<const ShardChain*> chains;
+  std::vector<FullTensorGroup> ft_groups;  // options.full_tensor: logical coordinates
   for (size_t g = 0; g < groups.size(); ++g) {
     const GroupLayout& L = *groups[g].layout;
     chains.push_back(groups[g].chain);
@@ -33,7 +34,31 @@ StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
         "{} member mappings",
         g, L.list.num_members(), L.update.size(), mu.size());
     std::vector<OptimizerKind> opt(L.update.size(), OptimizerKind::kAdamW);
-    if (identity) {
+    if (options.full_tensor) {
+      // Units in the logical order of the update parameters (back to back, unpadded): the
+      // matrices full_tensor reassembles, whatever the buffer layout.
+      FullTensorGroup ft{&L, groups[g].chain, {}, {}};
+      GroupLayout logical = L;
+      TensorList list(L.list.name(), L.list.dtype());
+      for (size_t u = 0; u < L.update.size(); ++u) {
+        const int idx = list.Add(L.update[u].name, L.update[u].shape);
+        logical.update[u].member = idx;
+        ft.logical_offset.push_back(list.member(idx).offset);
+      }
+      list.Finalize(1);
+      logical.list = std::move(list);
+      for (RuntimeParam& rp : logical.runtime) rp.offset = ft.logical_offset[rp.first_member];
+      UnitSelection sel = SelectUnits(logical, policy);
+      opt = sel.optimizer;
+      muon.insert(muon.end(), sel.muon.begin(), sel.muon.end());
+      for (size_t m = 0; m < L.list.num_members(); ++m) {
+        const int u = identity ? static_cast<int>(m) : mu[m];
+        const bool whole = groups[g].member_offset.empty();
+        ft.members.push_back({u, whole ? 0 : groups[g].member_offset[m],
+                              whole ? L.list.member(m).numel : groups[g].member_valid[m]});
+      }
+      ft_groups.push_back(std::move(ft));
+    } else if (identity) {
       UnitSelection sel = SelectUnits(L, policy);
       opt = sel.optimizer;
       muon.insert(muon.end(), sel.muon.begin(), sel.muon.end());
@@ -79,7 +104,16 @@ StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
     kinds_.push_back(k);
   };
   add(OptimizerKind::kAdamW, AdamWProgram(options.adamw), std::move(adamw));
-  add(OptimizerKind::kMuon, MuonProgram(options.muon), std::move(muon));
+  if (options.full_tensor) {
+    if (!muon.empty()) {
+      SSHSDP_CHECK(zero1 != nullptr, PlanError,
+                   "structured update: full_tensor Muon needs the ZeRO-1 group communicator");
+      full_tensor_ = std::make_unique<FullTensorMuon>(std::move(ft_groups), std::move(muon),
+                                                      options.muon, rank, *zero1, account);
+    }
+  } else {
+    add(OptimizerKind::kMuon, MuonProgram(options.muon), std::move(muon));
+  }
 }
 
 void StructuredUpdate::Run(const std::vector<Zero1State>& state, const ScalarState& scalars) {
@@ -87,6 +121,15 @@ void StructuredUpdate::Run(const std::vector<Zero1State>& state, const ScalarSta
   for (auto& ex : executors_) {
     ex->Run(state, scalars);
     const UpdateRunStats& s = ex->last_run();
+    stats_.bytes_sent += s.bytes_sent;
+    stats_.bytes_copied += s.bytes_copied;
+    stats_.exchanges += s.exchanges;
+    stats_.units_executed += s.units_executed;
+    stats_.exec_cost += s.exec_cost;
+  }
+  if (full_tensor_) {
+    full_tensor_->Run(state, scalars);
+    const UpdateRunStats& s = full_tensor_->last_run();
     stats_.bytes_sent += s.bytes_sent;
     stats_.bytes_copied += s.bytes_copied;
     stats_.exchanges += s.exchanges;
@@ -104,6 +147,7 @@ const UpdatePlan* StructuredUpdate::plan(OptimizerKind opt) const {
 uint64_t StructuredUpdate::temporary_bytes() const {
   uint64_t b = 0;
   for (const auto& ex : executors_) b += ex->temporary_bytes();
+  if (full_tensor_) b += full_tensor_->temporary_bytes();
   return b;
 }
 

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "sshsdp/update/adamw.h"
+#include "sshsdp/update/full_tensor_update.h"
 #include "sshsdp/update/muon.h"
 #include "sshsdp/update/update_executor.h"
 #include "sshsdp/update/update_unit.h"
@@ -38,6 +39,10 @@ struct UpdateOptions {
   MuonConfig muon;
   UnitRule muon_unit = UnitRule::kHead;       // kHead or kMatrix
   std::map<std::string, UnitRule> overrides;  // by update- or runtime-parameter name
+  // ⑥ FSDP2-style: Muon gathers every whole matrix on every rank of the ZeRO-1 group
+  // (FullTensorMuon, full_tensor_update.h) instead of point-to-point units. Works on any
+  // buffer layout (member_update / member_offset / member_valid map members to parameters).
+  bool full_tensor = false;
 };
 
 // One runtime group as the update sees it.
@@ -45,25 +50,34 @@ struct UpdateGroupView {
   const GroupLayout* layout = nullptr;
   const ShardChain* chain = nullptr;  // this rank's shard chain of layout->list
   // member_update[m]: the update parameter buffer member m belongs to. Empty: member m IS
-  // update parameter m (the sshsdp flat layout). Muon units need that identity.
+  // update parameter m (the sshsdp flat layout). Point-to-point Muon units need that identity.
   std::vector<int> member_update;
+  // With member_update: member m holds elements [member_offset[m], + member_valid[m]) of its
+  // update parameter (the rest is padding). Empty: a member holds its whole parameter.
+  std::vector<size_t> member_offset, member_valid;
 };
 
 class StructuredUpdate {
  public:
   // groups[g]: runtime group g. `p2p` carries the Muon exchanges: a communicator ordered
   // like the topology (the world or a duplicate of it). Throws PlanError / ConfigError naming the
-  // parameter on an invalid rule.
+  // parameter on an invalid rule. `zero1` (options.full_tensor only): this rank's ZeRO-1 group,
+  // position = ZeRO-1 chunk index, for the full_tensor all-gathers.
   StructuredUpdate(const std::vector<UpdateGroupView>& groups, const UpdateOptions& options,
-                   int rank, Communicator& p2p, MemoryAccount* account = nullptr);
+                   int rank, Communicator& p2p, MemoryAccount* account = nullptr,
+                   Communicator* zero1 = nullptr);
 
   // optimizers()[g][u]: which optimizer updates update parameter u of group g.
   const std::vector<std::vector<OptimizerKind>>& optimizers() const { return optimizers_; }
-  // Runs AdamW, then Muon. Reads scalars "grad_scale", "step", "adamw.lr", "muon.lr".
+  // Runs AdamW, then Muon (point-to-point units, or full_tensor). Reads scalars "grad_scale",
+  // "step", "adamw.lr", "muon.lr".
   void Run(const std::vector<Zero1State>& state, const ScalarState& scalars);
 
-  // The plan of one optimizer (nullptr when no parameter uses it).
+  // The plan of one optimizer (nullptr when no parameter uses it, and for Muon under
+  // full_tensor, which has no plan: see full_tensor()).
   const UpdatePlan* plan(OptimizerKind opt) const;
+  // Muon by full_tensor (nullptr unless options.full_tensor and some parameter uses Muon).
+  const FullTensorMuon* full_tensor() const { return full_tensor_.get(); }
   // Statistics of the last Run, summed over both programs.
   const UpdateRunStats& last_run() const { return stats_; }
   uint64_t temporary_bytes() const;
@@ -74,6 +88,7 @@ class StructuredUpdate {
   std::vector<std::vector<OptimizerKind>> optimizers_;
   std::vector<std::unique_ptr<UpdateExecutor>> executors_;  // AdamW first, then Muon
   std::vector<OptimizerKind> kinds_;
+  std::unique_ptr<FullTensorMuon> full_tensor_;
   UpdateRunStats stats_;
   size_t muon_elements_ = 0, total_elements_ = 0;
 };
