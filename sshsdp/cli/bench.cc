@@ -204,7 +204,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  "--optimizer must be adamw or muon, got '{}'", o.optimizer);
     const bool muon = o.optimizer == "muon";
     std::vector<std::string> presets = o.presets.empty() ? PresetNames() : o.presets;
-    if (muon && o.presets.empty() && !o.ablation)  // megatron-fsdp refuses structured updates
+    if (muon && o.presets.empty())  // megatron-fsdp refuses structured updates
       std::erase(presets, std::string("megatron-fsdp"));
     {
       EngineConfig probe;

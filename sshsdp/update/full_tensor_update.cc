@@ -35,8 +35,6 @@ FullTensorMuon::FullTensorMuon(std::vector<FullTensorGroup> groups, std::vector<
                "group of rank {} in {} has {} ranks with this one at chunk {}",
                comm_.name(), comm_.size(), comm_.rank(), rank_, topo.ToString(), so,
                topo.ChunkIndex(Shard::kZero1, rank_));
-  const size_t es = DTypeSize(cfg_.u_dtype);
-  (void)es;
   for (const UpdateUnit& u : units_) exec_cost_ += NewtonSchulzFlops(u.rows, u.cols, cfg_.ns_steps);
 
   // Gather items: consecutive units over the same update parameters.
@@ -112,7 +110,8 @@ FullTensorMuon::FullTensorMuon(std::vector<FullTensorGroup> groups, std::vector<
                  "full_tensor Muon: '{}' has {} elements but the buffer members of group {} "
                  "cover {}",
                  G.layout->update[it.first].name, it.numel, it.group, covered);
-    it.zero_copy = runs.size() == 1 && runs[0].src == 0 && runs[0].dst == 0;
+    it.zero_copy = runs.size() == 1 && runs[0].dst == 0;
+    if (it.zero_copy) it.zero_copy_offset = runs[0].src;
     runs_.push_back(it.zero_copy ? std::vector<Run1>{} : std::move(runs));
   }
 
@@ -265,8 +264,8 @@ void FullTensorMuon::Run(const std::vector<Zero1State>& state, const ScalarState
     std::map<std::pair<int64_t, int64_t>, StageBatch> by_shape;
     for (size_t i = 0; i < items_.size(); ++i) {
       const GatherItem& it = items_[i];
-      const char* base =
-          it.zero_copy ? recv.get() + recv_offset_[i] * es : assembled.get() + asm_offset[i] * es;
+      const char* base = it.zero_copy ? recv.get() + (recv_offset_[i] + it.zero_copy_offset) * es
+                                      : assembled.get() + asm_offset[i] * es;
       for (int k : it.units) {
         const UpdateUnit& u = units_[k];
         StageBatch& b = by_shape[{u.rows, u.cols}];

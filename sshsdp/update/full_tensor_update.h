@@ -16,7 +16,8 @@
 //   reassembly: when the gathered pieces are not already the row-major matrix (dim-0 pieces of
 //      several parts merged by "matrix", flat shards of uneven size), they are copied into a
 //      whole-matrix buffer (MemberSpan mapping; counted in bytes_copied). Dim-0 pieces of one
-//      parameter gathered rank-major ARE the matrix followed by padding rows: no copy;
+//      parameter gathered rank-major ARE the matrix followed by padding rows, and a parameter
+//      inside one flat chunk arrives whole: no copy;
 //   f1 Newton–Schulz on EVERY Muon unit on every rank (batched by shape): so× the Newton–Schulz
 //      FLOPs of the balanced point-to-point units (the redundancy of Figure 2 ⑥);
 //   f2 "weight_update" on this rank's fragments, reading v at the fragments' matrix positions.
@@ -63,10 +64,11 @@ struct GatherItem {
   int group = 0;
   int first = 0, count = 1;
   size_t logical_begin = 0, numel = 0;
-  size_t send_count = 0;       // elements every rank sends (the largest contribution)
-  std::vector<size_t> lo, hi;  // per ZeRO-1 chunk j: its contribution [lo, hi) (buffer elems)
-  bool zero_copy = false;      // the gathered buffer's first numel elements are the matrix
-  std::vector<int> units;      // Newton–Schulz units inside it
+  size_t send_count = 0;        // elements every rank sends (the largest contribution)
+  std::vector<size_t> lo, hi;   // per ZeRO-1 chunk j: its contribution [lo, hi) (buffer elems)
+  bool zero_copy = false;       // the gathered buffer holds the matrix contiguously ...
+  size_t zero_copy_offset = 0;  // ... from this element
+  std::vector<int> units;       // Newton–Schulz units inside it
 };
 
 class FullTensorMuon {
