@@ -3,7 +3,9 @@
 // ablation ladder that turns sshsdp's optimizations on one at a time starting from FSDP2.
 //
 //   sshsdp          all redundancies off, flat buffers (the reference dataflow)
-//   fsdp2           ①–⑦ on, per-parameter dim-0 shards padded like torch.chunk
+//   fsdp2           ①–⑦ on, per-parameter dim-0 shards padded like torch.chunk; Muon by
+//                   full_tensor (⑥: every rank gathers every whole matrix and runs
+//                   Newton–Schulz on all of them, full_tensor_update.h)
 //   megatron-fsdp   flat buffers, persistent low-precision weights (② off), packed runtime
 //                   layout (① off), zero-copy weights (③ off), direct gradient writes (④ off),
 //                   outer ZeRO-1 (⑦ off); a separate post-reduce-scatter add (⑤ on) and no
@@ -35,7 +37,8 @@ const std::vector<std::string>& PresetNames();
 void ApplyPreset(std::string_view name, EngineConfig* cfg);
 
 // fsdp2, then cumulatively: flat shards, ③ off, ④ off, ① off, ② off, ⑤ off, ⑦ off (= sshsdp),
-// ⑥ last (it only matters for structured optimizers). Labels name the step.
+// ⑥ last (it only matters for structured optimizers: with Muon every step before it runs
+// full_tensor, on dim-0 then flat shards). Labels name the step.
 std::vector<std::pair<std::string, EngineConfig>> AblationLadder(const EngineConfig& base);
 
 }  // namespace sshsdp

@@ -10,7 +10,9 @@
 // all Muon units of the model form one three-stage program whose Newton–Schulz stage moves the
 // fragments of split units point to point — one batched exchange for the fetches and one for
 // the returns, model-wide. Both run on the same ZeRO-1 state: "main", "grad", "m" and "v"
-// (AdamW's second moment; unused by Muon parameters).
+// (AdamW's second moment; unused by Muon parameters). With UpdateOptions::full_tensor (⑥, the
+// FSDP2 baseline) the Muon units are instead taken in the parameters' logical order and run by
+// FullTensorMuon: every rank of the ZeRO-1 group gathers every whole matrix (any buffer layout).
 //
 //   UpdateOptions o;  o.optimizer = OptimizerKind::kMuon;  o.muon_unit = UnitRule::kHead;
 //   StructuredUpdate up({{&layout0, &chain0}, {&layout1, &chain1}}, o, rank, *p2p, &memory);
