@@ -52,6 +52,32 @@ assert r[0]['config']=='fsdp2' and r[-1]['redundancies']=='none' and r[-1]['byte
 " || rc=1
 check "ablation ladder runs from fsdp2 to sshsdp" $rc
 
+# Muon (⑥): sshsdp's point-to-point units vs fsdp2's full_tensor, exact update counters in the
+# JSON (fsdp2: all-gathers and every unit's Newton–Schulz FLOPs on each rank = 2x sshsdp's
+# balanced share in total; sshsdp: p2p only), the ablation ladder with Muon on every rung, and
+# megatron-fsdp named and refused.
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --optimizer muon \
+  --presets sshsdp,fsdp2 --json "$tmp/muon.json" >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/out" | tail -20
+[ $rc -eq 0 ] && grep -q "update phase (Muon per head" "$tmp/out" && python3 -c "
+import json; r={x['config']: x for x in json.load(open('$tmp/muon.json'))}
+s, f = r['sshsdp']['update'], r['fsdp2']['update']
+assert s['full_tensor_bytes'] == 0 and s['p2p_bytes'] > 0, s
+assert f['p2p_bytes'] == 0 and f['full_tensor_bytes'] > 0 and f['full_tensor_calls'] > 0, f
+assert f['ns_flops_per_rank'] > s['ns_flops_per_rank'] > 0, (s, f)
+assert abs(r['fsdp2']['losses'][0] - r['sshsdp']['losses'][0]) < 1e-3 * r['sshsdp']['losses'][0]
+" || rc=1
+check "Muon: sshsdp p2p units vs fsdp2 full_tensor, update counters in JSON" $rc
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --optimizer muon \
+  --ablation >"$tmp/out" 2>&1
+check "Muon: the ablation ladder runs every rung" $?
+timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --optimizer muon \
+  --presets megatron-fsdp >"$tmp/out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "megatron-fsdp" "$tmp/out"
+check "Muon: megatron-fsdp refused, named" $?
+
 timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --presets deepspeed >"$tmp/out" 2>&1
 rc=$?
 [ $rc -ne 0 ] && grep -q "megatron-fsdp" "$tmp/out"
