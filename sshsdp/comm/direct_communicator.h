@@ -114,14 +114,6 @@ namespace sshsdp {
 //              bit for bit and resume exactly. This node's own partial is never rounded.
 // The final reduction is always fp32, accumulated straight into recv.
 
-// The first spelling of the same choice, kept for callers written against it:
-// ReduceScatterWith(…, {kBf16Sr, key}) == ReduceScatterPartials(…, {DType::kBF16, key}).
-enum class PartialPrecision : uint8_t { kFp32 = 0, kBf16Sr = 1 };
-struct ReduceOptions {
-  PartialPrecision partials = PartialPrecision::kFp32;
-  SrKey sr;
-};
-
 class DirectCommunicator final : public Communicator {
  public:
   // Wraps `group` (whose ranks_per_node defines the nodes). Throws LayoutError from
@@ -165,13 +157,6 @@ class DirectCommunicator final : public Communicator {
   void ReduceScatterPartials(const void* send, DType send_dtype, void* recv, DType recv_dtype,
                              size_t count, bool accumulate,
                              const ReduceScatterOptions& options) override;
-  void ReduceScatterWith(const void* send, DType send_dtype, void* recv, DType recv_dtype,
-                         size_t count, bool accumulate, const ReduceOptions& o) {
-    ReduceScatterOptions ro;
-    ro.partial_dtype = o.partials == PartialPrecision::kFp32 ? DType::kF32 : DType::kBF16;
-    ro.sr_key = o.sr;
-    ReduceScatterPartials(send, send_dtype, recv, recv_dtype, count, accumulate, ro);
-  }
 
   void AllReduce(void* buf, size_t count, DType dtype) override;
   void Exchange(const std::vector<P2POp>& sends, const std::vector<P2POp>& recvs) override;

@@ -268,9 +268,8 @@ TEST(DirectReduceScatter, Bf16SrMatchesReferenceAndReproduces) {
     std::vector<float> a(count), b(count), c(count);
     for (size_t i = 0; i < count; ++i) a[i] = b[i] = c[i] = old(i);
     direct->ReduceScatterPartials(gp.data(), DType::kBF16, a.data(), DType::kF32, count, true, o);
-    // The first spelling (ReduceScatterWith) is the same call.
-    direct->ReduceScatterWith(gp.data(), DType::kBF16, b.data(), DType::kF32, count, true,
-                              ReduceOptions{PartialPrecision::kBf16Sr, o.sr_key});
+    // The same key again: the same draws.
+    direct->ReduceScatterPartials(gp.data(), DType::kBF16, b.data(), DType::kF32, count, true, o);
     ReduceScatterOptions o2 = o;
     o2.sr_key.seed = 99;
     direct->ReduceScatterPartials(gp.data(), DType::kBF16, c.data(), DType::kF32, count, true, o2);
