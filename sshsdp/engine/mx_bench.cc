@@ -7,8 +7,11 @@
 // Engines are built side by side and stepped in round-robin, so machine noise hits all
 // alike. On CPU an MXFP8 GEMM dequantizes its weight into fp32 scratch (kernels/mx_linear.h):
 // MXFP8 vs bf16 here measures that emulation, not a GPU's FP8 tensor cores.
+// --moe moe-tiny|moe-small benches the MoE preset instead (expert groups: only the experts'
+// packed [E, out, in] weights are MXFP8, the paper's headline case for weight reuse).
 //
-//   mpirun -np 2 build/bin/mx_bench [--d 256] [--layers 4] [--steps 12] [--warmup 3] [--mb 4]
+//   mpirun -np 2 build/sshsdp/engine/mx_bench [--d 256] [--layers 4] [--steps 12] [--mb 4]
+//   mpirun -np 2 build/sshsdp/engine/mx_bench --moe moe-small [--seq 64] [--batch 2]
 #include <mpi.h>
 
 #include <algorithm>
@@ -23,6 +26,7 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/models/gpt.h"
+#include "sshsdp/models/moe.h"
 
 using namespace sshsdp;
 
@@ -34,10 +38,13 @@ int main(int argc, char** argv) {
 
 static int Bench(int argc, char** argv) {
   int d = 256, layers = 4, steps = 12, warmup = 3, mb = 4, seq = 64, batch = 2;
+  std::string moe;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const int v = std::atoi(argv[i + 1]);
-    if (a == "--d")
+    if (a == "--moe")
+      moe = argv[i + 1];
+    else if (a == "--d")
       d = v;
     else if (a == "--layers")
       layers = v;
@@ -62,11 +69,22 @@ static int Bench(int argc, char** argv) {
   gc.n_head = std::max(1, d / 64);
   gc.seq_len = seq;
   gc.vocab = 512;
+  MoeConfig mc;
+  if (!moe.empty()) {
+    mc = MoeConfig::Preset(moe);
+    mc.trunk.seq_len = seq;
+    mc.expert_group = true;  // the same groups for every variant; only experts are MX
+    gc = mc.trunk;
+  }
+  auto make_model = [&]() -> std::unique_ptr<Model> {
+    if (moe.empty()) return std::make_unique<Gpt>(gc);
+    return std::make_unique<MoeGpt>(mc);
+  };
   struct Variant {
     std::string name;
     DType wdt;
     bool every;
-    std::unique_ptr<Gpt> model;
+    std::unique_ptr<Model> model;
     std::unique_ptr<Engine> engine;
     std::vector<double> secs, prep;
     uint64_t preps = 0, relayouts = 0;
@@ -84,7 +102,7 @@ static int Bench(int argc, char** argv) {
     cfg.seq_len = seq;
     cfg.weight_dtype = v.wdt;
     cfg.redundancies.cast_every_gather = v.every;
-    v.model = std::make_unique<Gpt>(gc);
+    v.model = make_model();
     v.engine = std::make_unique<Engine>(*v.model, *world, cfg);
     v.engine->InitWeights(1);
   }
@@ -117,9 +135,10 @@ static int Bench(int argc, char** argv) {
   };
   if (rank == 0) {
     std::printf(
-        "mx_bench: W=%d GPT d=%d layers=%d seq=%d batch=%d microbatches=%d; median of %d "
+        "mx_bench: W=%d %s d=%d layers=%d seq=%d batch=%d microbatches=%d; median of %d "
         "steps after %d warm-up\n",
-        W, d, layers, seq, batch, mb, steps, warmup);
+        W, moe.empty() ? "GPT" : moe.c_str(), gc.d_model, gc.n_layer, seq, batch, mb, steps,
+        warmup);
     const double base = median(vs[0].secs);
     for (Variant& v : vs)
       std::printf(
