@@ -7,69 +7,30 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/engine/presets.h"
-#include "sshsdp/engine/testing/parity_data.h"
+#include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/gpt.h"
 
 namespace sshsdp {
 namespace {
 
+using testing::BaseConfig;
+using testing::Describe;
+using testing::Layout;
 using testing::MakeBatch;
+using testing::TestGpt;
+using testing::WorldSize;
 
-struct Layout {
-  int sw, sg, so, rpn;
-};
-
+// Fewer layouts than engine_parity_test: every preset runs on each.
 std::vector<Layout> LayoutsFor(int W) {
-  if (const char* e = std::getenv("SSHSDP_TEST_LAYOUT")) {
-    Layout l{};
-    if (std::sscanf(e, "%d,%d,%d,%d", &l.sw, &l.sg, &l.so, &l.rpn) == 4) return {l};
-  }
-  switch (W) {
-    case 1:
-      return {{1, 1, 1, 1}};
-    case 2:
-      return {{2, 2, 2, 2}, {1, 1, 2, 1}};
-    case 3:
-      return {{3, 3, 3, 3}};
-    case 4:
-      return {{2, 2, 4, 2}, {4, 4, 4, 4}, {1, 2, 4, 4}};
-    default:
-      return {};
-  }
-}
-
-GptConfig TestModel() {
-  GptConfig c;
-  c.vocab = 61;  // odd sizes: uneven buffers, dim-0 padding, straddling members
-  c.seq_len = 8;
-  c.d_model = 24;
-  c.n_head = 3;
-  c.n_layer = 2;
-  return c;
-}
-
-EngineConfig BaseConfig(const Layout& l, int M, DType wdt) {
-  EngineConfig cfg;
-  cfg.sw = l.sw;
-  cfg.sg = l.sg;
-  cfg.so = l.so;
-  cfg.ranks_per_node = l.rpn;
-  cfg.microbatches = M;
-  cfg.batch_size = 2;
-  cfg.seq_len = 8;
-  cfg.weight_dtype = wdt;
-  cfg.adamw.lr = 3e-3f;
-  cfg.adamw.eps = 1e-6f;
-  cfg.clip_norm = 0.5f;
-  return cfg;
+  return testing::LayoutsFrom(W, {{1, {{1, 1, 1, 1}}},
+                                  {2, {{2, 2, 2, 2}, {1, 1, 2, 1}}},
+                                  {3, {{3, 3, 3, 3}}},
+                                  {4, {{2, 2, 4, 2}, {4, 4, 4, 4}, {1, 2, 4, 4}}}});
 }
 
 // What one step must count, from the layout the engine builds (closed formulas).
@@ -123,32 +84,18 @@ Expected Expect(const Model& model, const EngineConfig& cfg, int M, bool reshard
 }
 
 void RunPresetParity(const std::string& preset, const Layout& l, DType wdt, int M, bool reshard) {
-  auto world = MpiCommunicator::World(l.rpn);
-  const int W = world->size(), r = world->rank();
-  auto self = world->Split(r, 0);
-  const GptConfig gc = TestModel();
-  Gpt model(gc), ref_model(gc);
-  EngineConfig cfg = BaseConfig(l, M, wdt);
-  cfg.reshard_after_forward = reshard;
-  ApplyPreset(preset, &cfg);
-  Engine eng(model, *world, cfg);
-  EngineConfig rcfg = BaseConfig({1, 1, 1, 1}, M * W, wdt);
-  Engine ref(ref_model, *self, rcfg);
-  eng.InitWeights(7);
-  ref.InitWeights(7);
-  int64_t step = 0;
-  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, gc.vocab);
-  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, gc.vocab);
-  const Expected want = Expect(model, cfg, M, reshard);
-  const bool f32 = wdt == DType::kF32;
-  const double loss_tol = f32 ? 1e-5 : 2e-4, norm_tol = f32 ? 1e-4 : 2e-3,
-               weight_tol = f32 ? 2e-5 : 3e-4;
-  for (; step < 3; ++step) {
-    StepStats a = eng.Step(batch);
-    StepStats b = ref.Step(rbatch);
-    EXPECT_NEAR(a.loss, b.loss, loss_tol * std::abs(b.loss)) << "step " << step;
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, norm_tol * b.grad_norm) << "step " << step;
-    const StepCounters& c = a.counters;
+  testing::ParityCase c;
+  c.layout = l;
+  c.make = testing::GptOf(TestGpt());
+  c.cfg = BaseConfig(l, M, wdt);
+  c.cfg.reshard_after_forward = reshard;
+  ApplyPreset(preset, &c.cfg);
+  c.ref_cfg = BaseConfig(testing::kOneRank, M * WorldSize(), wdt);
+  c.tol = testing::AdamWTolerances(wdt);
+  testing::ParityRun run(c);
+  const Expected want = Expect(run.model(), c.cfg, M, reshard);
+  run.Run([&](const testing::StepDiff& d) {
+    const StepCounters& c = d.dist.counters;
     EXPECT_EQ(c.runtime_comm.total(), want.ag + want.rs);
     EXPECT_EQ(c.copies.weight_copy_in, want.copies.weight_copy_in);
     EXPECT_EQ(c.copies.weight_copy_out, want.copies.weight_copy_out);
@@ -163,45 +110,24 @@ void RunPresetParity(const std::string& preset, const Layout& l, DType wdt, int 
       EXPECT_EQ(c.bytes_copied, 0u);
     }
     // Time split covers the step (categories are disjoint scopes of the main thread).
-    const TimeSplit& t = a.time;
+    const TimeSplit& t = d.dist.time;
     EXPECT_NEAR(t.compute + t.comm_wait + t.copy + t.cast + t.add + t.optimizer + t.other,
-                a.seconds, 1e-3 + 1e-6 * a.seconds);
-    auto wa = eng.GatherMainWeights();
-    auto wb = ref.GatherMainWeights();
-    ASSERT_EQ(wa.size(), wb.size());
-    double worst = 0;
-    std::string worst_name;
-    for (auto& [name, va] : wa) {
-      const auto& vb = wb.at(name);
-      ASSERT_EQ(va.size(), vb.size()) << name;
-      for (size_t i = 0; i < va.size(); ++i) {
-        double d = std::abs(double(va[i]) - vb[i]);
-        if (d > worst) worst = d, worst_name = name;
-      }
-    }
-    EXPECT_LT(worst, weight_tol) << "step " << step << " worst param " << worst_name;
-  }
-}
-
-int WorldSizeOf() {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  return W;
+                d.dist.seconds, 1e-3 + 1e-6 * d.dist.seconds);
+  });
 }
 
 TEST(EngineBaselines, EveryPresetMatchesReferenceBf16) {
-  const int W = WorldSizeOf();
+  const int W = WorldSize();
   for (const std::string& preset : PresetNames()) {
     for (const Layout& l : LayoutsFor(W)) {
-      SCOPED_TRACE(
-          fmt::format("{} W={} sw={} sg={} so={} rpn={}", preset, W, l.sw, l.sg, l.so, l.rpn));
+      SCOPED_TRACE(fmt::format("{} {}", preset, Describe(W, l)));
       RunPresetParity(preset, l, DType::kBF16, 3, true);
     }
   }
 }
 
 TEST(EngineBaselines, EveryPresetMatchesReferenceFp32KeepGathered) {
-  const int W = WorldSizeOf();
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
   for (const std::string& preset : PresetNames()) {
     SCOPED_TRACE(fmt::format("{} W={} sw={}", preset, W, l.sw));
@@ -210,29 +136,27 @@ TEST(EngineBaselines, EveryPresetMatchesReferenceFp32KeepGathered) {
 }
 
 TEST(EngineBaselines, AblationLadderMatchesReference) {
-  const int W = WorldSizeOf();
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
   EngineConfig base = BaseConfig(l, 2, DType::kBF16);
   for (const auto& [label, cfg] : AblationLadder(base)) {
     SCOPED_TRACE(label);
-    // The ladder's configurations, as a "preset" each: reuse the harness by applying the
-    // switches after ApplyPreset("sshsdp").
-    auto world = MpiCommunicator::World(l.rpn);
-    const int r = world->rank();
-    auto self = world->Split(r, 0);
-    Gpt model(TestModel()), ref_model(TestModel());
-    Engine eng(model, *world, cfg);
-    Engine ref(ref_model, *self, BaseConfig({1, 1, 1, 1}, 2 * W, DType::kBF16));
-    eng.InitWeights(3);
-    ref.InitWeights(3);
-    int64_t step = 0;
-    StepStats a = eng.Step(MakeBatch(&step, 2, W, r, 2, 8, 61));
-    StepStats b = ref.Step(MakeBatch(&step, 2 * W, 1, 0, 2, 8, 61));
-    EXPECT_NEAR(a.loss, b.loss, 2e-4 * b.loss);
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, 2e-3 * b.grad_norm);
-    const Expected want = Expect(model, cfg, 2, cfg.reshard_after_forward);
-    EXPECT_EQ(a.counters.bytes_copied, want.copies.total());
-    EXPECT_EQ(a.counters.add_passes, want.add_passes);
+    // The ladder's configurations, one step each against the reference: loss and gradient
+    // norm (bf16 bounds) and the counters of the switches.
+    testing::ParityCase c;
+    c.layout = l;
+    c.make = testing::GptOf(TestGpt());
+    c.cfg = cfg;
+    c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, DType::kBF16);
+    c.steps = 1;
+    c.seed = 3;
+    c.tol = {2e-4, 2e-3, testing::kNotCompared};
+    testing::ParityRun run(c);
+    const Expected want = Expect(run.model(), cfg, 2, cfg.reshard_after_forward);
+    run.Run([&](const testing::StepDiff& d) {
+      EXPECT_EQ(d.dist.counters.bytes_copied, want.copies.total());
+      EXPECT_EQ(d.dist.counters.add_passes, want.add_passes);
+    });
   }
 }
 
@@ -261,7 +185,7 @@ TEST(EngineBaselines, Dim0LayoutFollowsTorchChunk) {
 }
 
 TEST(EngineBaselines, AlignedLayoutKeepsUnitsInOneShard) {
-  Gpt model(TestModel());
+  Gpt model(TestGpt());
   for (int g = 0; g < model.num_groups(); ++g) {
     for (int so : {2, 3, 4}) {
       EngineLayout E =
@@ -300,7 +224,7 @@ TEST(EngineBaselines, PresetsAndRefusals) {
   }
   // The dim-0 layout cannot run without copy-out / gradient copies.
   auto world = MpiCommunicator::World(1);
-  Gpt model(TestModel());
+  Gpt model(TestGpt());
   EngineConfig bad = BaseConfig({1, 1, world->size(), 1}, 1, DType::kBF16);
   bad.shard_layout = ShardLayout::kDim0;
   EXPECT_THROW({ Engine e(model, *world, bad); }, ConfigError);
@@ -311,7 +235,7 @@ TEST(EngineBaselines, MuonNeedsStructuredUpdates) {
   // (parity and counters: engine_muon_parity_test); veScale-FSDP's aligned shards run Muon per
   // head through point-to-point units like sshsdp.
   auto world = MpiCommunicator::World(1);
-  Gpt model(TestModel());
+  Gpt model(TestGpt());
   {
     EngineConfig cfg = BaseConfig({1, 1, world->size(), 1}, 1, DType::kBF16);
     ApplyPreset("megatron-fsdp", &cfg);

@@ -75,6 +75,7 @@ struct Tolerances {
   double loss = 0, grad_norm = 0, weight = 0;
 };
 inline constexpr double kNotCompared = -1;
+inline constexpr Tolerances kNoneCompared{kNotCompared, kNotCompared, kNotCompared};
 // AdamW: fp32 differs from the reference only by summation order (~1e-7 relative). With bf16
 // runtime weights, a main weight that differs in its last fp32 bits can round to the
 // neighbouring bf16 value (2^-8 relative), so the bounds are wider — still far below the
