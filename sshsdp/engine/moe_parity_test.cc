@@ -20,15 +20,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <map>
-#include <memory>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
-#include "sshsdp/engine/testing/parity_data.h"
+#include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/models/moe.h"
 #include "sshsdp/params/param_layout.h"
@@ -36,42 +33,16 @@
 namespace sshsdp {
 namespace {
 
-using testing::MakeBatch;
-
-struct Layout {
-  int sw, sg, so, rpn;
-};
-
-std::vector<Layout> LayoutsFor(int W) {
-  // SSHSDP_TEST_LAYOUT="sw,sg,so,rpn" runs one layout (for debugging a failure).
-  if (const char* e = std::getenv("SSHSDP_TEST_LAYOUT")) {
-    Layout l{};
-    if (std::sscanf(e, "%d,%d,%d,%d", &l.sw, &l.sg, &l.so, &l.rpn) == 4) return {l};
-  }
-  switch (W) {
-    case 1:
-      return {{1, 1, 1, 1}};
-    case 2:
-      return {{2, 2, 2, 2}, {1, 1, 2, 1}};
-    case 4:
-      return {{2, 2, 4, 2}, {1, 2, 4, 4}, {4, 4, 4, 4}, {2, 2, 2, 2}};
-    default:
-      return {};
-  }
-}
+using testing::BaseConfig;
+using testing::Describe;
+using testing::Layout;
+using testing::LayoutsFor;  // registered at W = 1, 2, 4
+using testing::WorldSize;
 
 // Two MoE blocks, 4 SwiGLU experts of width 20, top-2 softmax, shared expert: sizes chosen
 // so ZeRO-1 boundaries fall inside expert matrices (checked below, not assumed).
 MoeConfig TestModel() {
-  MoeConfig c;
-  c.trunk.vocab = 61;
-  c.trunk.seq_len = 8;
-  c.trunk.d_model = 24;
-  c.trunk.n_head = 3;
-  c.trunk.n_layer = 2;
-  c.n_expert = 4;
-  c.top_k = 2;
-  c.d_expert = 20;
+  MoeConfig c = testing::TestMoe();
   c.shared_expert = true;
   c.d_shared = 12;
   c.aux_loss_weight = 0.01f;
@@ -89,20 +60,16 @@ MoeConfig TestModelVariant() {
   return c;
 }
 
-EngineConfig BaseConfig(const Layout& l, int M, DType wdt) {
-  EngineConfig cfg;
-  cfg.sw = l.sw;
-  cfg.sg = l.sg;
-  cfg.so = l.so;
-  cfg.ranks_per_node = l.rpn;
-  cfg.microbatches = M;
-  cfg.batch_size = 2;
-  cfg.seq_len = 8;
-  cfg.weight_dtype = wdt;
-  cfg.adamw.lr = 3e-3f;
-  cfg.adamw.eps = 1e-6f;
-  cfg.clip_norm = 0.5f;
-  return cfg;
+// `mc` from `l` against the one-rank reference with W·M microbatches.
+testing::ParityCase MoeCase(const MoeConfig& mc, const Layout& l, const EngineConfig& cfg,
+                            const EngineConfig& ref_cfg) {
+  testing::ParityCase c;
+  c.layout = l;
+  c.make = testing::MoeOf(mc);
+  c.cfg = cfg;
+  c.ref_cfg = ref_cfg;
+  c.vocab = mc.trunk.vocab;
+  return c;
 }
 
 // Names of expert matrices ("blocks.l.moe.wX.eY") whose ZeRO-1 owners include more than one
@@ -127,79 +94,41 @@ std::vector<std::string> StraddlingExperts(const Model& model, const Layout& l, 
   return out;
 }
 
-void ExpectSameWeights(Engine& a, Engine& b, double tol, int64_t step) {
-  auto wa = a.GatherMainWeights();
-  auto wb = b.GatherMainWeights();
-  ASSERT_EQ(wa.size(), wb.size());
-  double worst = 0;
-  std::string worst_name;
-  for (auto& [name, va] : wa) {
-    const auto& vb = wb.at(name);
-    ASSERT_EQ(va.size(), vb.size()) << name;
-    for (size_t i = 0; i < va.size(); ++i) {
-      double d = std::abs(double(va[i]) - vb[i]);
-      if (d > worst) worst = d, worst_name = name;
-    }
-  }
-  EXPECT_LT(worst, tol) << "step " << step << " worst param " << worst_name;
-}
-
 void RunParity(const MoeConfig& mc, const Layout& l, DType wdt, int M) {
-  auto world = MpiCommunicator::World(l.rpn);
-  const int W = world->size(), r = world->rank();
-  auto self = world->Split(r, 0);
-  MoeGpt model(mc), ref_model(mc);
-  if (l.so > 1) {
-    std::vector<std::string> straddle = StraddlingExperts(model, l, W, wdt);
-    ASSERT_FALSE(straddle.empty()) << "no expert matrix crosses a ZeRO-1 boundary";
-    if (r == 0) ::testing::Test::RecordProperty("straddling_expert", straddle.front());
-  }
-  EngineConfig cfg = BaseConfig(l, M, wdt);
-  Engine eng(model, *world, cfg);
-  Engine ref(ref_model, *self, BaseConfig({1, 1, 1, 1}, M * W, wdt));
-  eng.InitWeights(7);
-  ref.InitWeights(7);
-  int64_t step = 0;
-  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
-  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
   // As in engine_parity_test: fp32 differs by summation order only; bf16 runtime weights
   // can round a last-bit difference to the neighbouring bf16 value.
-  const bool f32 = wdt == DType::kF32;
-  const double loss_tol = f32 ? 1e-5 : 2e-4, norm_tol = f32 ? 1e-4 : 2e-3,
-               weight_tol = f32 ? 2e-5 : 3e-4;
-  for (; step < 3; ++step) {
-    StepStats a = eng.Step(batch);
-    StepStats b = ref.Step(rbatch);
-    EXPECT_NEAR(a.loss, b.loss, loss_tol * std::abs(b.loss)) << "step " << step;
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, norm_tol * b.grad_norm) << "step " << step;
-    EXPECT_EQ(a.counters.add_passes, 0u);
-    EXPECT_EQ(a.counters.bytes_copied, 0u);
-    ExpectSameWeights(eng, ref, weight_tol, step);
+  testing::ParityCase c =
+      MoeCase(mc, l, BaseConfig(l, M, wdt), BaseConfig(testing::kOneRank, M * WorldSize(), wdt));
+  c.tol = testing::AdamWTolerances(wdt);
+  testing::ParityRun run(c);
+  if (l.so > 1) {
+    std::vector<std::string> straddle = StraddlingExperts(run.model(), l, run.W(), wdt);
+    ASSERT_FALSE(straddle.empty()) << "no expert matrix crosses a ZeRO-1 boundary";
+    if (run.rank() == 0) ::testing::Test::RecordProperty("straddling_expert", straddle.front());
   }
+  run.Run([&](const testing::StepDiff& d) {
+    EXPECT_EQ(d.dist.counters.add_passes, 0u);
+    EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
+  });
 }
 
+// One unit per update parameter: per expert.
 EngineConfig MuonConfigFor(const Layout& l, int M, DType wdt, DType u_dtype) {
-  EngineConfig cfg = BaseConfig(l, M, wdt);
-  cfg.optimizer = OptimizerKind::kMuon;
-  cfg.muon_unit = UnitRule::kHead;  // one unit per update parameter: per expert
-  cfg.muon.lr = 0.02f;
-  cfg.muon.weight_decay = 0.1f;
-  cfg.muon.u_dtype = u_dtype;
-  return cfg;
+  return testing::MuonEngineConfig(l, M, wdt, UnitRule::kHead, u_dtype);
 }
 
 // Expert-wise Muon: the plan has one [out, in] unit per expert matrix (and none for the
 // router, which AdamW updates); straddling experts are split units exchanged point to point.
 void RunMuonParity(const MoeConfig& mc, const Layout& l, DType wdt, DType u_dtype, int M) {
-  auto world = MpiCommunicator::World(l.rpn);
-  const int W = world->size(), r = world->rank();
-  auto self = world->Split(r, 0);
-  MoeGpt model(mc), ref_model(mc);
-  EngineConfig cfg = MuonConfigFor(l, M, wdt, u_dtype);
-  Engine eng(model, *world, cfg);
-  Engine ref(ref_model, *self, MuonConfigFor({1, 1, 1, 1}, M * W, wdt, u_dtype));
-  eng.InitWeights(7);
-  ref.InitWeights(7);
+  // As in engine_muon_parity_test: fp32 u differs by summation order only (amplified a little
+  // by Newton–Schulz); bf16 u and bf16 weights can round differently, far below a wrong or
+  // missing fragment (~lr·|v| ≈ 5e-3).
+  testing::ParityCase c = MoeCase(mc, l, MuonConfigFor(l, M, wdt, u_dtype),
+                                  MuonConfigFor(testing::kOneRank, M * WorldSize(), wdt, u_dtype));
+  c.tol = testing::MuonTolerances(wdt == DType::kF32 && u_dtype == DType::kF32);
+  testing::ParityRun run(c);
+  Engine& eng = run.engine();
+  const Model& model = run.model();
 
   const UpdatePlan* plan = eng.structured_update().plan(OptimizerKind::kMuon);
   ASSERT_NE(plan, nullptr);
@@ -229,70 +158,52 @@ void RunMuonParity(const MoeConfig& mc, const Layout& l, DType wdt, DType u_dtyp
   }
   if (l.so > 1) {
     // Some straddling expert is a split unit of the plan.
-    std::vector<std::string> straddle = StraddlingExperts(model, l, W, wdt);
+    std::vector<std::string> straddle = StraddlingExperts(model, l, run.W(), wdt);
     ASSERT_FALSE(straddle.empty());
     EXPECT_GT(plan->num_split(), 0);
   }
 
-  int64_t step = 0;
-  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
-  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
-  // As in engine_muon_parity_test: fp32 u differs by summation order only (amplified a little
-  // by Newton–Schulz); bf16 u and bf16 weights can round differently, far below a wrong or
-  // missing fragment (~lr·|v| ≈ 5e-3).
-  const bool exact = wdt == DType::kF32 && u_dtype == DType::kF32;
-  const double loss_tol = exact ? 1e-6 : 1e-3, weight_tol = exact ? 5e-6 : 2e-3;
-  for (; step < 3; ++step) {
-    StepStats a = eng.Step(batch);
-    StepStats b = ref.Step(rbatch);
-    EXPECT_NEAR(a.loss, b.loss, loss_tol * std::abs(b.loss)) << "step " << step;
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, (exact ? 1e-5 : 1e-2) * b.grad_norm) << "step " << step;
+  run.Run([&](const testing::StepDiff&) {
     EXPECT_EQ(eng.structured_update().last_run().bytes_copied, 0u);
-    ExpectSameWeights(eng, ref, weight_tol, step);
-  }
+  });
 }
 
 TEST(MoeEngineParity, AllLayoutsFp32) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   for (const Layout& l : LayoutsFor(W)) {
-    SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+    SCOPED_TRACE(Describe(W, l));
     RunParity(TestModel(), l, DType::kF32, 2);
   }
 }
 
 TEST(MoeEngineParity, AllLayoutsBf16) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   for (const Layout& l : LayoutsFor(W)) {
-    SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+    SCOPED_TRACE(Describe(W, l));
     RunParity(TestModel(), l, DType::kBF16, 2);
   }
 }
 
 TEST(MoeEngineParity, SigmoidGeluEveryOtherBlock) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
-  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  SCOPED_TRACE(Describe(W, l));
   RunParity(TestModelVariant(), l, DType::kF32, 3);
 }
 
 TEST(MoeEngineParity, ExpertWiseMuonFp32AllLayouts) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   for (const Layout& l : LayoutsFor(W)) {
-    SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+    SCOPED_TRACE(Describe(W, l));
     RunMuonParity(TestModel(), l, DType::kF32, DType::kF32, 2);
   }
 }
 
 // The paper's configuration: bf16 runtime weights and bf16 u; GELU experts on the variant.
 TEST(MoeEngineParity, ExpertWiseMuonBf16) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
-  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  SCOPED_TRACE(Describe(W, l));
   RunMuonParity(TestModel(), l, DType::kBF16, DType::kBF16, 2);
   RunMuonParity(TestModelVariant(), l, DType::kF32, DType::kF32, 2);
 }
@@ -301,23 +212,20 @@ TEST(MoeEngineParity, ExpertWiseMuonBf16) {
 // dominates and the router's column 0 ranks experts 0 > 1 >> 2 > 3): their gradients are
 // explicit zeros on every rank, so AdamW moves them only by weight decay.
 TEST(MoeEngineParity, ExpertsWithoutTokensGetZeroGradients) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
-  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  SCOPED_TRACE(Describe(W, l));
   const MoeConfig mc = TestModel();
-  auto world = MpiCommunicator::World(l.rpn);
-  const int r = world->rank();
-  auto self = world->Split(r, 0);
-  MoeGpt model(mc), ref_model(mc);
   const int M = 2;
-  EngineConfig cfg = BaseConfig(l, M, DType::kF32);
-  cfg.adamw.weight_decay = 0.1f;
-  Engine eng(model, *world, cfg);
-  EngineConfig rcfg = BaseConfig({1, 1, 1, 1}, M * W, DType::kF32);
-  rcfg.adamw.weight_decay = 0.1f;
-  Engine ref(ref_model, *self, rcfg);
-  eng.InitWeights(3);
+  testing::ParityCase c = MoeCase(mc, l, BaseConfig(l, M, DType::kF32),
+                                  BaseConfig(testing::kOneRank, M * W, DType::kF32));
+  c.cfg.adamw.weight_decay = 0.1f;
+  c.ref_cfg.adamw.weight_decay = 0.1f;
+  c.steps = 2;
+  c.seed = 3;
+  c.tol = {1e-5, testing::kNotCompared, 2e-5};
+  testing::ParityRun run(c);
+  Engine& eng = run.engine();
   auto init = eng.GatherMainWeights();
   const int d = mc.trunk.d_model;
   std::vector<float>& wte = init.at("wte");
@@ -328,21 +236,15 @@ TEST(MoeEngineParity, ExpertsWithoutTokensGetZeroGradients) {
     for (int e = 0; e < mc.n_expert; ++e) wr[e * d] = col0[e];
   }
   eng.LoadMainWeights(init);
-  ref.LoadMainWeights(init);
-  int64_t step = 0;
-  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
-  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
-  for (; step < 2; ++step) {
-    StepStats a = eng.Step(batch);
-    StepStats b = ref.Step(rbatch);
-    EXPECT_NEAR(a.loss, b.loss, 1e-5 * std::abs(b.loss)) << "step " << step;
-    ExpectSameWeights(eng, ref, 2e-5, step);
+  run.ref().LoadMainWeights(init);
+  MoeGpt& model = run.model_as<MoeGpt>();
+  run.Run([&](const testing::StepDiff&) {
     for (int blk = 0; blk < mc.trunk.n_layer; ++blk) {
       EXPECT_EQ(model.ExpertTokens(blk), (std::vector<int64_t>{16, 16, 0, 0})) << "block " << blk;
     }
-  }
+  });
   auto after = eng.GatherMainWeights();
-  const float lr = cfg.adamw.lr, decay = (1 - lr * 0.1f) * (1 - lr * 0.1f);
+  const float lr = c.cfg.adamw.lr, decay = (1 - lr * 0.1f) * (1 - lr * 0.1f);
   for (int blk = 0; blk < mc.trunk.n_layer; ++blk) {
     for (const char* kind : {"w1", "w2", "w3"}) {
       for (int e = 0; e < mc.n_expert; ++e) {
@@ -367,22 +269,19 @@ TEST(MoeEngineParity, ExpertsWithoutTokensGetZeroGradients) {
 // neighbouring E4M3 code, hence the looser tolerance (as in mx_weights_test).
 void RunMxParity(MoeConfig mc, const Layout& l, int M, ScaleLayout sl) {
   mc.expert_group = true;
-  auto world = MpiCommunicator::World(l.rpn);
-  const int W = world->size(), r = world->rank();
-  auto self = world->Split(r, 0);
-  MoeGpt model(mc), ref_model(mc);
+  const int W = WorldSize();
   if (l.so > 1) {
-    std::vector<std::string> straddle = StraddlingExperts(model, l, W, DType::kE4M3);
+    std::vector<std::string> straddle = StraddlingExperts(MoeGpt(mc), l, W, DType::kE4M3);
     ASSERT_FALSE(straddle.empty()) << "no expert matrix crosses a ZeRO-1 boundary";
   }
-  EngineConfig cfg = BaseConfig(l, M, DType::kE4M3);
-  cfg.scale_layout = sl;
-  EngineConfig rcfg = BaseConfig({1, 1, 1, 1}, M * W, DType::kE4M3);
-  rcfg.scale_layout = sl;
-  Engine eng(model, *world, cfg);
-  Engine ref(ref_model, *self, rcfg);
-  eng.InitWeights(7);
-  ref.InitWeights(7);
+  testing::ParityCase c = MoeCase(mc, l, BaseConfig(l, M, DType::kE4M3),
+                                  BaseConfig(testing::kOneRank, M * W, DType::kE4M3));
+  c.cfg.scale_layout = sl;
+  c.ref_cfg.scale_layout = sl;
+  c.tol_at = testing::MxTolerances;
+  testing::ParityRun run(c);
+  Engine &eng = run.engine(), &ref = run.ref();
+  MoeGpt& model = run.model_as<MoeGpt>();
 
   // Exactly the expert runtime weights are MX; the codes and scales equal the reference's.
   auto mx = eng.GatherMxWeights();
@@ -403,28 +302,17 @@ void RunMxParity(MoeConfig mc, const Layout& l, int M, ScaleLayout sl) {
   EXPECT_EQ(got, want);
   EXPECT_EQ(mx.count("blocks.1.moe.router"), 0u);
 
-  int64_t step = 0;
-  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
-  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, mc.trunk.vocab);
-  for (; step < 3; ++step) {
-    StepStats a = eng.Step(batch);
-    StepStats b = ref.Step(rbatch);
-    const double tol = step == 0 ? 1e-5 : 2e-3;
-    EXPECT_NEAR(a.loss, b.loss, tol * std::abs(b.loss)) << "step " << step;
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, (step == 0 ? 1e-4 : 2e-2) * b.grad_norm)
-        << "step " << step;
+  run.Run([&](const testing::StepDiff& d) {
     if (l.so > 1) {
-      EXPECT_GT(a.counters.mx_split_bands, 0u) << "step " << step;
+      EXPECT_GT(d.dist.counters.mx_split_bands, 0u) << "step " << d.step;
     }
-    ExpectSameWeights(eng, ref, 1e-3, step);  // << lr = 3e-3 per step
-  }
+  });
 }
 
 TEST(MoeEngineParity, MxExpertWeightsAllLayouts) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   for (const Layout& l : LayoutsFor(W)) {
-    SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+    SCOPED_TRACE(Describe(W, l));
     RunMxParity(TestModel(), l, 2, ScaleLayout::kCublasSwizzle);
   }
 }
@@ -433,10 +321,9 @@ TEST(MoeEngineParity, MxExpertWeightsAllLayouts) {
 // 40-row w1 experts (two bands each, the second partial); a shared expert (MX too) so that
 // shard boundaries do not fall between w1 and w2.
 TEST(MoeEngineParity, MxExpertWeightsVariant) {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
-  SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", W, l.sw, l.sg, l.so, l.rpn));
+  SCOPED_TRACE(Describe(W, l));
   MoeConfig mc = TestModelVariant();
   mc.shared_expert = true;
   mc.d_expert = 40;

@@ -106,6 +106,10 @@ Tolerances MuonTolerances(bool exact) {
   return exact ? Tolerances{1e-6, 1e-5, 5e-6} : Tolerances{1e-3, 1e-2, 2e-3};
 }
 
+Tolerances MxTolerances(int64_t step) {
+  return step == 0 ? Tolerances{1e-5, 1e-4, 1e-3} : Tolerances{2e-3, 2e-2, 1e-3};
+}
+
 namespace {
 
 // The worst element difference; a fatal failure where names or sizes differ.

@@ -87,6 +87,10 @@ Tolerances AdamWTolerances(DType wdt);
 // and bf16 runtime weights can round to neighbouring bf16 values; the bound stays far below
 // the ~lr·|v| ≈ 5e-3 of a wrong or missing fragment.
 Tolerances MuonTolerances(bool exact);
+// MXFP8 runtime weights (as tol_at): step 1 runs on identical weights (G is exact; only the
+// loss/gradient summation order differs); later main weights differ in their last fp32 bits
+// and can land on the neighbouring E4M3 code. Weights within 1e-3 (<< lr = 3e-3 per step).
+Tolerances MxTolerances(int64_t step);
 
 // The largest |a - b| over every element of every main weight, and where.
 struct WeightDiff {
