@@ -9,9 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/direct_communicator.h"
@@ -19,65 +16,29 @@
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/engine/presets.h"
 #include "sshsdp/engine/reduce_mode.h"
-#include "sshsdp/engine/testing/parity_data.h"
+#include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/gpt.h"
 
 namespace sshsdp {
 namespace {
 
+using testing::Layout;
 using testing::MakeBatch;
-
-struct Layout {
-  int sw, sg, so, rpn;
-};
+using testing::TestGpt;
+using testing::WorldSize;
 
 // Layouts with node-spanning groups (rpn < group size) and node-local ones.
 std::vector<Layout> LayoutsFor(int W) {
-  if (const char* e = std::getenv("SSHSDP_TEST_LAYOUT")) {
-    Layout l{};
-    if (std::sscanf(e, "%d,%d,%d,%d", &l.sw, &l.sg, &l.so, &l.rpn) == 4) return {l};
-  }
-  switch (W) {
-    case 1:
-      return {{1, 1, 1, 1}};
-    case 2:
-      return {{2, 2, 2, 1}, {1, 2, 2, 1}, {2, 2, 2, 2}};
-    case 3:
-      return {{3, 3, 3, 1}, {1, 3, 3, 3}};
-    case 4:
-      return {{4, 4, 4, 2}, {2, 4, 4, 2}, {2, 2, 4, 2}, {1, 4, 4, 1}};
-    case 6:
-      return {{6, 6, 6, 3}, {2, 6, 6, 2}};
-    case 8:
-      return {{8, 8, 8, 4}, {2, 8, 8, 2}, {2, 4, 8, 2}};
-    default:
-      return {};
-  }
-}
-
-GptConfig TestModel() {
-  GptConfig c;
-  c.vocab = 61;  // odd sizes make buffers and shards uneven
-  c.seq_len = 8;
-  c.d_model = 24;
-  c.n_head = 3;
-  c.n_layer = 2;
-  return c;
+  return testing::LayoutsFrom(W, {{1, {{1, 1, 1, 1}}},
+                                  {2, {{2, 2, 2, 1}, {1, 2, 2, 1}, {2, 2, 2, 2}}},
+                                  {3, {{3, 3, 3, 1}, {1, 3, 3, 3}}},
+                                  {4, {{4, 4, 4, 2}, {2, 4, 4, 2}, {2, 2, 4, 2}, {1, 4, 4, 1}}},
+                                  {6, {{6, 6, 6, 3}, {2, 6, 6, 2}}},
+                                  {8, {{8, 8, 8, 4}, {2, 8, 8, 2}, {2, 4, 8, 2}}}});
 }
 
 EngineConfig BaseConfig(const Layout& l, int M, DType wdt, CommPath path) {
-  EngineConfig cfg;
-  cfg.sw = l.sw;
-  cfg.sg = l.sg;
-  cfg.so = l.so;
-  cfg.ranks_per_node = l.rpn;
-  cfg.microbatches = M;
-  cfg.batch_size = 2;
-  cfg.seq_len = 8;
-  cfg.weight_dtype = wdt;
-  cfg.adamw.lr = 3e-3f;
-  cfg.adamw.eps = 1e-6f;
-  cfg.clip_norm = 0.5f;
+  EngineConfig cfg = testing::BaseConfig(l, M, wdt);
   cfg.comm_path = path;
   return cfg;
 }
@@ -87,55 +48,62 @@ NodeGeometry GeometryOf(const Topology& t, Group g, int rank) {
                           GroupName(g));
 }
 
-void RunDirectParity(const Layout& l, DType wdt, int M, bool reshard, bool prefetch) {
-  auto world = MpiCommunicator::World(l.rpn);
-  const int W = world->size(), r = world->rank();
-  auto self = world->Split(r, 0);
-  const GptConfig gc = TestModel();
-  Gpt model(gc), coll_model(gc), ref_model(gc);
-  EngineConfig cfg = BaseConfig(l, M, wdt, CommPath::kDirect);
-  cfg.reshard_after_forward = reshard;
-  cfg.prefetch = prefetch;
-  EngineConfig ccfg = cfg;
-  ccfg.comm_path = CommPath::kCollective;
-  Engine eng(model, *world, cfg);
-  Engine coll(coll_model, *world, ccfg);
-  Engine ref(ref_model, *self, BaseConfig({1, 1, 1, 1}, M * W, wdt, CommPath::kCollective));
-  eng.InitWeights(7);
-  coll.InitWeights(7);
-  ref.InitWeights(7);
-  int64_t step = 0;
-  BatchFn batch = MakeBatch(&step, M, W, r, cfg.batch_size, cfg.seq_len, gc.vocab);
-  BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, cfg.batch_size, cfg.seq_len, gc.vocab);
-
-  // Exact runtime bytes of one step on this rank (direct_communicator.h formulas).
-  const Topology& topo = eng.topology();
+// Exact runtime bytes of one microbatch on rank r (direct_communicator.h formulas): per gather
+// (K3-1)·c3·e between nodes and (L3-1)·K3·c3·e within, per reduce-scatter (K2-1)·c2·`rs_inter`
+// between nodes (one partial per node) and (n2-K2)·c2·`rs_intra` within.
+struct DirectBytes {
+  uint64_t inter = 0, intra = 0;
+};
+DirectBytes ExpectDirectBytes(const Model& model, const Topology& topo, const Layout& l, int r,
+                              DType wdt, bool reshard, size_t rs_intra, size_t rs_inter) {
   const NodeGeometry g3 = GeometryOf(topo, Group::kZero3, r),
                      g2 = GeometryOf(topo, Group::kZero2, r);
   const size_t e = DTypeSize(wdt);
-  uint64_t inter = 0, intra = 0;
+  DirectBytes b;
   const int n = model.num_groups();
   for (int g = 0; g < n; ++g) {
     const uint64_t padded =
         BuildGroupLayout(g, model.GroupParams(g), wdt, l.so).list.padded_numel();
     const uint64_t gathers = l.sw == 1 ? 0 : reshard ? (g + 1 < n ? 2 : 1) : 1;
     const uint64_t c3 = padded / l.sw, c2 = padded / l.sg;
-    inter += gathers * (g3.K - 1) * c3 * e;
-    intra += gathers * static_cast<uint64_t>(g3.L - 1) * g3.K * c3 * e;
+    b.inter += gathers * (g3.K - 1) * c3 * e;
+    b.intra += gathers * static_cast<uint64_t>(g3.L - 1) * g3.K * c3 * e;
     if (l.sg > 1) {
-      inter += (g2.K - 1) * c2 * 4;
-      intra += static_cast<uint64_t>(g2.n - g2.K) * c2 * 4;
+      b.inter += (g2.K - 1) * c2 * rs_inter;
+      b.intra += static_cast<uint64_t>(g2.n - g2.K) * c2 * rs_intra;
     }
   }
-  const bool f32 = wdt == DType::kF32;
-  const double loss_tol = f32 ? 1e-5 : 2e-4, norm_tol = f32 ? 1e-4 : 2e-3,
-               weight_tol = f32 ? 2e-5 : 3e-4;
-  for (; step < 3; ++step) {
-    StepStats a = eng.Step(batch);
-    StepStats c = coll.Step(batch);
-    StepStats b = ref.Step(rbatch);
-    EXPECT_NEAR(a.loss, b.loss, loss_tol * std::abs(b.loss)) << "step " << step;
-    EXPECT_NEAR(a.grad_norm, b.grad_norm, norm_tol * b.grad_norm) << "step " << step;
+  return b;
+}
+
+void RunDirectParity(const Layout& l, DType wdt, int M, bool reshard, bool prefetch) {
+  testing::ParityCase pc;
+  pc.layout = l;
+  pc.make = testing::GptOf(TestGpt());
+  pc.cfg = BaseConfig(l, M, wdt, CommPath::kDirect);
+  pc.cfg.reshard_after_forward = reshard;
+  pc.cfg.prefetch = prefetch;
+  pc.ref_cfg = BaseConfig(testing::kOneRank, M * WorldSize(), wdt, CommPath::kCollective);
+  pc.tol = testing::AdamWTolerances(wdt);
+  testing::ParityRun run(pc);
+  const int r = run.rank();
+  // The same layout on the collective path, stepped on the same batches.
+  EngineConfig ccfg = pc.cfg;
+  ccfg.comm_path = CommPath::kCollective;
+  Gpt coll_model(TestGpt());
+  Engine coll(coll_model, run.world(), ccfg);
+  coll.InitWeights(7);
+
+  // Exact runtime bytes of one step on this rank: fp32 reduce-scatter partials.
+  const int n = run.model().num_groups();
+  const DirectBytes want =
+      ExpectDirectBytes(run.model(), run.engine().topology(), l, r, wdt, reshard, 4, 4);
+  const uint64_t inter = want.inter, intra = want.intra;
+  const double loss_tol = pc.tol.loss;
+  run.Run([&](const testing::StepDiff& d) {
+    const StepStats& a = d.dist;
+    const StepStats c = coll.Step(run.batch());
+    const int64_t step = d.step;
     // Against the collective path: the all-gather moves the same bits and only the
     // reduce-scatter's summation order differs.
     EXPECT_NEAR(a.loss, c.loss, loss_tol * std::abs(c.loss)) << "step " << step;
@@ -153,76 +121,53 @@ void RunDirectParity(const Layout& l, DType wdt, int M, bool reshard, bool prefe
     MPI_Allreduce(MPI_IN_PLACE, inter_sum, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     EXPECT_LE(inter_sum[0], inter_sum[1]) << "step " << step;
     EXPECT_EQ(a.counters.update_comm.total(), c.counters.update_comm.total());
-    auto wa = eng.GatherMainWeights();
-    auto wb = ref.GatherMainWeights();
-    ASSERT_EQ(wa.size(), wb.size());
-    double worst = 0;
-    std::string worst_name;
-    for (auto& [name, va] : wa) {
-      const auto& vb = wb.at(name);
-      ASSERT_EQ(va.size(), vb.size()) << name;
-      for (size_t i = 0; i < va.size(); ++i) {
-        double d = std::abs(double(va[i]) - vb[i]);
-        if (d > worst) worst = d, worst_name = name;
-      }
-    }
-    EXPECT_LT(worst, weight_tol) << "step " << step << " worst param " << worst_name;
-  }
-  EXPECT_GT(eng.memory().by_category().count("registered"), 0u);
-}
-
-int World() {
-  int W = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &W);
-  return W;
+  });
+  EXPECT_GT(run.engine().memory().by_category().count("registered"), 0u);
 }
 
 TEST(EngineDirect, ParityFp32AllLayouts) {
-  for (const Layout& l : LayoutsFor(World())) {
-    SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={} rpn={}", World(), l.sw, l.sg, l.so, l.rpn));
+  for (const Layout& l : LayoutsFor(WorldSize())) {
+    SCOPED_TRACE(testing::Describe(WorldSize(), l));
     RunDirectParity(l, DType::kF32, 2, true, true);
   }
 }
 
 TEST(EngineDirect, ParityBf16) {
-  const auto layouts = LayoutsFor(World());
-  SCOPED_TRACE(fmt::format("W={}", World()));
+  const auto layouts = LayoutsFor(WorldSize());
+  SCOPED_TRACE(fmt::format("W={}", WorldSize()));
   RunDirectParity(layouts.front(), DType::kBF16, 3, true, true);
 }
 
 TEST(EngineDirect, KeepGatheredWeightsWithoutPrefetch) {
-  const auto layouts = LayoutsFor(World());
-  SCOPED_TRACE(fmt::format("W={}", World()));
+  const auto layouts = LayoutsFor(WorldSize());
+  SCOPED_TRACE(fmt::format("W={}", WorldSize()));
   RunDirectParity(layouts.front(), DType::kBF16, 2, /*reshard=*/false, /*prefetch=*/false);
 }
 
 // Every preset's dataflow (copies, casts, separate add, other shard layouts) on the direct
 // path equals the same preset on the collective path.
 TEST(EngineDirect, PresetsRunOnTheDirectPath) {
-  const int W = World();
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
-  auto world = MpiCommunicator::World(l.rpn);
-  const int r = world->rank();
-  const GptConfig gc = TestModel();
   for (const std::string& preset : PresetNames()) {
     SCOPED_TRACE(fmt::format("W={} preset={}", W, preset));
-    EngineConfig dcfg = BaseConfig(l, 2, DType::kBF16, CommPath::kDirect);
-    ApplyPreset(preset, &dcfg);
-    EngineConfig ccfg = dcfg;
-    ccfg.comm_path = CommPath::kCollective;
-    Gpt dm(gc), cm(gc);
-    Engine d(dm, *world, dcfg), c(cm, *world, ccfg);
-    d.InitWeights(3);
-    c.InitWeights(3);
-    int64_t step = 0;
-    BatchFn batch = MakeBatch(&step, 2, W, r, 2, 8, gc.vocab);
-    for (; step < 2; ++step) {
-      StepStats a = d.Step(batch), b = c.Step(batch);
-      EXPECT_NEAR(a.loss, b.loss, 2e-4 * std::abs(b.loss)) << "step " << step;
-      EXPECT_EQ(a.counters.bytes_copied, b.counters.bytes_copied);
-      EXPECT_EQ(a.counters.add_passes, b.counters.add_passes);
-      EXPECT_EQ(a.counters.runtime_comm.total(), b.counters.runtime_comm.total());
-    }
+    testing::ParityCase pc;
+    pc.layout = l;
+    pc.make = testing::GptOf(TestGpt());
+    pc.cfg = BaseConfig(l, 2, DType::kBF16, CommPath::kDirect);
+    ApplyPreset(preset, &pc.cfg);
+    pc.ref_cfg = pc.cfg;
+    pc.ref_cfg.comm_path = CommPath::kCollective;
+    pc.reference = testing::Reference::kSameWorld;
+    pc.steps = 2;
+    pc.seed = 3;
+    pc.tol = {2e-4, testing::kNotCompared, testing::kNotCompared};
+    testing::ParityRun run(pc);
+    run.Run([](const testing::StepDiff& d) {
+      EXPECT_EQ(d.dist.counters.bytes_copied, d.ref.counters.bytes_copied);
+      EXPECT_EQ(d.dist.counters.add_passes, d.ref.counters.add_passes);
+      EXPECT_EQ(d.dist.counters.runtime_comm.total(), d.ref.counters.runtime_comm.total());
+    });
   }
 }
 
@@ -231,11 +176,11 @@ TEST(EngineDirect, PresetsRunOnTheDirectPath) {
 // collective path within bf16 tolerance, bf16sr reproduces bit for bit for the same seed, and
 // the runtime bytes are exact: bf16 slices within the node, one fp32 / bf16 partial per node.
 TEST(EngineDirect, ReduceModes) {
-  const int W = World();
+  const int W = WorldSize();
   const Layout l = LayoutsFor(W).front();
   auto world = MpiCommunicator::World(l.rpn);
   const int r = world->rank();
-  const GptConfig gc = TestModel();
+  const GptConfig gc = TestGpt();
   for (ReduceMode mode : {ReduceMode::kBf16Fp32, ReduceMode::kBf16Sr}) {
     SCOPED_TRACE(fmt::format("W={} reduce={}", W, ReduceModeName(mode)));
     EngineConfig dcfg = BaseConfig(l, 2, DType::kBF16, CommPath::kDirect);
@@ -246,24 +191,11 @@ TEST(EngineDirect, ReduceModes) {
     Gpt dm(gc), dm2(gc), cm(gc);
     Engine d(dm, *world, dcfg), d2(dm2, *world, dcfg), c(cm, *world, ccfg);
     for (Engine* e : {&d, &d2, &c}) e->InitWeights(5);
-    const Topology& topo = d.topology();
-    const NodeGeometry g3 = GeometryOf(topo, Group::kZero3, r);
-    const NodeGeometry g2 = GeometryOf(topo, Group::kZero2, r);
+    // bf16 slices within the node; one fp32 (bf16+fp32) or bf16 (bf16sr) partial per node.
     const size_t pe = mode == ReduceMode::kBf16Sr ? 2 : 4;
-    uint64_t inter = 0, intra = 0;
-    const int n = dm.num_groups();
-    for (int g = 0; g < n; ++g) {
-      const uint64_t padded =
-          BuildGroupLayout(g, dm.GroupParams(g), DType::kBF16, l.so).list.padded_numel();
-      const uint64_t gathers = l.sw == 1 ? 0 : (g + 1 < n ? 2 : 1);
-      const uint64_t c3 = padded / l.sw, c2 = padded / l.sg;
-      inter += gathers * (g3.K - 1) * c3 * 2;
-      intra += gathers * static_cast<uint64_t>(g3.L - 1) * g3.K * c3 * 2;
-      if (l.sg > 1) {
-        inter += (g2.K - 1) * c2 * pe;
-        intra += static_cast<uint64_t>(g2.n - g2.K) * c2 * 2;
-      }
-    }
+    const DirectBytes want =
+        ExpectDirectBytes(dm, d.topology(), l, r, DType::kBF16, /*reshard=*/true, 2, pe);
+    const uint64_t inter = want.inter, intra = want.intra;
     int64_t step = 0;
     BatchFn batch = MakeBatch(&step, 2, W, r, 2, 8, gc.vocab);
     for (; step < 2; ++step) {
@@ -281,14 +213,14 @@ TEST(EngineDirect, ReduceModes) {
 
 // Unbalanced groups are a LayoutError before any collective (every rank throws alike).
 TEST(EngineDirect, RejectsUnbalancedLayoutBeforeAnyCollective) {
-  const int W = World();
+  const int W = WorldSize();
   if (W != 6 && W != 3) GTEST_SKIP() << "needs a world with an unbalanced layout (3 or 6 ranks)";
   // W=6: nodes of 2, sw=3 → ZeRO-3 group {0,1,2} puts 2 ranks on node 0, 1 on node 1.
   // W=3: nodes of 1... every group is balanced; use sw=3 over nodes of 3 plus a ZeRO-2 of
   // 3 over nodes of 1 — balanced too, so W=3 checks acceptance instead.
   const Layout l = W == 6 ? Layout{3, 3, 6, 2} : Layout{3, 3, 3, 1};
   auto world = MpiCommunicator::World(l.rpn);
-  Gpt model(TestModel());
+  Gpt model(TestGpt());
   EngineConfig cfg = BaseConfig(l, 1, DType::kBF16, CommPath::kDirect);
   if (W == 3) {
     Engine e(model, *world, cfg);  // balanced: 3 nodes of 1
