@@ -17,13 +17,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <memory>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/scale_layout.h"
@@ -32,10 +30,11 @@
 namespace sshsdp {
 namespace {
 
-struct Layout {
-  int sw, sg, so, rpn;
-};
+using testing::BaseConfig;
+using testing::Layout;
+using testing::MakeBatch;
 
+// No SSHSDP_TEST_LAYOUT override here; W = 4 leaves out {4, 4, 4, 4}.
 std::vector<Layout> LayoutsFor(int W) {
   switch (W) {
     case 1:
@@ -52,48 +51,10 @@ std::vector<Layout> LayoutsFor(int W) {
 }
 
 GptConfig SmallModel(int d = 24, int heads = 3) {
-  GptConfig c;
-  c.vocab = 61;
-  c.seq_len = 8;
+  GptConfig c = testing::TestGpt();
   c.d_model = d;
   c.n_head = heads;
-  c.n_layer = 2;
   return c;
-}
-
-int32_t Tok(int64_t sample, int t, int vocab) {
-  uint64_t x = static_cast<uint64_t>(sample) * 1000003u + static_cast<uint64_t>(t) * 7919u + 17;
-  x ^= x >> 13;
-  x *= 0x9E3779B97F4A7C15ull;
-  return static_cast<int32_t>((x >> 33) % static_cast<uint64_t>(vocab));
-}
-
-BatchFn MakeBatch(int64_t* step, int M, int W, int rank, int B, int T, int V) {
-  return [=](int mb, int32_t* tok, int32_t* tgt) {
-    for (int b = 0; b < B; ++b) {
-      int64_t sample = ((*step * M + mb) * W + rank) * B + b;
-      for (int t = 0; t < T; ++t) {
-        tok[b * T + t] = Tok(sample, t, V);
-        tgt[b * T + t] = Tok(sample, t + 1, V);
-      }
-    }
-  };
-}
-
-EngineConfig Config(const Layout& l, int M, DType wdt) {
-  EngineConfig cfg;
-  cfg.sw = l.sw;
-  cfg.sg = l.sg;
-  cfg.so = l.so;
-  cfg.ranks_per_node = l.rpn;
-  cfg.microbatches = M;
-  cfg.batch_size = 2;
-  cfg.seq_len = 8;
-  cfg.weight_dtype = wdt;
-  cfg.adamw.lr = 3e-3f;
-  cfg.adamw.eps = 1e-6f;
-  cfg.clip_norm = 0.5f;
-  return cfg;
 }
 
 // Quantizes the consolidated main weights directly (no sharding) and compares with the
@@ -144,7 +105,7 @@ TEST(MxWeights, ShardedBandsEqualUnshardedQuantization) {
                                ScaleLayoutName(sl)));
       auto w = MpiCommunicator::World(l.rpn);
       Gpt model(SmallModel());
-      EngineConfig cfg = Config(l, 1, DType::kE4M3);
+      EngineConfig cfg = BaseConfig(l, 1, DType::kE4M3);
       cfg.scale_layout = sl;
       Engine eng(model, *w, cfg);
       eng.InitWeights(11);
@@ -160,7 +121,7 @@ TEST(MxWeights, ShardedBandsEqualUnshardedQuantization) {
   // Full 32x32 blocks (32-row heads) and the block-grid layout they allow.
   auto w = MpiCommunicator::World(1);
   Gpt model(SmallModel(64, 2));
-  EngineConfig cfg = Config(LayoutsFor(W).front(), 1, DType::kE4M3);
+  EngineConfig cfg = BaseConfig(LayoutsFor(W).front(), 1, DType::kE4M3);
   cfg.scale_layout = ScaleLayout::kBlockRowMajor;
   Engine eng(model, *w, cfg);
   eng.InitWeights(3);
@@ -170,7 +131,7 @@ TEST(MxWeights, ShardedBandsEqualUnshardedQuantization) {
 TEST(MxWeights, BlockGridLayoutRefusesPartialHeads) {
   auto world = MpiCommunicator::World(1);
   Gpt model(SmallModel());  // 8-row heads: 32x32 blocks straddle heads in the packed QKV
-  EngineConfig cfg = Config({1, 1, world->size(), 1}, 1, DType::kE4M3);
+  EngineConfig cfg = BaseConfig({1, 1, world->size(), 1}, 1, DType::kE4M3);
   cfg.scale_layout = ScaleLayout::kBlockRowMajor;
   EXPECT_THROW(Engine(model, *world, cfg), ConfigError);
 }
@@ -180,33 +141,15 @@ TEST(MxWeights, TrainingMatchesSingleProcessReference) {
   const int W = world0->size();
   for (const Layout& l : LayoutsFor(W)) {
     SCOPED_TRACE(fmt::format("W={} sw={} sg={} so={}", W, l.sw, l.sg, l.so));
-    auto world = MpiCommunicator::World(l.rpn);
-    const int r = world->rank();
-    auto self = world->Split(r, 0);
     const int M = 2;
-    Gpt model(SmallModel()), ref_model(SmallModel());
-    Engine eng(model, *world, Config(l, M, DType::kE4M3));
-    Engine ref(ref_model, *self, Config({1, 1, 1, 1}, M * W, DType::kE4M3));
-    eng.InitWeights(5);
-    ref.InitWeights(5);
-    int64_t step = 0;
-    BatchFn batch = MakeBatch(&step, M, W, r, 2, 8, 61);
-    BatchFn rbatch = MakeBatch(&step, M * W, 1, 0, 2, 8, 61);
-    for (; step < 3; ++step) {
-      StepStats a = eng.Step(batch);
-      StepStats b = ref.Step(rbatch);
-      // Step 1: identical weights (G is exact); only the loss/gradient summation order differs.
-      const double tol = step == 0 ? 1e-5 : 2e-3;
-      EXPECT_NEAR(a.loss, b.loss, tol * std::abs(b.loss)) << "step " << step;
-      EXPECT_NEAR(a.grad_norm, b.grad_norm, (step == 0 ? 1e-4 : 2e-2) * b.grad_norm)
-          << "step " << step;
-      double worst = 0;
-      auto wa = eng.GatherMainWeights(), wb = ref.GatherMainWeights();
-      for (auto& [name, va] : wa)
-        for (size_t i = 0; i < va.size(); ++i)
-          worst = std::max(worst, std::abs(double(va[i]) - wb.at(name)[i]));
-      EXPECT_LT(worst, 1e-3) << "step " << step;  // << lr = 3e-3 per step
-    }
+    testing::ParityCase c;
+    c.layout = l;
+    c.make = testing::GptOf(SmallModel());
+    c.cfg = BaseConfig(l, M, DType::kE4M3);
+    c.ref_cfg = BaseConfig(testing::kOneRank, M * W, DType::kE4M3);
+    c.seed = 5;
+    c.tol_at = testing::MxTolerances;
+    testing::ParityRun(c).Run();
   }
 }
 
@@ -216,7 +159,7 @@ TEST(MxWeights, WeightReuseCountersAndQuantizeEveryGather) {
   auto world = MpiCommunicator::World(l.rpn);
   const int M = 3;
   Gpt m1(SmallModel()), m2(SmallModel());
-  EngineConfig reuse = Config(l, M, DType::kE4M3);
+  EngineConfig reuse = BaseConfig(l, M, DType::kE4M3);
   EngineConfig every = reuse;
   every.redundancies.cast_every_gather = true;  // ②
   Engine a(m1, *world, reuse), b(m2, *world, every);
@@ -288,7 +231,7 @@ TEST(ReduceModes, Bf16SrTrainingReproducesAndStaysClose) {
   auto world = MpiCommunicator::World(l.rpn);
   auto train = [&](ReduceMode mode, uint64_t seed, DType wdt) {
     Gpt model(SmallModel());
-    EngineConfig cfg = Config(l, 2, wdt);
+    EngineConfig cfg = BaseConfig(l, 2, wdt);
     cfg.reduce = mode;
     cfg.sr_seed = seed;
     Engine e(model, *world, cfg);
