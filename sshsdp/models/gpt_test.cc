@@ -20,9 +20,17 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/models/data.h"
+#include "sshsdp/models/testing/grad_check.h"
 
 namespace sshsdp {
 namespace {
+
+using testing::Batch;
+using testing::RandomBatch;
+using testing::RandomizeWeights;
+using testing::Richardson;
+using testing::RunBackward;
+using testing::RunForward;
 
 GptConfig TinyConfig() {
   GptConfig c;
@@ -34,97 +42,36 @@ GptConfig TinyConfig() {
   return c;
 }
 
-struct Batch {
-  int B, T;
-  std::vector<int32_t> tokens, targets;
-};
-
-// Tokens drawn from a subset of the vocabulary so some embedding rows get no gradient.
-Batch MakeBatch(int B, int T, int vocab_used, uint32_t seed) {
-  Batch b{B, T, std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
-  std::mt19937 rng(seed);
-  for (int i = 0; i < B * T; ++i) {
-    b.tokens[i] = static_cast<int32_t>(rng() % vocab_used);
-    b.targets[i] = static_cast<int32_t>(rng() % vocab_used);
-  }
-  b.tokens[1] = b.tokens[0];  // a repeated token
-  return b;
-}
-
-// Weights with O(1) activations: matrices N(0, 0.35²), gains 1 + N(0, 0.2²).
-void RandomizeWeights(DenseParams& p, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (int g = 0; g < p.num_groups(); ++g) {
-    for (size_t i = 0; i < p.specs(g).size(); ++i) {
-      bool gain = p.specs(g)[i].shape.size() == 1;
-      for (float& v : p.master(g, i)) v = gain ? 1.0f + 0.2f * n(rng) : 0.35f * n(rng);
-    }
-  }
-  p.SyncWeights();
-}
-
-double RunForward(Gpt& m, DenseParams& p, const Batch& b) {
-  m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T);
-  for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
-  return m.Loss();
-}
-
-void RunBackward(Gpt& m, DenseParams& p, GradWrite mode) {
-  for (int g = m.num_groups() - 1; g >= 0; --g) m.Backward(g, p.Weights(g), p.Grads(g), mode);
-}
-
 // Central difference of the loss along direction `dir` of parameter (g, i), combining
 // steps h and h/2 by Richardson extrapolation.
 double NumericDirectional(Gpt& m, DenseParams& p, const Batch& b, int g, int i,
                           const std::vector<float>& dir, double h) {
   std::vector<float> saved = p.master(g, i);
-  auto at = [&](double eps) {
-    for (size_t k = 0; k < saved.size(); ++k) p.master(g, i)[k] = saved[k] + eps * dir[k];
-    p.SyncWeights();
-    return RunForward(m, p, b);
-  };
-  double d1 = (at(h) - at(-h)) / (2 * h);
-  double d2 = (at(h / 2) - at(-h / 2)) / h;
+  double d = Richardson(
+      [&](double eps) {
+        for (size_t k = 0; k < saved.size(); ++k) p.master(g, i)[k] = saved[k] + eps * dir[k];
+        p.SyncWeights();
+        return RunForward(m, p, b);
+      },
+      h);
   p.master(g, i) = saved;
   p.SyncWeights();
-  return (4 * d2 - d1) / 3;
+  return d;
 }
 
 void CheckGroupGradients(int group) {
   Gpt m(TinyConfig());
   DenseParams p(m);
   RandomizeWeights(p, 11);
-  Batch b = MakeBatch(2, 7, 24, 5);
+  Batch b = RandomBatch(2, 7, 24, 5);
   RunForward(m, p, b);
   RunBackward(m, p, GradWrite::kOverwrite);
-  std::mt19937 rng(3);
-  for (size_t i = 0; i < p.specs(group).size(); ++i) {
-    const std::string& name = p.specs(group)[i].name;
-    const std::vector<float> grad = p.GradAsFloat(group, static_cast<int>(i));
-    // Directional derivative along a random ±1 direction.
-    std::vector<float> dir(grad.size());
-    double analytic = 0.0, scale = 0.0;
-    for (size_t k = 0; k < dir.size(); ++k) {
-      dir[k] = (rng() & 1) ? 1.0f : -1.0f;
-      analytic += static_cast<double>(dir[k]) * grad[k];
-      scale += std::abs(grad[k]);
-    }
-    double numeric = NumericDirectional(m, p, b, group, static_cast<int>(i), dir, 1e-2);
-    EXPECT_NEAR(numeric, analytic, 2e-4 * scale + 1e-6) << name << " directional";
-    // The three largest-magnitude elements, one at a time.
-    std::vector<size_t> idx(grad.size());
-    for (size_t k = 0; k < idx.size(); ++k) idx[k] = k;
-    std::partial_sort(idx.begin(), idx.begin() + std::min<size_t>(3, idx.size()), idx.end(),
-                      [&](size_t a, size_t c) { return std::abs(grad[a]) > std::abs(grad[c]); });
-    for (size_t j = 0; j < std::min<size_t>(3, idx.size()); ++j) {
-      std::vector<float> e(grad.size(), 0.0f);
-      e[idx[j]] = 1.0f;
-      double num = NumericDirectional(m, p, b, group, static_cast<int>(i), e, 1e-2);
-      EXPECT_NEAR(num, grad[idx[j]], 2e-3 * std::abs(grad[idx[j]]) + 1e-5)
-          << name << " element " << idx[j];
-    }
-  }
+  testing::CheckGroupGradients(
+      p, group,
+      [&](int i, const std::vector<float>& dir) {
+        return NumericDirectional(m, p, b, group, i, dir, 1e-2);
+      },
+      /*require_nonzero=*/false);
 }
 
 TEST(GptGradients, EmbeddingGroup) { CheckGroupGradients(0); }
@@ -171,7 +118,7 @@ TEST(Gpt, OverwriteFillsEveryGradientElementAndAccumulateAdds) {
     Gpt m(TinyConfig());
     DenseParams p(m, DType::kF32, gd);
     RandomizeWeights(p, 2);
-    Batch b = MakeBatch(2, 6, 20, 9);  // tokens < 20: rows 20..31 unused; T=6 < seq_len=8
+    Batch b = RandomBatch(2, 6, 20, 9);  // tokens < 20: rows 20..31 unused; T=6 < seq_len=8
     RunForward(m, p, b);
     // NaN-prefill every gradient view.
     for (int g = 0; g < m.num_groups(); ++g) {
@@ -221,40 +168,21 @@ TEST(Gpt, Bf16WeightsAndGradientsTrackFp32) {
   Gpt m(TinyConfig());
   DenseParams p32(m), p16(m, DType::kBF16, DType::kBF16);
   RandomizeWeights(p16, 4);
-  // Same (bf16-representable) weights in fp32.
-  for (int g = 0; g < m.num_groups(); ++g) {
-    for (size_t i = 0; i < p16.specs(g).size(); ++i) {
-      p32.master(g, i) = p16.master(g, i);
-      for (float& v : p32.master(g, i)) v = RoundToBf16(v);
-    }
-  }
-  p32.SyncWeights();
-  Batch b = MakeBatch(2, 8, 32, 6);
+  testing::CopyRoundedToBf16(p16, p32);  // same (bf16-representable) weights in fp32
+  Batch b = RandomBatch(2, 8, 32, 6);
   double l32 = RunForward(m, p32, b);
   RunBackward(m, p32, GradWrite::kOverwrite);
   double l16 = RunForward(m, p16, b);
   RunBackward(m, p16, GradWrite::kOverwrite);
   EXPECT_NEAR(l16, l32, 2e-2 * l32);
-  for (int g = 0; g < m.num_groups(); ++g) {
-    for (size_t i = 0; i < p16.specs(g).size(); ++i) {
-      auto a = p32.GradAsFloat(g, static_cast<int>(i));
-      auto c = p16.GradAsFloat(g, static_cast<int>(i));
-      double dot = 0, na = 0, nc = 0;
-      for (size_t k = 0; k < a.size(); ++k) {
-        dot += static_cast<double>(a[k]) * c[k];
-        na += static_cast<double>(a[k]) * a[k];
-        nc += static_cast<double>(c[k]) * c[k];
-      }
-      EXPECT_GT(dot / std::sqrt(na * nc + 1e-300), 0.98) << p16.specs(g)[i].name;
-    }
-  }
+  testing::ExpectGradientsAligned(p32, p16, 0.98);
 }
 
 TEST(Gpt, GradScaleScalesGradients) {
   Gpt m(TinyConfig());
   DenseParams p(m);
   RandomizeWeights(p, 8);
-  Batch b = MakeBatch(1, 8, 32, 1);
+  Batch b = RandomBatch(1, 8, 32, 1);
   RunForward(m, p, b);
   RunBackward(m, p, GradWrite::kOverwrite);
   std::vector<float> g1 = p.GradAsFloat(1, 1);
@@ -268,7 +196,7 @@ TEST(Gpt, EnforcesExecutionOrderAndValidatesInput) {
   Gpt m(TinyConfig());
   DenseParams p(m);
   p.Init(1);
-  Batch b = MakeBatch(1, 4, 32, 2);
+  Batch b = RandomBatch(1, 4, 32, 2);
   EXPECT_THROW(m.Forward(0, p.Weights(0)), PlanError);  // no batch yet
   m.SetBatch(b.tokens.data(), b.targets.data(), 1, 4);
   EXPECT_THROW(m.Forward(1, p.Weights(1)), PlanError);
@@ -338,13 +266,7 @@ TEST(Gpt, SgdLowersLossOnSyntheticData) {
     if (step == 0) first = m.Loss();
     if (step >= steps - 5) last += m.Loss() / 5;
     RunBackward(m, p, GradWrite::kOverwrite);
-    for (int g = 0; g < m.num_groups(); ++g) {
-      for (size_t i = 0; i < p.specs(g).size(); ++i) {
-        std::vector<float> gr = p.GradAsFloat(g, static_cast<int>(i));
-        for (size_t k = 0; k < gr.size(); ++k) p.master(g, i)[k] -= 1.0f * gr[k];
-      }
-    }
-    p.SyncWeights();
+    testing::SgdUpdate(p, 1.0f);
   }
   EXPECT_NEAR(first, std::log(32.0), 0.1);
   EXPECT_LT(last, first - 0.5) << "optimal " << data.OptimalLoss();

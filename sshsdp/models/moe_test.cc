@@ -36,11 +36,19 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/models/data.h"
+#include "sshsdp/models/testing/grad_check.h"
 #include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/scale_layout.h"
 
 namespace sshsdp {
 namespace {
+
+using testing::Batch;
+using testing::RandomBatch;
+using testing::RandomizeWeights;
+using testing::Richardson;
+using testing::RunBackward;
+using testing::RunForward;
 
 // Block 0 dense, block 1 MoE (4 experts of width 12, top-2, shared expert of width 8).
 MoeConfig TinyConfig() {
@@ -60,35 +68,6 @@ MoeConfig TinyConfig() {
   return c;
 }
 
-struct Batch {
-  int B, T;
-  std::vector<int32_t> tokens, targets;
-};
-
-Batch MakeBatch(int B, int T, int vocab_used, uint32_t seed) {
-  Batch b{B, T, std::vector<int32_t>(B * T), std::vector<int32_t>(B * T)};
-  std::mt19937 rng(seed);
-  for (int i = 0; i < B * T; ++i) {
-    b.tokens[i] = static_cast<int32_t>(rng() % vocab_used);
-    b.targets[i] = static_cast<int32_t>(rng() % vocab_used);
-  }
-  b.tokens[1] = b.tokens[0];
-  return b;
-}
-
-// O(1) activations: matrices N(0, 0.35²), gains 1 + N(0, 0.2²).
-void RandomizeWeights(DenseParams& p, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  for (int g = 0; g < p.num_groups(); ++g) {
-    for (size_t i = 0; i < p.specs(g).size(); ++i) {
-      bool gain = p.specs(g)[i].shape.size() == 1;
-      for (float& v : p.master(g, i)) v = gain ? 1.0f + 0.2f * n(rng) : 0.35f * n(rng);
-    }
-  }
-  p.SyncWeights();
-}
-
 int ParamIndex(const DenseParams& p, int g, const std::string& suffix) {
   for (size_t i = 0; i < p.specs(g).size(); ++i) {
     const std::string& n = p.specs(g)[i].name;
@@ -98,16 +77,6 @@ int ParamIndex(const DenseParams& p, int g, const std::string& suffix) {
   }
   ADD_FAILURE() << "no parameter ending in " << suffix << " in group " << g;
   return 0;
-}
-
-double RunForward(MoeGpt& m, DenseParams& p, const Batch& b) {
-  m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T);
-  for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
-  return m.Loss();
-}
-
-void RunBackward(MoeGpt& m, DenseParams& p, GradWrite mode) {
-  for (int g = m.num_groups() - 1; g >= 0; --g) m.Backward(g, p.Weights(g), p.Grads(g), mode);
 }
 
 std::vector<std::vector<int32_t>> AllRouting(const MoeGpt& m) {
@@ -127,18 +96,18 @@ double NumericDirectional(MoeGpt& m, DenseParams& p, const Batch& b, int g, int 
   std::vector<float> saved = p.master(g, i);
   for (int attempt = 0; attempt < 5; ++attempt, h /= 4) {
     bool stable = true;
-    auto at = [&](double eps) {
-      for (size_t k = 0; k < saved.size(); ++k) p.master(g, i)[k] = saved[k] + eps * dir[k];
-      p.SyncWeights();
-      double loss = RunForward(m, p, b);
-      stable = stable && AllRouting(m) == routing;
-      return loss;
-    };
-    double d1 = (at(h) - at(-h)) / (2 * h);
-    double d2 = (at(h / 2) - at(-h / 2)) / h;
+    const double d = Richardson(
+        [&](double eps) {
+          for (size_t k = 0; k < saved.size(); ++k) p.master(g, i)[k] = saved[k] + eps * dir[k];
+          p.SyncWeights();
+          double loss = RunForward(m, p, b);
+          stable = stable && AllRouting(m) == routing;
+          return loss;
+        },
+        h);
     p.master(g, i) = saved;
     p.SyncWeights();
-    if (stable) return (4 * d2 - d1) / 3;
+    if (stable) return d;
   }
   ADD_FAILURE() << p.specs(g)[i].name << ": routing changes at every step size";
   return std::numeric_limits<double>::quiet_NaN();
@@ -148,36 +117,15 @@ void CheckGroupGradients(const MoeConfig& c, int group, uint32_t seed = 11) {
   MoeGpt m(c);
   DenseParams p(m);
   RandomizeWeights(p, seed);
-  Batch b = MakeBatch(2, 7, 24, 5);
+  Batch b = RandomBatch(2, 7, 24, 5);
   RunForward(m, p, b);
   RunBackward(m, p, GradWrite::kOverwrite);
-  std::mt19937 rng(3);
-  for (size_t i = 0; i < p.specs(group).size(); ++i) {
-    const std::string& name = p.specs(group)[i].name;
-    const std::vector<float> grad = p.GradAsFloat(group, static_cast<int>(i));
-    std::vector<float> dir(grad.size());
-    double analytic = 0.0, scale = 0.0;
-    for (size_t k = 0; k < dir.size(); ++k) {
-      dir[k] = (rng() & 1) ? 1.0f : -1.0f;
-      analytic += static_cast<double>(dir[k]) * grad[k];
-      scale += std::abs(grad[k]);
-    }
-    ASSERT_GT(scale, 0.0) << name << " has an all-zero gradient";
-    double numeric = NumericDirectional(m, p, b, group, static_cast<int>(i), dir, 1e-2);
-    EXPECT_NEAR(numeric, analytic, 2e-4 * scale + 1e-6) << name << " directional";
-    std::vector<size_t> idx(grad.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    const size_t top = std::min<size_t>(3, idx.size());
-    std::partial_sort(idx.begin(), idx.begin() + top, idx.end(),
-                      [&](size_t a, size_t c) { return std::abs(grad[a]) > std::abs(grad[c]); });
-    for (size_t j = 0; j < top; ++j) {
-      std::vector<float> e(grad.size(), 0.0f);
-      e[idx[j]] = 1.0f;
-      double num = NumericDirectional(m, p, b, group, static_cast<int>(i), e, 1e-2);
-      EXPECT_NEAR(num, grad[idx[j]], 2e-3 * std::abs(grad[idx[j]]) + 1e-5)
-          << name << " element " << idx[j];
-    }
-  }
+  testing::CheckGroupGradients(
+      p, group,
+      [&](int i, const std::vector<float>& dir) {
+        return NumericDirectional(m, p, b, group, i, dir, 1e-2);
+      },
+      /*require_nonzero=*/true);
 }
 
 TEST(MoeGradients, EmbeddingGroup) { CheckGroupGradients(TinyConfig(), 0); }
@@ -339,7 +287,7 @@ TEST(Moe, ForwardMatchesNaivePerTokenReference) {
     std::fill(p.master(1, 1).begin(), p.master(1, 1).end(), 0.0f);  // qkv
     std::fill(p.master(1, 2).begin(), p.master(1, 2).end(), 0.0f);  // attn.proj
     p.SyncWeights();
-    Batch b = MakeBatch(3, 8, 32, 8);
+    Batch b = RandomBatch(3, 8, 32, 8);
     const double loss = RunForward(m, p, b);
     double aux = 0;
     const double want = NaiveLoss(c, p, b, &aux);
@@ -389,7 +337,7 @@ TEST(MoeRouting, AllTokensToOneExpertTop1) {
   DenseParams p(m);
   RandomizeWeights(p, 3);
   ForceRouting(p, 2, {-1.0f, 2.0f, -1.0f, -3.0f});
-  Batch b = MakeBatch(2, 8, 32, 4);
+  Batch b = RandomBatch(2, 8, 32, 4);
   RunForward(m, p, b);
   ExpectRouting(m, 1, {1});
   EXPECT_EQ(m.ExpertTokens(1), (std::vector<int64_t>{0, 16, 0, 0}));
@@ -411,7 +359,7 @@ TEST(MoeRouting, TiesGoToTheLowerExpertIndex) {
     const int d = c.trunk.d_model;
     for (int e : {1, 2}) std::fill(wr.begin() + e * d + 1, wr.begin() + (e + 1) * d, 0.0f);
     p.SyncWeights();
-    Batch b = MakeBatch(2, 8, 32, 4);
+    Batch b = RandomBatch(2, 8, 32, 4);
     RunForward(m, p, b);
     if (k == 1) {
       ExpectRouting(m, 1, {1});
@@ -431,7 +379,7 @@ TEST(MoeRouting, TiesGoToTheLowerExpertIndex) {
     RandomizeWeights(p, 6);
     std::fill(p.master(2, 4).begin(), p.master(2, 4).end(), 0.0f);
     p.SyncWeights();
-    Batch b = MakeBatch(2, 8, 32, 4);
+    Batch b = RandomBatch(2, 8, 32, 4);
     RunForward(m, p, b);
     ExpectRouting(m, 1, {0, 1});
     EXPECT_NEAR(m.AuxLoss(), c.aux_loss_weight, 1e-7);
@@ -465,7 +413,7 @@ TEST(MoeRouting, EmptyExpertsGetExplicitZerosAndAccumulateLeavesThemAlone) {
       DenseParams p(m, DType::kF32, gd);
       RandomizeWeights(p, 7);
       ForceRouting(p, 2, {1.0f, -3.0f, 2.0f, -1.0f});  // every token: expert 2, then 0
-      Batch b = MakeBatch(2, 6, 20, 9);                // T = 6 < seq_len, rows 20.. unused
+      Batch b = RandomBatch(2, 6, 20, 9);              // T = 6 < seq_len, rows 20.. unused
       RunForward(m, p, b);
       ExpectRouting(m, 1, k == 1 ? std::vector<int32_t>{2} : std::vector<int32_t>{2, 0});
       const std::vector<bool> empty = k == 1 ? std::vector<bool>{true, true, false, true}
@@ -626,7 +574,7 @@ TEST(Moe, ValidatesConfigAndExecutionOrder) {
   MoeGpt m(TinyConfig());
   DenseParams p(m);
   p.Init(1);
-  Batch b = MakeBatch(1, 4, 32, 2);
+  Batch b = RandomBatch(1, 4, 32, 2);
   EXPECT_THROW(m.Forward(0, p.Weights(0)), PlanError);
   m.SetBatch(b.tokens.data(), b.targets.data(), 1, 4);
   EXPECT_THROW(m.Forward(1, p.Weights(1)), PlanError);
@@ -650,7 +598,7 @@ TEST(Moe, GradScaleScalesGradientsIncludingAux) {
   MoeGpt m(TinyConfig());
   DenseParams p(m);
   RandomizeWeights(p, 8);
-  Batch b = MakeBatch(1, 8, 32, 1);
+  Batch b = RandomBatch(1, 8, 32, 1);
   RunForward(m, p, b);
   RunBackward(m, p, GradWrite::kOverwrite);
   std::vector<float> r1 = p.GradAsFloat(2, 4), e1 = p.GradAsFloat(2, 5);
@@ -666,14 +614,8 @@ TEST(Moe, Bf16WeightsAndGradientsTrackFp32) {
   MoeGpt m(c);
   DenseParams p32(m), p16(m, DType::kBF16, DType::kBF16);
   RandomizeWeights(p16, 4);
-  for (int g = 0; g < m.num_groups(); ++g) {
-    for (size_t i = 0; i < p16.specs(g).size(); ++i) {
-      p32.master(g, i) = p16.master(g, i);
-      for (float& v : p32.master(g, i)) v = RoundToBf16(v);
-    }
-  }
-  p32.SyncWeights();
-  Batch b = MakeBatch(2, 8, 32, 6);
+  testing::CopyRoundedToBf16(p16, p32);
+  Batch b = RandomBatch(2, 8, 32, 6);
   double l32 = RunForward(m, p32, b);
   auto route32 = AllRouting(m);
   RunBackward(m, p32, GradWrite::kOverwrite);
@@ -688,19 +630,7 @@ TEST(Moe, Bf16WeightsAndGradientsTrackFp32) {
   EXPECT_LE(moved, 2);
   RunBackward(m, p16, GradWrite::kOverwrite);
   EXPECT_NEAR(l16, l32, 2e-2 * l32);
-  for (int g = 0; g < m.num_groups(); ++g) {
-    for (size_t i = 0; i < p16.specs(g).size(); ++i) {
-      auto a = p32.GradAsFloat(g, static_cast<int>(i));
-      auto q = p16.GradAsFloat(g, static_cast<int>(i));
-      double dot = 0, na = 0, nq = 0;
-      for (size_t k = 0; k < a.size(); ++k) {
-        dot += double(a[k]) * q[k];
-        na += double(a[k]) * a[k];
-        nq += double(q[k]) * q[k];
-      }
-      EXPECT_GT(dot / std::sqrt(na * nq + 1e-300), 0.98) << p16.specs(g)[i].name;
-    }
-  }
+  testing::ExpectGradientsAligned(p32, p16, 0.98);
 }
 
 TEST(Moe, SgdLowersLossOnSyntheticData) {
@@ -725,13 +655,7 @@ TEST(Moe, SgdLowersLossOnSyntheticData) {
     if (step == 0) first = m.CrossEntropy();
     if (step >= steps - 5) last += m.CrossEntropy() / 5;
     RunBackward(m, p, GradWrite::kOverwrite);
-    for (int g = 0; g < m.num_groups(); ++g) {
-      for (size_t i = 0; i < p.specs(g).size(); ++i) {
-        std::vector<float> gr = p.GradAsFloat(g, static_cast<int>(i));
-        for (size_t k = 0; k < gr.size(); ++k) p.master(g, i)[k] -= 1.0f * gr[k];
-      }
-    }
-    p.SyncWeights();
+    testing::SgdUpdate(p, 1.0f);
   }
   EXPECT_NEAR(first, std::log(32.0), 0.1);
   EXPECT_LT(last, first - 0.5) << "optimal " << data.OptimalLoss();
@@ -812,7 +736,7 @@ TEST(Moe, ExpertGroupSplitsMoeBlocksAndMatchesOneGroup) {
   DenseParams p1(one), p2(two);
   RandomizeWeights(p1, 21);  // same parameter order, so the same values by name
   RandomizeWeights(p2, 21);
-  Batch b = MakeBatch(2, 8, 32, 3);
+  Batch b = RandomBatch(2, 8, 32, 3);
   const double l1 = RunForward(one, p1, b);
   const auto r1 = AllRouting(one);
   const double l2 = RunForward(two, p2, b);
@@ -893,7 +817,7 @@ TEST(Moe, MxExpertViewsEqualDequantizedFp32Weights) {
       RandomizeWeights(p, 5);
       RandomizeWeights(deq, 5);
       MxGroup mx = QuantizeGroup(p, deq, gx, layout);
-      Batch b = MakeBatch(2, 8, 32, 9);
+      Batch b = RandomBatch(2, 8, 32, 9);
       const double want = RunForward(m, deq, b);
       const auto route = AllRouting(m);
       RunBackward(m, deq, GradWrite::kOverwrite);
@@ -923,7 +847,7 @@ TEST(Moe, MxViewsOnlyForExpertWeights) {
   MoeGpt m(SplitConfig());
   DenseParams p(m);
   RandomizeWeights(p, 2);
-  Batch b = MakeBatch(1, 8, 32, 1);
+  Batch b = RandomBatch(1, 8, 32, 1);
   m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T);
   m.Forward(0, p.Weights(0));
   m.Forward(1, p.Weights(1));
