@@ -19,7 +19,6 @@
 #include <vector>
 
 #include "sshsdp/base/error.h"
-#include "sshsdp/models/data.h"
 #include "sshsdp/models/testing/grad_check.h"
 
 namespace sshsdp {
@@ -254,23 +253,7 @@ TEST(Gpt, SgdLowersLossOnSyntheticData) {
   Gpt m(c);
   DenseParams p(m);
   p.Init(1);
-  SyntheticTokens data(c.vocab, 3, /*branching=*/2);
-  const int B = 8, T = 16;
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  double first = 0, last = 0;
-  const int steps = 60;
-  for (int step = 0; step < steps; ++step) {
-    data.Batch(static_cast<int64_t>(step) * B, B, T, tok.data(), tgt.data());
-    m.SetBatch(tok.data(), tgt.data(), B, T);
-    for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
-    if (step == 0) first = m.Loss();
-    if (step >= steps - 5) last += m.Loss() / 5;
-    RunBackward(m, p, GradWrite::kOverwrite);
-    testing::SgdUpdate(p, 1.0f);
-  }
-  EXPECT_NEAR(first, std::log(32.0), 0.1);
-  EXPECT_LT(last, first - 0.5) << "optimal " << data.OptimalLoss();
-  EXPECT_GT(last, data.OptimalLoss() - 0.05);
+  testing::ExpectSgdLowersLoss(m, p, c.vocab, [&] { return m.Loss(); });
 }
 
 }  // namespace

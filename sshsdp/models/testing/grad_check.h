@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/models/data.h"
 #include "sshsdp/numerics/dtype.h"
 #include "sshsdp/params/model.h"
 
@@ -81,6 +82,30 @@ inline void SgdUpdate(DenseParams& p, float lr) {
     }
   }
   p.SyncWeights();
+}
+
+// 60 steps of SGD (lr 1) on synthetic tokens of `vocab` ids (3-grams, branching 2), B = 8,
+// T = 16, from p's current weights: the first `loss()` is near uniform (log vocab), the mean of
+// the last five lies 0.5 below it and not below the data's optimal loss.
+inline void ExpectSgdLowersLoss(Model& m, DenseParams& p, int vocab,
+                                const std::function<double()>& loss) {
+  SyntheticTokens data(vocab, 3, /*branching=*/2);
+  const int B = 8, T = 16;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  double first = 0, last = 0;
+  const int steps = 60;
+  for (int step = 0; step < steps; ++step) {
+    data.Batch(static_cast<int64_t>(step) * B, B, T, tok.data(), tgt.data());
+    m.SetBatch(tok.data(), tgt.data(), B, T);
+    for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
+    if (step == 0) first = loss();
+    if (step >= steps - 5) last += loss() / 5;
+    RunBackward(m, p, GradWrite::kOverwrite);
+    SgdUpdate(p, 1.0f);
+  }
+  EXPECT_NEAR(first, std::log(static_cast<double>(vocab)), 0.1);
+  EXPECT_LT(last, first - 0.5) << "optimal " << data.OptimalLoss();
+  EXPECT_GT(last, data.OptimalLoss() - 0.05);
 }
 
 // Central difference of `loss_at(eps)` at 0, steps h and h/2 combined by Richardson
