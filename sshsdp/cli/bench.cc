@@ -131,6 +131,8 @@ struct Row {
   StepCounters counters;                                // rank 0, last timed step
   TimeSplit time;                                       // mean over ranks and timed steps
   std::vector<double> losses;                           // every step, warm-up included
+  std::vector<double> step_s;                           // timed steps (slowest rank), in order
+  double ratio_paired = 0;  // round-robin: median over rounds of sshsdp step / this step
 };
 
 nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
@@ -144,6 +146,7 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
       {"median_step_s", r.median_s},
       {"tokens_per_s", r.tokens_per_s},
       {"ratio_to_sshsdp", r.ratio},
+      {"ratio_to_sshsdp_paired", r.ratio_paired},
       {"mfu", r.mfu},
       {"peak_rss_mib", r.rss_mib},
       {"accounted_peak_mib", r.accounted_mib},
@@ -284,8 +287,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       // Phase 1, per configuration alone: build, init, warm-up steps; its RSS peak is the
       // process baseline plus the growth during its own build and warm-up (then it is freed).
       // Phase 2: all configurations rebuilt and warmed up again, then the timed steps
-      // round-robin over them (or each back to back with --sequential, without the rebuild),
-      // so load changes on a shared machine hit every configuration alike.
+      // round-robin over them, each round starting one configuration later (or each back to
+      // back with --sequential, without the rebuild), so load changes on a shared machine hit
+      // every configuration alike.
       struct Live {
         std::unique_ptr<Model> model;
         std::unique_ptr<Engine> engine;
@@ -324,6 +328,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         const auto& c = L.cat_sum;
         row.time = {c[1] / n, c[2] / n, c[3] / n, c[4] / n, c[5] / n, c[6] / n, c[7] / n};
         row.median_s = Median(L.secs);
+        row.step_s = L.secs;
         const double tokens = static_cast<double>(o.microbatches) * B * T * W;
         row.tokens_per_s = tokens / row.median_s;
         row.flops_per_token = L.model->FlopsPerToken();
@@ -413,20 +418,32 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           L.row.losses.clear();
           for (int s = 0; s < o.warmup; ++s) run_step(L, false);
         }
+        // Each round starts at the next configuration: the first of a round runs measurably
+        // slower here (a few %, after the previous round's last engine evicted its memory),
+        // and rotating spreads that over all configurations instead of biasing one.
+        const size_t n = live.size();
         for (int s = 0; s < o.steps; ++s)
-          for (Live& L : live) run_step(L, true);
+          for (size_t i = 0; i < n; ++i) run_step(live[(static_cast<size_t>(s) + i) % n], true);
         for (Live& L : live) finish(L);
       }
       std::vector<Row> rows;
       for (Live& L : live) rows.push_back(std::move(L.row));
       // Ratios against the sshsdp row (or the ladder's last rung, which is sshsdp).
-      double ref = 0;
+      const Row* ref_row = &rows.front();
       for (const Row& r : rows)
         if (r.label == "sshsdp" ||
             (r.switches == "none" && r.label.find("+direct") == std::string::npos))
-          ref = r.tokens_per_s;
-      if (ref == 0) ref = rows.front().tokens_per_s;
-      for (Row& r : rows) r.ratio = r.tokens_per_s / ref;
+          ref_row = &r;
+      const double ref = ref_row->tokens_per_s;
+      for (Row& r : rows) {
+        r.ratio = r.tokens_per_s / ref;
+        // Paired: steps of one round ran next to each other, so their ratio cancels the slow
+        // drifts of a shared machine that a ratio of two medians keeps.
+        std::vector<double> q;
+        for (size_t i = 0; !o.sequential && i < r.step_s.size() && i < ref_row->step_s.size(); ++i)
+          q.push_back(ref_row->step_s[i] / r.step_s[i]);
+        r.ratio_paired = q.empty() ? r.ratio : Median(q);
+      }
       const int64_t tpm = static_cast<int64_t>(B) * T;
       if (rank == 0) {
         fmt::print(
@@ -461,6 +478,13 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
             "(times: ms per step, mean over ranks; copies and comm: per step, rank 0, comm = "
             "bytes sent intra+inter node; first-step losses agree within {:.1e} relative)\n",
             worst);
+        if (!o.sequential) {
+          std::vector<std::string> pr;
+          for (const Row& r : rows)
+            pr.push_back(fmt::format("{} {:.2f}x", r.label, r.ratio_paired));
+          fmt::print("paired ratios (median over rounds of the per-round tok/s ratio): {}\n",
+                     fmt::join(pr, ", "));
+        }
         if (muon) {
           // The update phase: optimizer time, Newton–Schulz work and update bytes per rank.
           fmt::print(
