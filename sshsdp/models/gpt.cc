@@ -91,25 +91,28 @@ std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
             Single("lm_head", {V, d}, UpdateKind::kEmbedding, Normal(std))};
   }
   const std::string p = fmt::format("blocks.{}.", g - 1);
-  RuntimeParamSpec qkv{p + "attn.qkv", {3 * d, d}, {}};
   const int64_t dh = c_.head_dim();
+  std::vector<RuntimeParamSpec> out;
+  out.push_back(Single(p + "ln1.g", {d}, UpdateKind::kVector, kOnes));
+  if (c_.packed_qkv) out.push_back(RuntimeParamSpec{p + "attn.qkv", {3 * d, d}, {}});
   int64_t offset = 0;
   for (const char* which : {"q", "k", "v"}) {
     for (int h = 0; h < c_.n_head; ++h) {
-      qkv.parts.push_back(UpdatePart{fmt::format("{}attn.{}.h{}", p, which, h),
-                                     {dh, d},
-                                     offset,
-                                     UpdateKind::kMatrix,
-                                     Normal(std)});
-      offset += dh * d;
+      std::string name = fmt::format("{}attn.{}.h{}", p, which, h);
+      if (c_.packed_qkv) {
+        out.back().parts.push_back(
+            UpdatePart{std::move(name), {dh, d}, offset, UpdateKind::kMatrix, Normal(std)});
+        offset += dh * d;
+      } else {
+        out.push_back(Single(std::move(name), {dh, d}, UpdateKind::kMatrix, Normal(std)));
+      }
     }
   }
-  return {Single(p + "ln1.g", {d}, UpdateKind::kVector, kOnes),
-          std::move(qkv),
-          Single(p + "attn.proj", {d, d}, UpdateKind::kMatrix, Normal(proj_std)),
-          Single(p + "ln2.g", {d}, UpdateKind::kVector, kOnes),
-          Single(p + "mlp.fc1", {ff, d}, UpdateKind::kMatrix, Normal(std)),
-          Single(p + "mlp.fc2", {d, ff}, UpdateKind::kMatrix, Normal(proj_std))};
+  out.push_back(Single(p + "attn.proj", {d, d}, UpdateKind::kMatrix, Normal(proj_std)));
+  out.push_back(Single(p + "ln2.g", {d}, UpdateKind::kVector, kOnes));
+  out.push_back(Single(p + "mlp.fc1", {ff, d}, UpdateKind::kMatrix, Normal(std)));
+  out.push_back(Single(p + "mlp.fc2", {d, ff}, UpdateKind::kMatrix, Normal(proj_std)));
+  return out;
 }
 
 void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
@@ -174,12 +177,16 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
 }
 
 void Gpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const {
-  const size_t want = g == 0 || g == num_groups() - 1 ? 2 : 6;
+  const size_t want = g == 0 || g == num_groups() - 1 ? 2 : 5 + NumQkv();
   SSHSDP_CHECK(v.size() == want, PlanError, "GPT group {}: got {} {} views, expected {}", g,
                v.size(), what, want);
   for (size_t i = 0; i < v.size(); ++i) {
     const bool mx = kernels::IsMxElement(v[i].dtype) && v[i].scales != nullptr &&
                     std::string_view(what) == "weight" && g > 0 && g + 1 < num_groups();
+    SSHSDP_CHECK(!mx || c_.packed_qkv, ConfigError,
+                 "GPT group {}: MXFP8 weights need packed_qkv (per-part QKV runtime weights "
+                 "take fp32 or bf16)",
+                 g);
     SSHSDP_CHECK(v[i].data != nullptr && (IsFloatType(v[i].dtype) || mx), PlanError,
                  "GPT group {}: {} view {} must be non-null fp32 or bf16 (MXFP8 with scales for "
                  "block weights) (got {})",
@@ -264,15 +271,16 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   float* fch = acts_.fch + l * BT * ff;
   float* fch_gelu = acts_.fch_gelu + l * BT * ff;
 
+  const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
   RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
-  LinearForward(ln1, View(w[1]), qkv, BT, 3 * d, d);
+  QkvForward(ln1, w, qkv);
   AttentionForward(qkv, att, atty, B_, T_, c_.n_head, c_.head_dim());
-  LinearForward(atty, View(w[2]), res_mid, BT, d, d);
+  LinearForward(atty, View(w[q + 1]), res_mid, BT, d, d);
   kernels::Add(x, res_mid, res_mid, BT * d);
-  RmsNormForward(res_mid, Gain(w[3]), ln2, acts_.ln2_rstd + l * BT, BT, d);
-  LinearForward(ln2, View(w[4]), fch, BT, ff, d);
+  RmsNormForward(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d);
+  LinearForward(ln2, View(w[q + 3]), fch, BT, ff, d);
   GeluForward(fch, fch_gelu, BT * ff);
-  LinearForward(fch_gelu, View(w[5]), out, BT, d, ff);
+  LinearForward(fch_gelu, View(w[q + 4]), out, BT, d, ff);
   kernels::Add(res_mid, out, out, BT * d);
 }
 
@@ -313,29 +321,85 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   const float* fch_gelu = acts_.fch_gelu + l * BT * ff;
   float* dres = acts_.dres;  // in: d out; after MLP: d res_mid; out: d x
 
+  const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
+  const int proj = q + 1, g2 = q + 2, fc1 = q + 3, fc2 = q + 4;
+
   // MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))).
-  LinearBackwardWeight(dres, fch_gelu, kernels::LinearComputeDType(w[5].dtype), grad[5].data,
-                       grad[5].dtype, BT, d, ff, acc);
-  LinearBackwardData(dres, View(w[5]), acts_.dfch, BT, d, ff, false);
+  LinearBackwardWeight(dres, fch_gelu, kernels::LinearComputeDType(w[fc2].dtype), grad[fc2].data,
+                       grad[fc2].dtype, BT, d, ff, acc);
+  LinearBackwardData(dres, View(w[fc2]), acts_.dfch, BT, d, ff, false);
   GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
-  LinearBackwardWeight(acts_.dfch, ln2, kernels::LinearComputeDType(w[4].dtype), grad[4].data,
-                       grad[4].dtype, BT, ff, d, acc);
-  LinearBackwardData(acts_.dfch, View(w[4]), acts_.dtmp, BT, ff, d, false);
-  RmsNormBackward(acts_.dtmp, res_mid, Gain(w[3]), acts_.ln2_rstd + l * BT, dres,
+  LinearBackwardWeight(acts_.dfch, ln2, kernels::LinearComputeDType(w[fc1].dtype), grad[fc1].data,
+                       grad[fc1].dtype, BT, ff, d, acc);
+  LinearBackwardData(acts_.dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
+  RmsNormBackward(acts_.dtmp, res_mid, Gain(w[g2]), acts_.ln2_rstd + l * BT, dres,
                   dgain_scratch_.data(), BT, d, /*accumulate_dx=*/true);
-  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[3].data, grad[3].dtype, d, acc);
+  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[g2].data, grad[g2].dtype, d, acc);
 
   // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
-  LinearBackwardWeight(dres, atty, kernels::LinearComputeDType(w[2].dtype), grad[2].data,
-                       grad[2].dtype, BT, d, d, acc);
-  LinearBackwardData(dres, View(w[2]), acts_.dtmp, BT, d, d, false);
+  LinearBackwardWeight(dres, atty, kernels::LinearComputeDType(w[proj].dtype), grad[proj].data,
+                       grad[proj].dtype, BT, d, d, acc);
+  LinearBackwardData(dres, View(w[proj]), acts_.dtmp, BT, d, d, false);
   AttentionBackward(acts_.dtmp, qkv, att, acts_.dqkv, acts_.datt, B_, T_, c_.n_head, c_.head_dim());
-  LinearBackwardWeight(acts_.dqkv, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
-                       grad[1].dtype, BT, 3 * d, d, acc);
-  LinearBackwardData(acts_.dqkv, View(w[1]), acts_.dtmp, BT, 3 * d, d, false);
+  QkvBackward(ln1, w, grad, acts_.dtmp, acc);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres, dgain_scratch_.data(),
                   BT, d, /*accumulate_dx=*/true);
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+}
+
+void Gpt::QkvForward(const float* ln1, const std::vector<TensorRef>& w, float* qkv) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, dh = c_.head_dim();
+  if (c_.packed_qkv) {
+    LinearForward(ln1, View(w[1]), qkv, BT, 3 * d, d);
+    return;
+  }
+  // One GEMM per part j: qkv[:, j·dh .. (j+1)·dh) = ln1 · W_jᵀ (row stride 3d). bf16 parts
+  // multiply the bf16 rounding of ln1, as LinearForward does for a bf16 packed weight.
+  const bool any_bf16 = std::any_of(w.begin() + 1, w.begin() + 1 + NumQkv(),
+                                    [](const TensorRef& t) { return t.dtype == DType::kBF16; });
+  if (any_bf16) {
+    x_bf16_.resize(static_cast<size_t>(BT * d));
+    kernels::CastToBf16(ln1, x_bf16_.data(), BT * d);
+  }
+  for (int j = 0; j < NumQkv(); ++j) {
+    const TensorRef& wj = w[1 + j];
+    const void* a = wj.dtype == DType::kBF16 ? static_cast<const void*>(x_bf16_.data()) : ln1;
+    kernels::GemmStrided(false, true, BT, dh, d, a, d, wj.data, d, wj.dtype, qkv + j * dh, 3 * d,
+                         DType::kF32, false);
+  }
+}
+
+void Gpt::QkvBackward(const float* ln1, const std::vector<TensorRef>& w,
+                      const std::vector<TensorRef>& grad, float* dx, bool acc) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, dh = c_.head_dim();
+  const float* dqkv = acts_.dqkv;
+  if (c_.packed_qkv) {
+    LinearBackwardWeight(dqkv, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
+                         grad[1].dtype, BT, 3 * d, d, acc);
+    LinearBackwardData(dqkv, View(w[1]), dx, BT, 3 * d, d, false);
+    return;
+  }
+  const bool any_bf16 = std::any_of(w.begin() + 1, w.begin() + 1 + NumQkv(),
+                                    [](const TensorRef& t) { return t.dtype == DType::kBF16; });
+  if (any_bf16) {
+    x_bf16_.resize(static_cast<size_t>(BT * d));
+    dy_bf16_.resize(static_cast<size_t>(BT * 3 * d));
+    kernels::CastToBf16(ln1, x_bf16_.data(), BT * d);
+    kernels::CastToBf16(dqkv, dy_bf16_.data(), BT * 3 * d);
+  }
+  for (int j = 0; j < NumQkv(); ++j) {
+    const TensorRef& wj = w[1 + j];
+    const bool b16 = wj.dtype == DType::kBF16;
+    const void* dy = b16 ? static_cast<const void*>(dy_bf16_.data() + j * dh)
+                         : static_cast<const void*>(dqkv + j * dh);
+    const void* x = b16 ? static_cast<const void*>(x_bf16_.data()) : ln1;
+    // dW_j[dh, d] (=|+=) dqkv[:, j]ᵀ · ln1, straight into part j's gradient view.
+    kernels::GemmStrided(true, false, dh, d, BT, dy, 3 * d, x, d, wj.dtype, grad[1 + j].data, d,
+                         grad[1 + j].dtype, acc);
+    // dx[BT, d] (=, then +=) dqkv[:, j] · W_j.
+    kernels::GemmStrided(false, false, BT, d, dh, dy, 3 * d, wj.data, d, wj.dtype, dx, d,
+                         DType::kF32, j > 0);
+  }
 }
 
 void Gpt::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
@@ -353,7 +417,8 @@ double Gpt::FlopsPerToken() const {
 int64_t Gpt::ActivationBytes() const {
   return static_cast<int64_t>(
       (arena_.size() + table_scratch_.size() + gain_scratch_.size() + dgain_scratch_.size()) *
-      sizeof(float));
+          sizeof(float) +
+      (x_bf16_.size() + dy_bf16_.size()) * sizeof(bf16));
 }
 
 }  // namespace sshsdp

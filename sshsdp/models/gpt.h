@@ -12,10 +12,21 @@
 //   model.GroupParams(1)[1].parts[2].name;   // "blocks.0.attn.q.h2"
 //
 // Runtime groups: 0 = {wte, wpe}; 1..L = block l-1 {ln1.g, attn.qkv, attn.proj, ln2.g,
-// mlp.fc1, mlp.fc2}; L+1 = {lnf.g, lm_head}. Weights may be fp32 or bf16 (GEMMs go through
-// kernels/matmul; bf16 weights run bf16 GEMMs), gradients fp32 or bf16. Attention scores
-// and softmax run in fp32 (GEMMs per head, softmax loops). Activations live in one arena (a flat
-// allocation with a table of offsets, llm.c style) sized from (B, T, config).
+// mlp.fc1, mlp.fc2}; L+1 = {lnf.g, lm_head}.
+//
+// GptConfig::packed_qkv = false (veScale-FSDP's model, presets.h): no packed runtime layout.
+// Each head's Q, K and V is its own runtime parameter [d_head, d] (3·H of them, one update
+// part each, named as the packed parameter's parts: blocks.l.attn.{q,k,v}.h<i>), so a block
+// group is {ln1.g, attn.q.h0 .. attn.q.h<H-1>, attn.k.h0 .., attn.v.h0 .., attn.proj, ln2.g,
+// mlp.fc1, mlp.fc2}, and the QKV projection runs one GEMM per part, writing / reading its
+// column slice of the [BT, 3d] activation (strided GEMMs), weight gradients straight into
+// each part's view. Same function as the packed model (same update names, same FillInit
+// values, so checkpoints and init weights interoperate; only fp32 summation order differs),
+// different runtime groups. MXFP8 weights are refused in this mode (ConsumesMx() false). Weights
+// may be fp32 or bf16 (GEMMs go through kernels/matmul; bf16 weights run bf16 GEMMs), gradients
+// fp32 or bf16. Attention scores and softmax run in fp32 (GEMMs per head, softmax loops).
+// Activations live in one arena (a flat allocation with a table of offsets, llm.c style) sized from
+// (B, T, config).
 #pragma once
 
 #include <string_view>
@@ -32,6 +43,9 @@ struct GptConfig {
   int n_head = 4;
   int n_layer = 2;
   int d_ff = 0;  // 0 means 4 * d_model
+  // true: one packed QKV runtime parameter [3d, d] per block; false: 3·H per-part runtime
+  // parameters [d_head, d] and per-part GEMMs (see above).
+  bool packed_qkv = true;
 
   // "tiny" (d=64, L=2, H=4, T=64), "small" (d=128, L=4, H=4, T=128),
   // "base" (d=256, L=6, H=8, T=256). Throws ConfigError naming the presets otherwise.
@@ -62,7 +76,8 @@ class Gpt final : public Model {
   int64_t ActivationBytes() const override;
   // Block groups accept MXFP8 weights (kernels/mx_linear.h); embedding and head groups do not
   // (the engine keeps groups with embedding tables in bf16).
-  bool ConsumesMx() const override { return true; }
+  // Not with packed_qkv = false (per-part runtime weights).
+  bool ConsumesMx() const override { return c_.packed_qkv; }
 
   // Logits' softmax of the last forward, [B*T, V] (for tests and sampling).
   const float* probs() const { return acts_.probs; }
@@ -94,7 +109,14 @@ class Gpt final : public Model {
     float* datt;     // [T, T] attention-score gradient of one (batch, head)
   };
 
+  // Runtime parameters of the QKV projection in a block group: 1 packed, or 3·H parts.
+  int NumQkv() const { return c_.packed_qkv ? 1 : 3 * c_.n_head; }
   void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
+  // The QKV projection of block views w (w[1 .. NumQkv()]): qkv[BT, 3d] = ln1 · Wᵀ, and its
+  // backward (dx overwritten with the data gradient, weight gradients into grad views).
+  void QkvForward(const float* ln1, const std::vector<TensorRef>& w, float* qkv);
+  void QkvBackward(const float* ln1, const std::vector<TensorRef>& w,
+                   const std::vector<TensorRef>& grad, float* dx, bool acc);
   void ForwardEmbedding(const std::vector<TensorRef>& w);
   void ForwardBlock(int l, const std::vector<TensorRef>& w);
   void ForwardHead(const std::vector<TensorRef>& w);
@@ -114,6 +136,8 @@ class Gpt final : public Model {
   std::vector<float> arena_;
   Acts acts_{};
   std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_;
+  // packed_qkv = false with bf16 parts: bf16 roundings of the GEMM operands (ln1, dqkv).
+  std::vector<bf16> x_bf16_, dy_bf16_;
 
   // Execution order guards: next forward group, whether a forward pass completed, next
   // backward group.

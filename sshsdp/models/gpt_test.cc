@@ -8,7 +8,10 @@
 //   tokens that did not occur and positions beyond T), kAccumulate adds (twice = 2×);
 // * the QKV update parts tile the packed runtime parameter, per head, in Q/K/V order;
 // * bf16 weights and gradients track the fp32 model; execution order is enforced;
-// * a few steps of plain SGD on synthetic data lower the loss.
+// * a few steps of plain SGD on synthetic data lower the loss;
+// * packed_qkv = false (per-part QKV runtime parameters, per-part GEMMs): finite-difference
+//   gradients of its block groups, the same loss and gradients as the packed model on the same
+//   weights (fp32 and bf16), the same update names and init values.
 #include "sshsdp/models/gpt.h"
 
 #include <gtest/gtest.h>
@@ -58,8 +61,10 @@ double NumericDirectional(Gpt& m, DenseParams& p, const Batch& b, int g, int i,
   return d;
 }
 
-void CheckGroupGradients(int group) {
-  Gpt m(TinyConfig());
+void CheckGroupGradients(int group, bool packed_qkv = true) {
+  GptConfig c = TinyConfig();
+  c.packed_qkv = packed_qkv;
+  Gpt m(c);
   DenseParams p(m);
   RandomizeWeights(p, 11);
   Batch b = RandomBatch(2, 7, 24, 5);
@@ -77,6 +82,102 @@ TEST(GptGradients, EmbeddingGroup) { CheckGroupGradients(0); }
 TEST(GptGradients, FirstBlock) { CheckGroupGradients(1); }
 TEST(GptGradients, LastBlock) { CheckGroupGradients(2); }
 TEST(GptGradients, HeadGroup) { CheckGroupGradients(3); }
+TEST(GptGradients, PerPartQkvFirstBlock) { CheckGroupGradients(1, /*packed_qkv=*/false); }
+TEST(GptGradients, PerPartQkvLastBlock) { CheckGroupGradients(2, /*packed_qkv=*/false); }
+
+// Copies packed-model master weights into the per-part model's (the packed QKV parameter's
+// parts, in order, are the per-part model's runtime parameters 1 .. 3H of a block group).
+void CopyPackedToPerPart(DenseParams& packed, DenseParams& parts) {
+  for (int g = 0; g < packed.num_groups(); ++g) {
+    size_t j = 0;  // runtime parameter of `parts`
+    for (size_t i = 0; i < packed.specs(g).size(); ++i) {
+      const RuntimeParamSpec& s = packed.specs(g)[i];
+      for (const UpdatePart& part : s.parts) {
+        ASSERT_EQ(parts.specs(g)[j].name, s.parts.size() > 1 ? part.name : s.name);
+        ASSERT_EQ(parts.specs(g)[j].parts.at(0).name, part.name);
+        std::vector<float>& to = parts.master(g, static_cast<int>(j));
+        const auto from = packed.master(g, static_cast<int>(i)).begin() + part.offset;
+        std::copy(from, from + static_cast<std::ptrdiff_t>(to.size()), to.begin());
+        ++j;
+      }
+    }
+    ASSERT_EQ(j, parts.specs(g).size());
+  }
+  parts.SyncWeights();
+}
+
+// The per-part gradients, concatenated per packed runtime parameter.
+std::vector<float> PackedGrad(const DenseParams& parts, int g, size_t first, size_t count) {
+  std::vector<float> out;
+  for (size_t j = first; j < first + count; ++j) {
+    std::vector<float> v = parts.GradAsFloat(g, static_cast<int>(j));
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+TEST(Gpt, PerPartQkvComputesThePackedModel) {
+  GptConfig c = TinyConfig();
+  c.n_head = 4;
+  Gpt packed(c);
+  c.packed_qkv = false;
+  Gpt per_part(c);
+  EXPECT_FALSE(per_part.ConsumesMx());
+  ASSERT_EQ(per_part.GroupParams(1).size(), 5u + 12u);
+  EXPECT_EQ(per_part.GroupParams(1)[1].name, "blocks.0.attn.q.h0");
+  EXPECT_EQ(per_part.GroupParams(1)[12].name, "blocks.0.attn.v.h3");
+  EXPECT_EQ(per_part.GroupParams(1)[12].shape, (std::vector<int64_t>{4, 16}));
+  EXPECT_EQ(per_part.NumParams(), packed.NumParams());
+  EXPECT_DOUBLE_EQ(per_part.FlopsPerToken(), packed.FlopsPerToken());
+  {
+    // Same update names and FillInit values: init weights interoperate.
+    DenseParams a(packed), b(per_part), a_in_b(per_part);
+    a.Init(9);
+    b.Init(9);
+    CopyPackedToPerPart(a, a_in_b);
+    for (int g = 0; g < b.num_groups(); ++g)
+      for (size_t j = 0; j < b.specs(g).size(); ++j)
+        EXPECT_EQ(b.master(g, static_cast<int>(j)), a_in_b.master(g, static_cast<int>(j)))
+            << b.specs(g)[j].name;
+  }
+  // fp32 (summation order only) and bf16 weights and gradients (same roundings of the
+  // operands; a gradient may land on the neighbouring bf16 value).
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    DenseParams a(packed, dt, dt), b(per_part, dt, dt);
+    RandomizeWeights(a, 12);
+    CopyPackedToPerPart(a, b);
+    Batch batch = RandomBatch(2, 8, 32, 4);
+    const double la = RunForward(packed, a, batch);
+    RunBackward(packed, a, GradWrite::kOverwrite);
+    const double lb = RunForward(per_part, b, batch);
+    RunBackward(per_part, b, GradWrite::kOverwrite);
+    EXPECT_NEAR(lb, la, (dt == DType::kF32 ? 1e-6 : 1e-4) * la);
+    const double rel = dt == DType::kF32 ? 1e-5 : 1.0 / 64;
+    for (int g = 0; g < packed.num_groups(); ++g) {
+      size_t j = 0;
+      for (size_t i = 0; i < a.specs(g).size(); ++i) {
+        const size_t n = a.specs(g)[i].parts.size();
+        std::vector<float> ga = a.GradAsFloat(g, static_cast<int>(i));
+        std::vector<float> gb = PackedGrad(b, g, j, n);
+        j += n;
+        ASSERT_EQ(ga.size(), gb.size());
+        double scale = 0;
+        for (float v : ga) scale = std::max(scale, static_cast<double>(std::abs(v)));
+        for (size_t k = 0; k < ga.size(); ++k)
+          ASSERT_NEAR(gb[k], ga[k], rel * std::abs(ga[k]) + 1e-6 * scale)
+              << a.specs(g)[i].name << "[" << k << "]";
+      }
+    }
+    // Accumulate mode adds into the part's view (a K head: part 5 of 12).
+    const std::vector<float> once = b.GradAsFloat(1, 6);
+    RunBackward(per_part, b, GradWrite::kAccumulate);
+    const std::vector<float> twice = b.GradAsFloat(1, 6);
+    for (size_t k = 0; k < once.size(); ++k)
+      EXPECT_NEAR(twice[k], 2.0 * once[k],
+                  (dt == DType::kF32 ? 1e-6 : 1.0 / 128) * std::abs(once[k]));
+  }
+}
 
 TEST(Gpt, QkvPartsTileThePackedParameterPerHead) {
   GptConfig c = TinyConfig();
