@@ -113,8 +113,15 @@ GptConfig MakeConfig(const BenchOptions& o) {
   return c;
 }
 
-std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk) {
-  if (!IsMoe(o.model)) return std::make_unique<Gpt>(trunk);
+// packed_runtime = false (vescale-fsdp, PresetPacksRuntimeWeights): the dense GPT with
+// per-part QKV runtime parameters and GEMMs. The MoE model keeps its packed QKV.
+std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk,
+                                 bool packed_runtime = true) {
+  if (!IsMoe(o.model)) {
+    GptConfig c = trunk;
+    c.packed_qkv = packed_runtime;
+    return std::make_unique<Gpt>(c);
+  }
   MoeConfig c = MoeConfig::Preset(o.model);
   c.trunk = trunk;
   c.Validate();
@@ -267,11 +274,13 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     nlohmann::json out = nlohmann::json::array();
     for (int B : o.batch_sizes) {
       std::vector<std::pair<std::string, EngineConfig>> configs;
+      std::vector<bool> packed;  // per configuration: the model packs its runtime weights
       EngineConfig wb = base;
       wb.batch_size = B;
       wb.comm_path = ParseCommPath(o.comm_paths.front());
       if (o.ablation) {
         configs = AblationLadder(wb);
+        packed.assign(configs.size(), true);
       } else {
         for (const std::string& p : presets) {
           for (const std::string& path : o.comm_paths) {
@@ -279,6 +288,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
             ApplyPreset(p, &c);
             c.comm_path = ParseCommPath(path);
             configs.emplace_back(c.comm_path == CommPath::kDirect ? p + "+direct" : p, c);
+            packed.push_back(PresetPacksRuntimeWeights(p));
           }
         }
       }
@@ -347,7 +357,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       {
         // Prime one-time process costs (GEMM primitive caches, communicator buffers, the
         // allocator's arenas) so they land in the baseline, not in the first row.
-        std::unique_ptr<Model> m = MakeModel(o, gc);
+        std::unique_ptr<Model> m = MakeModel(o, gc, packed.front());
         Engine e(*m, *world, configs.front().second);
         e.InitWeights(o.seed);
         e.Step([&](int mb, int32_t* tok, int32_t* tgt) {
@@ -367,7 +377,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         malloc_trim(0);
         ResetPeakRss();
         const double rss0 = CurrentRssMiB();
-        L.model = MakeModel(o, gc);
+        L.model = MakeModel(o, gc, packed[ci]);
         L.engine = std::make_unique<Engine>(*L.model, *world, cfg);
         Engine& engine = *L.engine;
         engine.InitWeights(o.seed);
@@ -411,7 +421,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       if (!o.sequential) {
         for (size_t ci = 0; ci < configs.size(); ++ci) {  // rebuild, same warm-up, then time
           Live& L = live[ci];
-          L.model = MakeModel(o, gc);
+          L.model = MakeModel(o, gc, packed[ci]);
           L.engine = std::make_unique<Engine>(*L.model, *world, configs[ci].second);
           L.engine->InitWeights(o.seed);
           L.cur = 0;

@@ -2,8 +2,8 @@
 # Smoke test of `sshsdp bench` (a benchmark is never a timed test: nothing here asserts a
 # speed): one tiny workload sweep of every preset and the ablation ladder on 2 ranks must
 # finish, print both step counts, write JSON rows whose copy counters say what each preset
-# pays (sshsdp: zero bytes copied; fsdp2: weight and gradient copies and add passes), and an
-# unknown preset must fail fast naming the presets.
+# pays (sshsdp and vescale-fsdp's per-part GEMMs: zero bytes copied; fsdp2: weight and gradient
+# copies and add passes), and an unknown preset must fail fast naming the presets.
 # Usage: bench_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
 bin=$1
@@ -35,8 +35,11 @@ for b in (1, 2):
     assert f["bytes_copied_weights"] > 0 and f["bytes_copied_grads"] > 0, f
     assert f["add_passes"] > 0 and m["add_passes"] > 0 and m["bytes_copied_per_step"] == 0
     assert abs(s["ratio_to_sshsdp"] - 1) < 1e-12 and s["tokens_per_s"] > 0
+    # vescale-fsdp: per-part QKV GEMMs, no packed runtime layout, so no ① and no copies.
+    v = by[(b, "vescale-fsdp")]
+    assert v["redundancies"] == "②⑤⑦" and v["bytes_copied_per_step"] == 0, v
     l0 = s["losses"][0]
-    for r in (f, m, by[(b, "vescale-fsdp")]):
+    for r in (f, m, v):
         assert abs(r["losses"][0] - l0) < 1e-3 * l0, (r["config"], r["losses"][0], l0)
 PY
 check "JSON rows carry the counters and agreeing losses" $?

@@ -83,10 +83,21 @@ Expected Expect(const Model& model, const EngineConfig& cfg, int M, bool reshard
   return e;
 }
 
-void RunPresetParity(const std::string& preset, const Layout& l, DType wdt, int M, bool reshard) {
+// The first model built (the engine under test) with per-part QKV runtime parameters
+// (GptConfig::packed_qkv = false, veScale-FSDP's model), the second (the reference) packed.
+testing::ModelFactory PerPartThenPacked() {
+  return [n = 0]() mutable -> std::unique_ptr<Model> {
+    GptConfig g = TestGpt();
+    g.packed_qkv = n++ > 0;
+    return std::make_unique<Gpt>(g);
+  };
+}
+
+void RunPresetParity(const std::string& preset, const Layout& l, DType wdt, int M, bool reshard,
+                     testing::ModelFactory make = testing::GptOf(TestGpt())) {
   testing::ParityCase c;
   c.layout = l;
-  c.make = testing::GptOf(TestGpt());
+  c.make = std::move(make);
   c.cfg = BaseConfig(l, M, wdt);
   c.cfg.reshard_after_forward = reshard;
   ApplyPreset(preset, &c.cfg);
@@ -109,6 +120,11 @@ void RunPresetParity(const std::string& preset, const Layout& l, DType wdt, int 
     if (preset == "sshsdp") {
       EXPECT_EQ(c.bytes_copied, 0u);
     }
+    if (preset == "vescale-fsdp" && !dynamic_cast<const Gpt&>(run.model()).config().packed_qkv) {
+      // No packed runtime layout: nothing to pack per use or to scatter back.
+      EXPECT_EQ(c.copies.weight_pack, 0u);
+      EXPECT_EQ(c.copies.grad_unpack, 0u);
+    }
     // Time split covers the step (categories are disjoint scopes of the main thread).
     const TimeSplit& t = d.dist.time;
     EXPECT_NEAR(t.compute + t.comm_wait + t.copy + t.cast + t.add + t.optimizer + t.other,
@@ -124,6 +140,20 @@ TEST(EngineBaselines, EveryPresetMatchesReferenceBf16) {
       RunPresetParity(preset, l, DType::kBF16, 3, true);
     }
   }
+}
+
+TEST(EngineBaselines, VescalePerPartModelMatchesPackedReference) {
+  // veScale-FSDP's model declares each head's Q/K/V as its own runtime parameter and runs
+  // per-part GEMMs: on aligned shards it trains like the packed single-process reference and
+  // pays no ① packing and no gradient scatter.
+  const int W = WorldSize();
+  for (const Layout& l : LayoutsFor(W)) {
+    SCOPED_TRACE(Describe(W, l));
+    RunPresetParity("vescale-fsdp", l, DType::kBF16, 2, true, PerPartThenPacked());
+  }
+  const Layout l = LayoutsFor(W).front();
+  SCOPED_TRACE(fmt::format("fp32 W={} sw={}", W, l.sw));
+  RunPresetParity("vescale-fsdp", l, DType::kF32, 2, /*reshard=*/false, PerPartThenPacked());
 }
 
 TEST(EngineBaselines, EveryPresetMatchesReferenceFp32KeepGathered) {
@@ -209,6 +239,12 @@ TEST(EngineBaselines, PresetsAndRefusals) {
   EXPECT_EQ(cfg.shard_layout, ShardLayout::kDim0);
   ApplyPreset("sshsdp", &cfg);
   EXPECT_EQ(cfg.redundancies.ToString(), "none");
+  // veScale-FSDP: no packed runtime layout (the model runs per-part GEMMs), so no ①.
+  ApplyPreset("vescale-fsdp", &cfg);
+  EXPECT_EQ(cfg.redundancies.ToString(), "②⑤⑦");
+  EXPECT_EQ(cfg.shard_layout, ShardLayout::kAligned);
+  EXPECT_FALSE(PresetPacksRuntimeWeights("vescale-fsdp"));
+  EXPECT_TRUE(PresetPacksRuntimeWeights("fsdp2"));
   try {
     ApplyPreset("deepspeed", &cfg);
     ADD_FAILURE() << "accepted an unknown preset";
@@ -228,6 +264,13 @@ TEST(EngineBaselines, PresetsAndRefusals) {
   EngineConfig bad = BaseConfig({1, 1, world->size(), 1}, 1, DType::kBF16);
   bad.shard_layout = ShardLayout::kDim0;
   EXPECT_THROW({ Engine e(model, *world, bad); }, ConfigError);
+  // Per-part QKV runtime weights (veScale's model) take fp32 / bf16, not MXFP8.
+  GptConfig pc = TestGpt();
+  pc.packed_qkv = false;
+  Gpt per_part(pc);
+  EngineConfig mx = BaseConfig({1, 1, world->size(), 1}, 1, DType::kE4M3);
+  { Engine ok(model, *world, mx); }
+  EXPECT_THROW({ Engine e(per_part, *world, mx); }, ConfigError);
 }
 
 TEST(EngineBaselines, MuonNeedsStructuredUpdates) {
@@ -257,6 +300,21 @@ TEST(EngineBaselines, MuonNeedsStructuredUpdates) {
     StepStats st = e.Step(MakeBatch(&step, 1, world->size(), world->rank(), 2, 8, 61));
     EXPECT_TRUE(std::isfinite(st.loss)) << preset;
     EXPECT_EQ(e.structured_update().full_tensor() != nullptr, std::string(preset) == "fsdp2");
+  }
+  {
+    // veScale's own model: per-part QKV runtime parameters, Muon per head.
+    GptConfig pc = TestGpt();
+    pc.packed_qkv = false;
+    Gpt per_part(pc);
+    EngineConfig cfg = BaseConfig({1, 1, world->size(), 1}, 1, DType::kBF16);
+    ApplyPreset("vescale-fsdp", &cfg);
+    cfg.optimizer = OptimizerKind::kMuon;
+    Engine e(per_part, *world, cfg);
+    e.InitWeights(1);
+    int64_t step = 0;
+    StepStats st = e.Step(MakeBatch(&step, 1, world->size(), world->rank(), 2, 8, 61));
+    EXPECT_TRUE(std::isfinite(st.loss));
+    EXPECT_EQ(st.counters.copies.weight_pack + st.counters.copies.grad_unpack, 0u);
   }
 }
 

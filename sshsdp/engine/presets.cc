@@ -27,7 +27,8 @@ void ApplyPreset(std::string_view name, EngineConfig* cfg) {
     r.separate_add = true;
     r.structured_updates = StructuredUpdates::kUnsupported;
   } else if (name == "vescale-fsdp") {
-    r.tw_every_use = r.cast_every_gather = r.separate_add = r.replicate_optimizer = true;
+    // No ①: the model has no packed runtime layout (PresetPacksRuntimeWeights).
+    r.cast_every_gather = r.separate_add = r.replicate_optimizer = true;
     layout = ShardLayout::kAligned;
   } else {
     throw ConfigError(
@@ -36,6 +37,8 @@ void ApplyPreset(std::string_view name, EngineConfig* cfg) {
   cfg->redundancies = r;
   cfg->shard_layout = layout;
 }
+
+bool PresetPacksRuntimeWeights(std::string_view name) { return name != "vescale-fsdp"; }
 
 std::vector<std::pair<std::string, EngineConfig>> AblationLadder(const EngineConfig& base) {
   std::vector<std::pair<std::string, EngineConfig>> out;

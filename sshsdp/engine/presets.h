@@ -11,9 +11,14 @@
 //                   outer ZeRO-1 (⑦ off); a separate post-reduce-scatter add (⑤ on) and no
 //                   structured updates (⑥: Muon per head is refused)
 //   vescale-fsdp    shards aligned to update units (no unit straddles a shard where it fits),
-//                   zero-copy buffers (③④ off), no packed runtime layout (① on: per use),
-//                   cast on demand (② on), separate add (⑤ on), optimizer state replicated
-//                   (⑦ on), structured updates by point-to-point units
+//                   zero-copy buffers (③④ off), no packed runtime layout: the model declares
+//                   each head's Q/K/V as its own runtime parameter and runs per-part GEMMs
+//                   (GptConfig::packed_qkv = false; PresetPacksRuntimeWeights), so there is
+//                   nothing to pack (① off); cast on demand (② on), separate add (⑤ on),
+//                   optimizer state replicated (⑦ on), structured updates by point-to-point
+//                   units. Given a packed model anyway (MoE's QKV, tests), the engine still
+//                   packs per use any multi-part runtime parameter the aligned layout splits
+//                   and scatters its gradient back (counted as weight_pack / grad_unpack).
 //
 //   EngineConfig cfg;  cfg.sw = cfg.sg = cfg.so = 2;  ...
 //   ApplyPreset("fsdp2", &cfg);                       // ConfigError naming the presets
@@ -35,6 +40,12 @@ const std::vector<std::string>& PresetNames();
 // Sets cfg->redundancies and cfg->shard_layout (every other field is kept). ConfigError
 // naming the presets for an unknown name.
 void ApplyPreset(std::string_view name, EngineConfig* cfg);
+
+// Whether the framework's model packs multi-part runtime weights (one [3d, d] QKV GEMM):
+// false for vescale-fsdp, whose users declare per-head Q/K/V parameters to get per-head
+// structured updates, so its model runs per-part GEMMs (sshsdp bench builds the GPT with
+// packed_qkv = false for it); true for the others.
+bool PresetPacksRuntimeWeights(std::string_view name);
 
 // fsdp2, then cumulatively: flat shards, ③ off, ④ off, ① off, ② off, ⑤ off, ⑦ off (= sshsdp),
 // ⑥ last (it only matters for structured optimizers: with Muon every step before it runs

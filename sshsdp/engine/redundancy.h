@@ -32,8 +32,11 @@
 //           gathered buffer is rank-interleaved, so ③ and ④ are required;
 //   kAligned veScale-FSDP: a member that would straddle a ZeRO-1 chunk boundary starts at the
 //           next boundary (ragged shards emulated by padding), so no update unit that fits
-//           in a chunk is split; a runtime parameter whose parts are no longer contiguous
-//           cannot be a view, so it is packed per use (①) and its gradient scattered back.
+//           in a chunk is split. veScale-FSDP's model has no packed runtime layout (per-part
+//           runtime parameters and GEMMs, GptConfig::packed_qkv = false), so its runtime
+//           weights are views; a packed model's runtime parameter whose parts the padding
+//           separated cannot be a view, so the engine packs it per use (weight_pack, even
+//           with ① off) and scatters its gradient back (grad_unpack).
 //
 // Presets combining them live in presets.h.
 //
