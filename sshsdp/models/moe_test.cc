@@ -465,6 +465,10 @@ TEST(MoeRouting, EmptyExpertsGetExplicitZerosAndAccumulateLeavesThemAlone) {
       for (int g = 0; g < m.num_groups(); ++g) {
         for (size_t i = 0; i < p.specs(g).size(); ++i) {
           std::vector<float> twice = p.GradAsFloat(g, static_cast<int>(i));
+          // Scatter-adds (embedding rows, expert tokens) onto existing values round in another
+          // order than onto zeros: allow fp32 summation error relative to the tensor's scale.
+          double scale = 0;
+          for (float v : first[g][i]) scale = std::max(scale, std::abs(static_cast<double>(v)));
           for (const UpdatePart& part : p.specs(g)[i].parts) {
             bool sentinel = false;
             if (g == 2 && (static_cast<int>(i) == w1 || static_cast<int>(i) == w2 ||
@@ -476,7 +480,7 @@ TEST(MoeRouting, EmptyExpertsGetExplicitZerosAndAccumulateLeavesThemAlone) {
                 ASSERT_EQ(twice[q], 7.0f) << part.name;
                 continue;
               }
-              double tol = gd == DType::kF32 ? 1e-6 * std::abs(first[g][i][q])
+              double tol = gd == DType::kF32 ? 1e-6 * std::abs(first[g][i][q]) + 1e-7 * scale
                                              : 1.0 / 128 * std::abs(first[g][i][q]);
               ASSERT_NEAR(twice[q], 2.0 * first[g][i][q], tol) << part.name << "[" << q << "]";
             }

@@ -232,13 +232,13 @@ TEST(ScaleLayout, RoundTripEveryLayoutAndOperand) {
 }
 
 TEST(ScaleLayout, ReplicasMustAgree) {
-  const std::vector<uint8_t> g = {7, 8};
+  const std::vector<uint8_t> g = {7, 8, 9, 10};  // [40, 64]: a 2 x 2 block grid
   const MxScaleGrid parts[] = {{g.data(), 40, 64, 32}};
   const PackedScaleShape sh = PackedScales(parts, MxOperand::kAsStored);
   std::vector<uint8_t> rm(ScaleLayoutBytes(ScaleLayout::kRowMajor, sh));
   RelayoutPackedScales(parts, MxOperand::kAsStored, ScaleLayout::kRowMajor, rm.data(), rm.size());
   rm[5 * 2 + 1] = 9;  // row 5 no longer replicates block row 0
-  std::vector<uint8_t> out(2);
+  std::vector<uint8_t> out(4);
   const MxScaleGridOut outs[] = {{out.data(), 40, 64, 32}};
   EXPECT_THROW(UnrelayoutPackedScales(rm.data(), rm.size(), MxOperand::kAsStored,
                                       ScaleLayout::kRowMajor, outs),
