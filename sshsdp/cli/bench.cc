@@ -460,10 +460,22 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
             "\nworkload: {} tokens per microbatch per rank (batch {} x seq {}), {} microbatches, "
             "{} ranks\n",
             tpm, B, T, o.microbatches, W);
+        // The config column is as wide as its longest label (ablation rungs are long);
+        // width counts code points, like fmt's padding of the ①–⑦ labels.
+        auto label_of = [](const Row& r) {
+          return fmt::format("{} ({}, {})", r.label, r.switches, r.layout);
+        };
+        size_t lw = 30;
+        for (const Row& r : rows) {
+          const std::string l = label_of(r);
+          lw = std::max<size_t>(lw, std::count_if(l.begin(), l.end(), [](char ch) {
+                                  return (static_cast<unsigned char>(ch) & 0xC0) != 0x80;
+                                }));
+        }
         fmt::print(
-            "{:<30} {:>9} {:>7} {:>6} {:>8} {:>8} {:>10} {:>10} {:>10} | {:>7} {:>7} {:>7} {:>7} "
+            "{:<{}} {:>9} {:>7} {:>6} {:>8} {:>8} {:>10} {:>10} {:>10} | {:>7} {:>7} {:>7} {:>7} "
             "{:>7} {:>7} {:>7}\n",
-            "config (switches, layout)", "tok/s", "ratio", "MFU%", "RSS MiB", "acct MiB",
+            "config (switches, layout)", lw, "tok/s", "ratio", "MFU%", "RSS MiB", "acct MiB",
             "copyW KiB", "copyG KiB", "comm KiB", "compute", "commwt", "copy", "cast", "add",
             "optim", "other");
         const double l0 = rows.front().losses.empty() ? 0 : rows.front().losses[0];
@@ -473,10 +485,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           const double comm =
               static_cast<double>(r.counters.runtime_comm.total() + r.counters.update_comm.total());
           fmt::print(
-              "{:<30} {:>9.0f} {:>6.2f}x {:>6.2f} {:>8.1f} {:>8.2f} {:>10.1f} {:>10.1f} {:>10.1f} "
+              "{:<{}} {:>9.0f} {:>6.2f}x {:>6.2f} {:>8.1f} {:>8.2f} {:>10.1f} {:>10.1f} {:>10.1f} "
               "| {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f} {:>7.1f}\n",
-              fmt::format("{} ({}, {})", r.label, r.switches, r.layout), r.tokens_per_s, r.ratio,
-              100 * r.mfu, r.rss_mib, r.accounted_mib,
+              label_of(r), lw, r.tokens_per_s, r.ratio, 100 * r.mfu, r.rss_mib, r.accounted_mib,
               (c.weight_copy_in + c.weight_copy_out + c.weight_pack) / 1024.0,
               (c.grad_copy + c.grad_unpack) / 1024.0, comm / 1024.0, 1e3 * r.time.compute,
               1e3 * r.time.comm_wait, 1e3 * r.time.copy, 1e3 * r.time.cast, 1e3 * r.time.add,
