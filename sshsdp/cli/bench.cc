@@ -1,6 +1,7 @@
 // `sshsdp bench` (see bench.h): presets or the ablation ladder back to back on one workload
 // sweep, one table and one JSON document.
 #include "sshsdp/cli/bench.h"
+#include "sshsdp/base/bench_util.h"
 
 #include <malloc.h>
 
@@ -91,13 +92,6 @@ double CurrentRssMiB() { return StatusMiB("VmRSS:"); }
 void ResetPeakRss() {
   std::ofstream f("/proc/self/clear_refs");
   if (f) f << "5";
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 bool IsMoe(const std::string& model) { return model.rfind("moe-", 0) == 0; }

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/base/bench_util.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
@@ -41,36 +42,6 @@ struct Options {
   int ranks_per_node = 0;  // 0: the whole world is one node
   std::string json;
 };
-
-size_t ParseBytes(const std::string& s) {
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &pos);
-  } catch (const std::exception&) {
-    throw ConfigError(fmt::format("bad size '{}': use a number with optional K, M or G", s));
-  }
-  std::string suffix = s.substr(pos);
-  if (suffix == "K" || suffix == "KiB") return v << 10;
-  if (suffix == "M" || suffix == "MiB") return v << 20;
-  if (suffix == "G" || suffix == "GiB") return v << 30;
-  SSHSDP_CHECK(suffix.empty() || suffix == "B", ConfigError,
-               "bad size '{}': use a number with optional K, M or G", s);
-  return v;
-}
-
-std::string HumanBytes(size_t b) {
-  if (b >= (size_t{1} << 30) && b % (size_t{1} << 30) == 0) return fmt::format("{}G", b >> 30);
-  if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return fmt::format("{}M", b >> 20);
-  if (b >= 1024 && b % 1024 == 0) return fmt::format("{}K", b >> 10);
-  return fmt::format("{}", b);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
 
 struct Row {
   std::string op;

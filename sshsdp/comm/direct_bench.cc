@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/base/bench_util.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/direct_communicator.h"
 #include "sshsdp/comm/mpi_communicator.h"
@@ -41,47 +42,6 @@ struct Options {
   int warmup = 3;
   std::string json;
 };
-
-size_t ParseBytes(const std::string& s) {
-  size_t pos = 0;
-  unsigned long long v = 0;
-  try {
-    v = std::stoull(s, &pos);
-  } catch (const std::exception&) {
-    throw ConfigError(fmt::format("bad size '{}': use a number with optional K, M or G", s));
-  }
-  const std::string suffix = s.substr(pos);
-  if (suffix == "K") return v << 10;
-  if (suffix == "M") return v << 20;
-  if (suffix == "G") return v << 30;
-  SSHSDP_CHECK(suffix.empty(), ConfigError, "bad size '{}': use a number with optional K, M or G",
-               s);
-  return v;
-}
-
-std::vector<std::string> SplitList(const std::string& s) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (start <= s.size()) {
-    size_t end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    out.push_back(s.substr(start, end - start));
-    start = end + 1;
-  }
-  return out;
-}
-
-std::string Human(size_t b) {
-  if (b >= (size_t{1} << 20) && b % (size_t{1} << 20) == 0) return fmt::format("{}M", b >> 20);
-  if (b >= 1024 && b % 1024 == 0) return fmt::format("{}K", b >> 10);
-  return fmt::format("{}", b);
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
 
 // Seconds of one call on the slowest rank.
 double TimeOnce(MPI_Comm comm, const std::function<void()>& f) {
@@ -210,7 +170,7 @@ int Main(int argc, char** argv) {
         r.direct_us = Median(td) * 1e6;
         if (root) {
           fmt::print("{:>3} {:>4}x{:<4} {:>8} {:>11.1f} {:>11.1f} {:>8.3f} {:>12} {:>12} {:>7}\n",
-                     r.op, nodes, rpn, Human(bytes), r.ring_us, r.direct_us,
+                     r.op, nodes, rpn, HumanBytes(bytes), r.ring_us, r.direct_us,
                      r.direct_us / r.ring_us, r.ring_inter, r.direct_inter,
                      r.direct_inter ? fmt::format("{:.2f}", double(r.ring_inter) / r.direct_inter)
                                     : std::string("-"));

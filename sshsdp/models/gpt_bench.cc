@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/base/bench_util.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
@@ -20,11 +21,7 @@
 namespace {
 
 using sshsdp::DType;
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using sshsdp::Median;
 
 }  // namespace
 

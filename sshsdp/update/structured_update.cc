@@ -120,21 +120,11 @@ void StructuredUpdate::Run(const std::vector<Zero1State>& state, const ScalarSta
   stats_ = {};
   for (auto& ex : executors_) {
     ex->Run(state, scalars);
-    const UpdateRunStats& s = ex->last_run();
-    stats_.bytes_sent += s.bytes_sent;
-    stats_.bytes_copied += s.bytes_copied;
-    stats_.exchanges += s.exchanges;
-    stats_.units_executed += s.units_executed;
-    stats_.exec_cost += s.exec_cost;
+    stats_ += ex->last_run();
   }
   if (full_tensor_) {
     full_tensor_->Run(state, scalars);
-    const UpdateRunStats& s = full_tensor_->last_run();
-    stats_.bytes_sent += s.bytes_sent;
-    stats_.bytes_copied += s.bytes_copied;
-    stats_.exchanges += s.exchanges;
-    stats_.units_executed += s.units_executed;
-    stats_.exec_cost += s.exec_cost;
+    stats_ += full_tensor_->last_run();
   }
 }
 

@@ -52,6 +52,14 @@ struct UpdateRunStats {
   uint64_t exchanges = 0;     // Exchange calls issued
   uint64_t units_executed = 0;
   double exec_cost = 0;  // Σ unit cost executed here (e.g. Newton–Schulz FLOPs)
+  UpdateRunStats& operator+=(const UpdateRunStats& o) {
+    bytes_sent += o.bytes_sent;
+    bytes_copied += o.bytes_copied;
+    exchanges += o.exchanges;
+    units_executed += o.units_executed;
+    exec_cost += o.exec_cost;
+    return *this;
+  }
 };
 
 class UpdateExecutor {
