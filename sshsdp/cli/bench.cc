@@ -134,6 +134,8 @@ struct Row {
   std::vector<double> losses;                           // every step, warm-up included
   std::vector<double> step_s;                           // timed steps (slowest rank), in order
   double ratio_paired = 0;  // round-robin: median over rounds of sshsdp step / this step
+  bool has_paired = false;  // false with --sequential (steps of different rows never paired)
+  std::string reference;    // the row ratios are taken against
 };
 
 nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
@@ -147,7 +149,9 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
       {"median_step_s", r.median_s},
       {"tokens_per_s", r.tokens_per_s},
       {"ratio_to_sshsdp", r.ratio},
-      {"ratio_to_sshsdp_paired", r.ratio_paired},
+      {"ratio_to_sshsdp_paired",
+       r.has_paired ? nlohmann::json(r.ratio_paired) : nlohmann::json(nullptr)},
+      {"ratio_reference", r.reference},
       {"mfu", r.mfu},
       {"peak_rss_mib", r.rss_mib},
       {"accounted_peak_mib", r.accounted_mib},
@@ -233,6 +237,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     base.ranks_per_node = rpn;
     base.microbatches = o.microbatches;
     base.seq_len = T;
+    SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32", ConfigError,
+                 "--weight-dtype: sshsdp bench compares presets with bf16 or fp32 weights, got "
+                 "'{}' (MXFP8: build/sshsdp/engine/mx_bench)",
+                 o.weight_dtype);
     base.weight_dtype = ParseDType(o.weight_dtype);
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     base.clip_norm = o.clip;
@@ -432,21 +440,27 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       }
       std::vector<Row> rows;
       for (Live& L : live) rows.push_back(std::move(L.row));
-      // Ratios against the sshsdp row (or the ladder's last rung, which is sshsdp).
-      const Row* ref_row = &rows.front();
+      // Ratios against the first sshsdp row; else the first row with every switch off (the
+      // ladder's last rung, an sshsdp+direct row); else the first row — named in the output.
+      const Row* ref_row = nullptr;
       for (const Row& r : rows)
-        if (r.label == "sshsdp" ||
-            (r.switches == "none" && r.label.find("+direct") == std::string::npos))
-          ref_row = &r;
+        if (!ref_row && r.label == "sshsdp") ref_row = &r;
+      for (const Row& r : rows)
+        if (!ref_row && r.switches == "none") ref_row = &r;
+      if (!ref_row) ref_row = &rows.front();
       const double ref = ref_row->tokens_per_s;
+      const std::vector<double> ref_steps = ref_row->step_s;
+      const std::string ref_label = ref_row->label;
       for (Row& r : rows) {
         r.ratio = r.tokens_per_s / ref;
+        r.reference = ref_label;
         // Paired: steps of one round ran next to each other, so their ratio cancels the slow
         // drifts of a shared machine that a ratio of two medians keeps.
         std::vector<double> q;
-        for (size_t i = 0; !o.sequential && i < r.step_s.size() && i < ref_row->step_s.size(); ++i)
-          q.push_back(ref_row->step_s[i] / r.step_s[i]);
-        r.ratio_paired = q.empty() ? r.ratio : Median(q);
+        for (size_t i = 0; !o.sequential && i < r.step_s.size() && i < ref_steps.size(); ++i)
+          q.push_back(ref_steps[i] / r.step_s[i]);
+        r.has_paired = !q.empty();
+        r.ratio_paired = r.has_paired ? Median(q) : r.ratio;
       }
       const int64_t tpm = static_cast<int64_t>(B) * T;
       if (rank == 0) {
@@ -491,8 +505,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         }
         fmt::print(
             "(times: ms per step, mean over ranks; copies and comm: per step, rank 0, comm = "
-            "bytes sent intra+inter node; first-step losses agree within {:.1e} relative)\n",
-            worst);
+            "bytes sent intra+inter node; first-step losses agree within {:.1e} relative; "
+            "ratios: tok/s over the '{}' row)\n",
+            worst, ref_label);
         if (!o.sequential) {
           std::vector<std::string> pr;
           for (const Row& r : rows)

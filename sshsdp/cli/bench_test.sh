@@ -35,6 +35,9 @@ for b in (1, 2):
     assert f["bytes_copied_weights"] > 0 and f["bytes_copied_grads"] > 0, f
     assert f["add_passes"] > 0 and m["add_passes"] > 0 and m["bytes_copied_per_step"] == 0
     assert abs(s["ratio_to_sshsdp"] - 1) < 1e-12 and s["tokens_per_s"] > 0
+    # Paired ratios: each row's per-round step ratio against the sshsdp row, named.
+    assert s["ratio_to_sshsdp_paired"] == 1 and s["ratio_reference"] == "sshsdp", s
+    assert f["ratio_to_sshsdp_paired"] > 0 and f["ratio_reference"] == "sshsdp", f
     # vescale-fsdp: per-part QKV GEMMs, no packed runtime layout, so no ① and no copies.
     v = by[(b, "vescale-fsdp")]
     assert v["redundancies"] == "②⑤⑦" and v["bytes_copied_per_step"] == 0, v
@@ -52,8 +55,24 @@ rc=$?
 [ $rc -eq 0 ] && python3 -c "
 import json,sys; r=json.load(open('$tmp/ablation.json'))
 assert r[0]['config']=='fsdp2' and r[-1]['redundancies']=='none' and r[-1]['bytes_copied_per_step']==0
+assert r[-1]['ratio_to_sshsdp']==1 and all(x['ratio_reference']==r[-1]['config'] for x in r), r
 " || rc=1
-check "ablation ladder runs from fsdp2 to sshsdp" $rc
+check "ablation ladder runs from fsdp2 to sshsdp (ratios against its last rung)" $rc
+
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --sequential \
+  --presets fsdp2,sshsdp --json "$tmp/seq.json" >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && python3 -c "
+import json; r=json.load(open('$tmp/seq.json'))
+assert [x['ratio_reference'] for x in r]==['sshsdp','sshsdp'] and r[1]['ratio_to_sshsdp']==1, r
+assert all(x['ratio_to_sshsdp_paired'] is None for x in r), r   # nothing paired back to back
+" || rc=1
+check "--sequential: ratios against sshsdp, no paired ratios claimed" $rc
+
+timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --weight-dtype e4m3 >"$tmp/out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "bench compares presets with bf16 or fp32 weights, got 'e4m3'" "$tmp/out"
+check "bench refuses a weight dtype it cannot compare, naming it" $?
 
 # Muon (⑥): sshsdp's point-to-point units vs fsdp2's full_tensor, exact update counters in the
 # JSON (fsdp2: all-gathers and every unit's Newton–Schulz FLOPs on each rank = 2x sshsdp's

@@ -46,8 +46,12 @@ expect_error "layout not dividing the world is refused before any collective" "s
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --so 3 --steps 1
 expect_error "non-nested degrees are refused" "sw=2 must divide sg=1" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --sw 2 --sg 1 --steps 1
-expect_error "unknown weight dtype is refused" "unknown dtype 'fp16'" \
+expect_error "unknown weight dtype is refused" "weight-dtype must be bf16, fp32 or mxfp8, got 'fp16'" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --weight-dtype fp16 --steps 1
+expect_error "a raw element type is not a weight dtype" "weight-dtype must be bf16, fp32 or mxfp8, got 'e4m3'" \
+  "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --weight-dtype e4m3 --steps 1
+expect_error "MoE options on a dense preset are refused" "apply to MoE presets" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --experts 4 --steps 1
 printf 'abc' >"$tmp/odd.bin"
 expect_error "malformed token file is named" "odd.bin" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --data "$tmp/odd.bin" --steps 1

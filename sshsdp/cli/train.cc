@@ -246,6 +246,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.microbatches = o.microbatches;
     cfg.batch_size = o.batch_size;
     cfg.seq_len = T;
+    SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32" || o.weight_dtype == "mxfp8",
+                 ConfigError, "--weight-dtype must be bf16, fp32 or mxfp8, got '{}'",
+                 o.weight_dtype);
     cfg.weight_dtype = o.weight_dtype == "mxfp8" ? DType::kE4M3 : ParseDType(o.weight_dtype);
     cfg.scale_layout = ParseScaleLayout(o.scale_layout);
     cfg.reduce = ParseReduceMode(o.reduce);

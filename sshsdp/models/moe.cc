@@ -155,6 +155,9 @@ bool MoeConfig::IsMoeLayer(int l) const {
 
 void MoeConfig::Validate() const {
   trunk.Validate();
+  SSHSDP_CHECK(trunk.packed_qkv, ConfigError,
+               "MoE config: the MoE GPT runs the packed QKV projection only "
+               "(trunk.packed_qkv = false, per-part QKV, is the dense GPT's veScale mode)");
   SSHSDP_CHECK(n_expert >= 1 && top_k >= 1 && top_k <= n_expert, ConfigError,
                "MoE config: need 1 <= top_k ({}) <= experts ({})", top_k, n_expert);
   SSHSDP_CHECK(expert_ff() > 0 && shared_ff() > 0, ConfigError,
