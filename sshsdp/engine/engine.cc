@@ -158,6 +158,19 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
     }
   }
   for (int g = 0; g < model.num_groups(); ++g) BuildGroup(g);
+  // ⑥ before any communicator exists: Megatron-FSDP refuses structured updates.
+  {
+    const UnitPolicy policy{cfg_.optimizer == OptimizerKind::kMuon, cfg_.muon_unit,
+                            cfg_.unit_overrides};
+    for (auto& gp : groups_)
+      for (const RuntimeParam& rp : gp->layout.runtime)
+        for (int u = rp.first_member;
+             u < rp.first_member + rp.num_members && first_structured_.empty(); ++u)
+          if (RuleFor(gp->layout.update[u], rp, policy) != UnitRule::kAdamW)
+            first_structured_ = gp->layout.update[u].name;
+    if (!first_structured_.empty())
+      CheckStructuredUpdates(cfg_.redundancies, "muon", first_structured_);
+  }
 
   // Communicators (collective over the world, in the same order on every rank). The
   // runtime ones belong to the communication thread only.
@@ -197,19 +210,11 @@ void Engine::BuildUpdate() {
   o.muon = cfg_.muon;
   o.muon_unit = cfg_.muon_unit;
   o.overrides = cfg_.unit_overrides;
-  // ⑥ first: Megatron-FSDP refuses structured updates (before any plan is made); FSDP2's
-  // full_tensor path gathers whole matrices on every rank of the ZeRO-1 group
-  // (FullTensorMuon), on any shard layout; sshsdp / veScale move split units point to point.
-  const UnitPolicy policy{o.optimizer == OptimizerKind::kMuon, o.muon_unit, o.overrides};
-  std::string first_muon;
-  for (auto& gp : groups_)
-    for (const RuntimeParam& rp : gp->layout.runtime)
-      for (int u = rp.first_member; u < rp.first_member + rp.num_members && first_muon.empty(); ++u)
-        if (RuleFor(gp->layout.update[u], rp, policy) != UnitRule::kAdamW)
-          first_muon = gp->layout.update[u].name;
-  if (!first_muon.empty()) CheckStructuredUpdates(cfg_.redundancies, "muon", first_muon);
+  // ⑥ (Megatron-FSDP's refusal was checked in the constructor): FSDP2's full_tensor path
+  // gathers whole matrices on every rank of the ZeRO-1 group (FullTensorMuon), on any shard
+  // layout; sshsdp / veScale move split units point to point.
   o.full_tensor = cfg_.redundancies.structured_updates == StructuredUpdates::kFullTensor;
-  if (o.full_tensor && !first_muon.empty()) {
+  if (o.full_tensor && !first_structured_.empty()) {
     // The ZeRO-1 group of this rank's replica, ordered by chunk (collective over the world;
     // the condition is the same on every rank).
     up_zero1_ = world_.Split(topo_.Coord(rank_).d, topo_.ChunkIndex(Shard::kZero1, rank_));

@@ -254,6 +254,7 @@ class Engine {
   std::unique_ptr<Communicator> up_p2p_;    // structured-update point to point (world duplicate)
   std::unique_ptr<Communicator> up_zero1_;  // ⑥ full_tensor: ZeRO-1 group, ordered by chunk
   std::unique_ptr<StructuredUpdate> update_;
+  std::string first_structured_;  // first update parameter on a structured (Muon) unit, or ""
 
   // Transient gather / gradient buffers, reused by size (accounted as "transient").
   std::multimap<size_t, void*> free_blocks_;
