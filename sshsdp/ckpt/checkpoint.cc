@@ -835,49 +835,62 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
   const int rank = world.rank(), W = world.size();
   LoadResult res;
 
-  // Everything decidable from the manifest and file sizes: identical on every rank, checked
-  // before any collective, so all ranks fail alike.
-  res.manifest = ReadManifest(ResolveCheckpoint(path));
+  // Everything decidable from the manifest and file sizes, agreed before any other collective:
+  // a rank that sees another file system (node-local disk, a stale NFS cache, a root whose
+  // latest checkpoint changed between ranks) fails every rank alike instead of leaving the
+  // others waiting, and all ranks must have resolved the same step.
   const Manifest& m = res.manifest;
-  const std::vector<std::string> diffs = JsonDifferences(m.meta.model, model);
-  SSHSDP_CHECK(diffs.empty(), ConfigError,
-               "{}: the checkpoint holds a different model: {}; build the model it was saved "
-               "with",
-               m.ManifestPath(), fmt::join(diffs, ", "));
-  std::vector<TensorSpec> want, have;
-  for (const UpdateParam& u : engine.UpdateParams()) want.push_back({u.name, u.shape});
-  for (const CheckpointTensor& t : m.tensors) have.push_back({t.name, t.shape});
-  const std::string mismatch = DescribeTensorMismatch(want, have, m.ManifestPath());
-  SSHSDP_CHECK(mismatch.empty(), ConfigError, "{}", mismatch);
-  // The same fields (m, v) mean different states under AdamW and Muon: a parameter must be
-  // resumed by the optimizer that saved it.
-  std::map<std::string, std::string> saved_optimizer;
-  for (const CheckpointTensor& t : m.tensors) saved_optimizer[t.name] = t.optimizer;
-  std::vector<std::string> moved;
-  for (const UpdateParam& u : engine.UpdateParams()) {
-    const std::string& saved = saved_optimizer[u.name];
-    if (!saved.empty() && saved != OptimizerName(u.optimizer))
-      moved.push_back(fmt::format("'{}' was updated by {} in the checkpoint, by {} here", u.name,
-                                  saved, OptimizerName(u.optimizer)));
-  }
-  SSHSDP_CHECK(moved.empty(), ConfigError,
-               "{}: {} parameter(s) changed optimizer, e.g. {}; resume with the optimizer options "
-               "the checkpoint was saved with (--optimizer, --muon-unit and unit overrides)",
-               m.ManifestPath(), moved.size(), moved.empty() ? "" : moved.front());
-  const std::vector<Engine::Zero1Field> fields = engine.Zero1Fields();
   std::set<std::string> used;
-  for (const auto& f : fields) {
-    SSHSDP_CHECK(std::find(m.fields.begin(), m.fields.end(), f.field) != m.fields.end(),
-                 ConfigError,
-                 "{}: the checkpoint has no '{}' state (it holds {}); it was saved with a "
-                 "different optimizer",
-                 m.ManifestPath(), f.field, fmt::join(m.fields, ", "));
-    used.insert(f.field);
-  }
-  for (int i = 0; i < static_cast<int>(m.files.size()); ++i) {
-    const std::string e = CheckFileSize(m, i);
-    SSHSDP_CHECK(e.empty(), IoError, "{}", e);
-  }
+  const std::vector<Engine::Zero1Field> fields = engine.Zero1Fields();
+  const std::vector<Report> agreed = Exchange(
+      world, Try([&](Report& rep) {
+        res.manifest = ReadManifest(ResolveCheckpoint(path));
+        const std::vector<std::string> diffs = JsonDifferences(m.meta.model, model);
+        SSHSDP_CHECK(diffs.empty(), ConfigError,
+                     "{}: the checkpoint holds a different model: {}; build the model it was saved "
+                     "with",
+                     m.ManifestPath(), fmt::join(diffs, ", "));
+        std::vector<TensorSpec> want, have;
+        for (const UpdateParam& u : engine.UpdateParams()) want.push_back({u.name, u.shape});
+        for (const CheckpointTensor& t : m.tensors) have.push_back({t.name, t.shape});
+        const std::string mismatch = DescribeTensorMismatch(want, have, m.ManifestPath());
+        SSHSDP_CHECK(mismatch.empty(), ConfigError, "{}", mismatch);
+        // The same fields (m, v) mean different states under AdamW and Muon: a parameter must be
+        // resumed by the optimizer that saved it.
+        std::map<std::string, std::string> saved_optimizer;
+        for (const CheckpointTensor& t : m.tensors) saved_optimizer[t.name] = t.optimizer;
+        std::vector<std::string> moved;
+        for (const UpdateParam& u : engine.UpdateParams()) {
+          const std::string& saved = saved_optimizer[u.name];
+          if (!saved.empty() && saved != OptimizerName(u.optimizer))
+            moved.push_back(fmt::format("'{}' was updated by {} in the checkpoint, by {} here",
+                                        u.name, saved, OptimizerName(u.optimizer)));
+        }
+        SSHSDP_CHECK(
+            moved.empty(), ConfigError,
+            "{}: {} parameter(s) changed optimizer, e.g. {}; resume with the optimizer options "
+            "the checkpoint was saved with (--optimizer, --muon-unit and unit overrides)",
+            m.ManifestPath(), moved.size(), moved.empty() ? "" : moved.front());
+        for (const auto& f : fields) {
+          SSHSDP_CHECK(std::find(m.fields.begin(), m.fields.end(), f.field) != m.fields.end(),
+                       ConfigError,
+                       "{}: the checkpoint has no '{}' state (it holds {}); it was saved with a "
+                       "different optimizer",
+                       m.ManifestPath(), f.field, fmt::join(m.fields, ", "));
+          used.insert(f.field);
+        }
+        for (int i = 0; i < static_cast<int>(m.files.size()); ++i) {
+          const std::string e = CheckFileSize(m, i);
+          SSHSDP_CHECK(e.empty(), IoError, "{}", e);
+        }
+        rep.bytes = static_cast<uint64_t>(m.step);
+      }));
+  ThrowIfAny(agreed);
+  for (int r = 1; r < W; ++r)
+    SSHSDP_CHECK(agreed[r].bytes == agreed[0].bytes, IoError,
+                 "{}: ranks resolved different checkpoints (rank 0: step {}, rank {}: step {}); "
+                 "pass one step directory, not a root another job is still saving into",
+                 path, agreed[0].bytes, r, agreed[r].bytes);
 
   // Checksums: file i verified by rank i mod W; then every rank knows every file is good.
   Agree(world, Try([&](Report&) {

@@ -25,10 +25,12 @@
 // and removed by the next save.
 //
 // Errors name the file and the problem (IoError: missing, truncated, checksum mismatch,
-// newer format; ConfigError: different model, missing optimizer state). Whatever can be
-// checked from the manifest and file sizes is checked on every rank before any collective,
-// so all ranks fail the same way; checksums (spread over ranks) and reads are followed by
-// an agreement step, so no rank waits for a failed peer.
+// newer format; ConfigError: different model, another optimizer, missing optimizer state).
+// Whatever can be checked from the manifest and file sizes is checked on every rank and
+// agreed in one exchange before any other collective, together with the resolved step (ranks
+// that see different file systems or different latest checkpoints fail alike); checksums
+// (spread over ranks) and reads are followed by an agreement step, so no rank waits for a
+// failed peer.
 //
 //   CheckpointMeta meta;  meta.model = {{"type", "gpt"}, {"d_model", 64}};
 //   meta.scalars = {{"data_position", engine.step()}};

@@ -266,6 +266,11 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
     std::ifstream(newer) >> j;
     j["format_version"] = kCheckpointFormatVersion + 1;
     std::ofstream(newer) << j.dump();
+    const std::string later = copy("later") + "/" + kManifestFile;
+    json k;
+    std::ifstream(later) >> k;
+    k["step"] = 5;
+    std::ofstream(later) << k.dump();
   }
   world_->Barrier();
   struct Case {
@@ -297,6 +302,26 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
       for (const auto& n : c.needles) EXPECT_NE(what.find(n), std::string::npos) << what;
     }
     world_->Barrier();  // every rank got here: nobody was left waiting
+  }
+
+  // Ranks that do not see the same checkpoint (another file system, a root whose latest
+  // step changed in between): every rank fails alike before reading state, nobody waits.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> split_views = {
+      {dir + "/nowhere", {"nowhere", "reported by rank 1"}},
+      {dir + "/later", {"ranks resolved different checkpoints", "rank 1: step 5"}},
+  };
+  for (const auto& [other, needles] : split_views) {
+    SCOPED_TRACE(other);
+    Gpt model(gc);
+    Engine e(model, *world_, Config({4, 1, 1, 2}, 2, DType::kBF16));
+    try {
+      LoadCheckpoint(e, *world_, world_->rank() == 1 ? other : good, mj);
+      ADD_FAILURE() << "loaded while ranks saw different checkpoints";
+    } catch (const IoError& err) {
+      for (const std::string& n : needles)
+        EXPECT_NE(std::string(err.what()).find(n), std::string::npos) << err.what();
+    }
+    world_->Barrier();
   }
 
   // Muon's momentum lives in the same 'm' field AdamW uses: a Muon checkpoint resumed under
