@@ -221,17 +221,14 @@ void Engine::BuildUpdate() {
   }
   std::vector<UpdateGroupView> views;
   for (auto& gp : groups_) {
-    UpdateGroupView v{&gp->layout, gp->chain.get(), {}, {}, {}};
+    UpdateGroupView v{&gp->layout, gp->chain.get(), gp->pieces};
     bool identity = gp->pieces.size() == gp->layout.update.size();
     for (size_t m = 0; m < gp->pieces.size(); ++m) {
       const MemberPiece& pc = gp->pieces[m];
-      v.member_update.push_back(pc.update);
-      v.member_offset.push_back(pc.offset);
-      v.member_valid.push_back(pc.valid);
       identity = identity && pc.update == static_cast<int>(m) && pc.offset == 0 &&
                  pc.valid == gp->layout.list.member(m).numel;
     }
-    if (identity) v.member_update.clear(), v.member_offset.clear(), v.member_valid.clear();
+    if (identity) v.pieces.clear();
     views.push_back(std::move(v));
   }
   update_ =

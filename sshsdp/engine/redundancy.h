@@ -89,14 +89,7 @@ struct Redundancies {
 void CheckStructuredUpdates(const Redundancies& r, const std::string& optimizer,
                             const std::string& first_param);
 
-// A member of a baseline layout's tensor list is a piece of one update parameter: elements
-// [offset, offset + valid) of update parameter `update` (its first `valid` elements; the rest
-// of the member, if any, is dim-0 padding that stays zero).
-struct MemberPiece {
-  int update = 0;
-  size_t offset = 0;
-  size_t valid = 0;
-};
+// MemberPiece (params/param_layout.h): which part of which update parameter a member holds.
 
 struct EngineLayout {
   GroupLayout layout;               // layout.update: one entry per update parameter

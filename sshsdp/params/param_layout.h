@@ -29,6 +29,16 @@ namespace sshsdp {
 enum class OptimizerKind { kAdamW, kMuon };
 const char* OptimizerName(OptimizerKind k);
 
+// A member of a buffer's tensor list as a piece of one update parameter: elements
+// [offset, offset + valid) of update parameter `update`; the rest of the member, if any, is
+// padding that stays zero (dim-0 shards). The sshsdp flat layout is the identity: member m
+// is all of update parameter m.
+struct MemberPiece {
+  int update = 0;
+  size_t offset = 0;
+  size_t valid = 0;
+};
+
 struct UpdateParam {
   std::string name;
   std::vector<int64_t> shape;

@@ -90,7 +90,7 @@ FullTensorMuon::FullTensorMuon(std::vector<FullTensorGroup> groups, std::vector<
       for (size_t m = 0; m < list.num_members(); ++m) {
         if (!in_item(m)) continue;
         const TensorListMember& mem = list.member(m);
-        const MemberSpan& sp = G.members[m];
+        const MemberPiece& sp = G.members[m];
         const size_t a = std::max(it.lo[j], mem.offset),
                      b = std::min(it.hi[j], mem.offset + sp.valid);
         if (a >= b) continue;
@@ -214,7 +214,7 @@ void FullTensorMuon::Run(const std::vector<Zero1State>& state, const ScalarState
     if (!used[g]) continue;
     const FullTensorGroup& G = groups_[g];
     for (const Fragment& f : G.chain->Fragments(Shard::kZero1)) {
-      const MemberSpan& sp = G.members[f.member];
+      const MemberPiece& sp = G.members[f.member];
       const int i = item_of[g][sp.update];
       if (i < 0 || f.tensor_begin >= sp.valid) continue;
       frags.push_back(

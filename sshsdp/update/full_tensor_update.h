@@ -15,7 +15,7 @@
 //      (so − 1) · count · sizeof(u) bytes per rank and item;
 //   reassembly: when the gathered pieces are not already the row-major matrix (dim-0 pieces of
 //      several parts merged by "matrix", flat shards of uneven size), they are copied into a
-//      whole-matrix buffer (MemberSpan mapping; counted in bytes_copied). Dim-0 pieces of one
+//      whole-matrix buffer (MemberPiece mapping; counted in bytes_copied). Dim-0 pieces of one
 //      parameter gathered rank-major ARE the matrix followed by padding rows, and a parameter
 //      inside one flat chunk arrives whole: no copy;
 //   f1 Newton–Schulz on EVERY Muon unit on every rank (batched by shape): so× the Newton–Schulz
@@ -42,18 +42,10 @@
 
 namespace sshsdp {
 
-// Buffer member m of a group holds elements [offset, offset + valid) of update parameter
-// `update` (its first `valid` elements; the rest of the member is padding).
-struct MemberSpan {
-  int update = 0;
-  size_t offset = 0;
-  size_t valid = 0;
-};
-
 struct FullTensorGroup {
   const GroupLayout* layout = nullptr;  // the buffer layout (any shard layout)
   const ShardChain* chain = nullptr;    // this rank's chain of layout->list
-  std::vector<MemberSpan> members;      // one per buffer member
+  std::vector<MemberPiece> members;     // one per buffer member
   // Element offset of every update parameter in the group's logical (unsharded, unpadded,
   // row-major back to back) order — the coordinates of `units`.
   std::vector<size_t> logical_offset;

@@ -25,14 +25,22 @@ StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
     chains.push_back(groups[g].chain);
     SSHSDP_CHECK(L.group == static_cast<int>(g), PlanError,
                  "structured update: layout {} is group {}; pass the groups in order", g, L.group);
-    const std::vector<int>& mu = groups[g].member_update;
-    const bool identity = mu.empty();
+    const std::vector<MemberPiece>& pieces = groups[g].pieces;
+    const bool identity = pieces.empty();
     SSHSDP_CHECK(
-        identity ? L.update.size() == L.list.num_members() : mu.size() == L.list.num_members(),
+        identity ? L.update.size() == L.list.num_members() : pieces.size() == L.list.num_members(),
         PlanError,
         "structured update: group {} has {} buffer members but {} update parameters and "
-        "{} member mappings",
-        g, L.list.num_members(), L.update.size(), mu.size());
+        "{} member pieces",
+        g, L.list.num_members(), L.update.size(), pieces.size());
+    for (size_t m = 0; m < pieces.size(); ++m)
+      SSHSDP_CHECK(pieces[m].update >= 0 && pieces[m].update < static_cast<int>(L.update.size()) &&
+                       pieces[m].valid <= L.list.member(m).numel,
+                   PlanError,
+                   "structured update: group {} member {} maps to update parameter {} with {} "
+                   "valid elements (the group has {} parameters, the member {} elements)",
+                   g, m, pieces[m].update, pieces[m].valid, L.update.size(),
+                   L.list.member(m).numel);
     std::vector<OptimizerKind> opt(L.update.size(), OptimizerKind::kAdamW);
     if (options.full_tensor) {
       // Units in the logical order of the update parameters (back to back, unpadded): the
@@ -52,10 +60,8 @@ StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
       opt = sel.optimizer;
       muon.insert(muon.end(), sel.muon.begin(), sel.muon.end());
       for (size_t m = 0; m < L.list.num_members(); ++m) {
-        const int u = identity ? static_cast<int>(m) : mu[m];
-        const bool whole = groups[g].member_offset.empty();
-        ft.members.push_back({u, whole ? 0 : groups[g].member_offset[m],
-                              whole ? L.list.member(m).numel : groups[g].member_valid[m]});
+        ft.members.push_back(identity ? MemberPiece{static_cast<int>(m), 0, L.list.member(m).numel}
+                                      : pieces[m]);
       }
       ft_groups.push_back(std::move(ft));
     } else if (identity) {
@@ -76,7 +82,7 @@ StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
     }
     // AdamW units: one per buffer member of an AdamW parameter (elementwise: any layout).
     for (size_t m = 0; m < L.list.num_members(); ++m) {
-      const int u = identity ? static_cast<int>(m) : mu[m];
+      const int u = identity ? static_cast<int>(m) : pieces[m].update;
       const TensorListMember& mem = L.list.member(m);
       total_elements_ += mem.numel;
       if (opt[u] == OptimizerKind::kMuon) {

@@ -43,7 +43,7 @@ struct UpdateOptions {
   std::map<std::string, UnitRule> overrides;  // by update- or runtime-parameter name
   // ⑥ FSDP2-style: Muon gathers every whole matrix on every rank of the ZeRO-1 group
   // (FullTensorMuon, full_tensor_update.h) instead of point-to-point units. Works on any
-  // buffer layout (member_update / member_offset / member_valid map members to parameters).
+  // buffer layout (UpdateGroupView::pieces map members to parameters).
   bool full_tensor = false;
 };
 
@@ -51,12 +51,9 @@ struct UpdateOptions {
 struct UpdateGroupView {
   const GroupLayout* layout = nullptr;
   const ShardChain* chain = nullptr;  // this rank's shard chain of layout->list
-  // member_update[m]: the update parameter buffer member m belongs to. Empty: member m IS
+  // pieces[m]: the part of an update parameter buffer member m holds. Empty: member m IS
   // update parameter m (the sshsdp flat layout). Point-to-point Muon units need that identity.
-  std::vector<int> member_update;
-  // With member_update: member m holds elements [member_offset[m], + member_valid[m]) of its
-  // update parameter (the rest is padding). Empty: a member holds its whole parameter.
-  std::vector<size_t> member_offset, member_valid;
+  std::vector<MemberPiece> pieces;
 };
 
 class StructuredUpdate {

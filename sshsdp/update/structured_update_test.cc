@@ -198,5 +198,31 @@ TEST(StructuredUpdate, BytesEqualOffRankFragmentsOnEveryLayout) {
       }
 }
 
+// A member mapping that does not fit the buffer is a PlanError naming the group and member,
+// before anything runs (UpdateGroupView::pieces comes from the engine's baseline layouts).
+TEST(StructuredUpdate, BadMemberPiecesAreRefused) {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  auto world = MpiCommunicator::World(1);
+  auto self = world->Split(r, 0);
+  GroupLayout L = PaperLayout();
+  Topology one(1, 1, 1, 1, 1);
+  ShardChain chain(L.list, one, 0);
+  UpdateOptions o;
+  o.optimizer = OptimizerKind::kMuon;
+  auto expect_plan_error = [&](std::vector<MemberPiece> pieces, const std::string& needle) {
+    try {
+      StructuredUpdate up({{&L, &chain, std::move(pieces)}}, o, 0, *self);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const PlanError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_plan_error({{0, 0, 24}}, "4 buffer members but 4 update parameters and 1 member pieces");
+  expect_plan_error({{0, 0, 24}, {1, 0, 16}, {2, 0, 16}, {9, 0, 16}},
+                    "member 3 maps to update parameter 9");
+  expect_plan_error({{0, 0, 24}, {1, 0, 17}, {2, 0, 16}, {3, 0, 16}}, "17 valid elements");
+}
+
 }  // namespace
 }  // namespace sshsdp
