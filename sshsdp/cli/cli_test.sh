@@ -52,6 +52,10 @@ expect_error "a raw element type is not a weight dtype" "weight-dtype must be bf
   "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --weight-dtype e4m3 --steps 1
 expect_error "MoE options on a dense preset are refused" "apply to MoE presets" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --experts 4 --steps 1
+expect_error "an explicit --top-k 0 reaches validation (not the preset's default)" "top_k (0)" \
+  "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --top-k 0 --steps 1
+expect_error "a negative --aux-loss-weight is refused" "aux_loss_weight must be finite and >= 0" \
+  "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --aux-loss-weight -0.5 --steps 1
 printf 'abc' >"$tmp/odd.bin"
 expect_error "malformed token file is named" "odd.bin" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --data "$tmp/odd.bin" --steps 1

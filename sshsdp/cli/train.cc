@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -166,8 +167,10 @@ bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
 // flags. ConfigError for MoE flags on a dense preset.
 MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
   if (!IsMoePreset(o.model)) {
-    SSHSDP_CHECK(!o.experts && !o.top_k && !o.moe_every && !o.d_expert && o.gating.empty() &&
-                     o.expert_mlp.empty() && o.aux_loss_weight < 0 && !o.shared_expert,
+    constexpr int kUnset = TrainOptions::kUnset;
+    SSHSDP_CHECK(o.experts == kUnset && o.top_k == kUnset && o.moe_every == kUnset &&
+                     o.d_expert == kUnset && o.gating.empty() && o.expert_mlp.empty() &&
+                     std::isnan(o.aux_loss_weight) && !o.shared_expert,
                  ConfigError,
                  "--experts/--top-k/--moe-every/--d-expert/--gating/--expert-mlp/"
                  "--aux-loss-weight/--shared-expert apply to MoE presets (moe-tiny, moe-small), "
@@ -177,13 +180,13 @@ MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
   }
   MoeConfig c = MoeConfig::Preset(o.model);
   c.trunk = trunk;
-  if (o.experts) c.n_expert = o.experts;
-  if (o.top_k) c.top_k = o.top_k;
-  if (o.moe_every) c.moe_every = o.moe_every;
-  if (o.d_expert) c.d_expert = o.d_expert;
+  if (o.experts != TrainOptions::kUnset) c.n_expert = o.experts;
+  if (o.top_k != TrainOptions::kUnset) c.top_k = o.top_k;
+  if (o.moe_every != TrainOptions::kUnset) c.moe_every = o.moe_every;
+  if (o.d_expert != TrainOptions::kUnset) c.d_expert = o.d_expert;
   if (!o.gating.empty()) c.gating = ParseGating(o.gating);
   if (!o.expert_mlp.empty()) c.expert_mlp = ParseExpertMlp(o.expert_mlp);
-  if (o.aux_loss_weight >= 0) c.aux_loss_weight = o.aux_loss_weight;
+  if (!std::isnan(o.aux_loss_weight)) c.aux_loss_weight = o.aux_loss_weight;
   c.shared_expert = o.shared_expert;
   // MXFP8: experts in their own runtime groups, the only MX groups (moe.h).
   c.expert_group = o.weight_dtype == "mxfp8";

@@ -7,6 +7,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "sshsdp/engine/engine.h"
@@ -39,10 +40,12 @@ struct TrainOptions {
   float muon_lr = 0.02f, muon_momentum = 0.95f, muon_weight_decay = 0.0f;
   bool muon_nesterov = true;
   int muon_ns_steps = 5;
-  // MoE presets (--model moe-tiny | moe-small); 0, empty or negative: the preset's value.
-  int experts = 0, top_k = 0, moe_every = 0, d_expert = 0;
+  // MoE presets (--model moe-tiny | moe-small); kUnset / empty / NaN: the preset's value (any
+  // value given, 0 and negatives included, reaches MoeConfig::Validate).
+  static constexpr int kUnset = std::numeric_limits<int>::min();
+  int experts = kUnset, top_k = kUnset, moe_every = kUnset, d_expert = kUnset;
   std::string gating, expert_mlp;  // softmax | sigmoid, swiglu | gelu
-  float aux_loss_weight = -1.0f;
+  float aux_loss_weight = std::numeric_limits<float>::quiet_NaN();
   bool shared_expert = false;
   // Checkpoints (sshsdp/ckpt): every `save_every` steps into `ckpt_dir`, keeping the last
   // `keep` (0: all); `resume` is a checkpoint root (its latest) or step directory.

@@ -160,6 +160,10 @@ void MoeConfig::Validate() const {
                "(trunk.packed_qkv = false, per-part QKV, is the dense GPT's veScale mode)");
   SSHSDP_CHECK(n_expert >= 1 && top_k >= 1 && top_k <= n_expert, ConfigError,
                "MoE config: need 1 <= top_k ({}) <= experts ({})", top_k, n_expert);
+  SSHSDP_CHECK(
+      d_expert >= 0 && d_shared >= 0, ConfigError,
+      "MoE config: expert width {} / shared expert width {} must be >= 0 (0: the preset default)",
+      d_expert, d_shared);
   SSHSDP_CHECK(expert_ff() > 0 && shared_ff() > 0, ConfigError,
                "MoE config: expert width {} and shared expert width {} must be positive",
                expert_ff(), shared_ff());

@@ -573,6 +573,9 @@ TEST(Moe, ValidatesConfigAndExecutionOrder) {
   c = TinyConfig();
   c.trunk.packed_qkv = false;  // would hand one head's [d_head, d] part to a [3d, d] GEMM
   EXPECT_THROW(MoeGpt{c}, ConfigError);
+  c = TinyConfig();
+  c.d_expert = -8;  // not silently the default width
+  EXPECT_THROW(MoeGpt{c}, ConfigError);
   EXPECT_THROW(MoeConfig::Preset("moe-huge"), ConfigError);
   EXPECT_THROW(ParseGating("topk"), ConfigError);
   EXPECT_EQ(ParseGating("sigmoid"), Gating::kSigmoid);
