@@ -283,11 +283,21 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     if (o.save_every > 0) PrepareCheckpointRoot(o.ckpt_dir);  // fails now, not at step N
     SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
                  "--resume and --init-weights exclude each other: a checkpoint holds the weights");
+    // What a checkpoint must match.
+    const nlohmann::json model_json =
+        IsMoePreset(o.model) ? MoeModelJson(MakeMoeConfig(o, gc)) : GptModelJson(gc);
     std::string resume_dir;
     std::vector<std::string> resume_notes;
     if (!o.resume.empty()) {
       resume_dir = ResolveCheckpoint(o.resume);  // IoError naming the path when there is none
       const Manifest saved_manifest = ReadManifest(resume_dir);
+      // Another model is refused here, before any collective (LoadCheckpoint checks it again,
+      // agreed over the ranks). MoE: --weight-dtype mxfp8 splits the groups (expert_group).
+      const std::vector<std::string> diffs = JsonDifferences(saved_manifest.meta.model, model_json);
+      SSHSDP_CHECK(diffs.empty(), ConfigError,
+                   "{}: the checkpoint holds a different model: {}; use the model options "
+                   "(and, for MoE, the --weight-dtype) it was saved with",
+                   saved_manifest.ManifestPath(), fmt::join(diffs, ", "));
       // The stochastic-rounding stream continues only with the saved seed (draws are keyed
       // by seed, step and element).
       const uint64_t sr_seed = saved_manifest.meta.scalars.value("sr_seed", cfg.sr_seed);
@@ -323,9 +333,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
     Engine engine(model, *world, cfg);
-    // What a checkpoint must match (model) and what it records about this run.
-    const nlohmann::json model_json =
-        IsMoePreset(o.model) ? MoeModelJson(MakeMoeConfig(o, gc)) : GptModelJson(gc);
+    // What a checkpoint records about this run.
     auto num = [](float v) { return std::stod(fmt::format("{}", v)); };  // 0.9f -> 0.9
     const nlohmann::json run_json = {{"preset", o.model},
                                      {"seed", o.seed},

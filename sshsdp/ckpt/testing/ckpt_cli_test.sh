@@ -256,8 +256,8 @@ if [ "$section" = errors ]; then
     -- "${inspect[@]}" "$c"
   expect_error "newer format version: --resume" "manifest.json" "format version 99 is newer" \
     -- "${resume[@]}" "$c"
-  expect_error "different model config is named" "manifest.json" \
-    "d_model 32 (checkpoint) vs 64 (this run)" \
+  expect_error "different model config is named (before any collective)" "manifest.json" \
+    "d_model 32 (checkpoint) vs 64 (this run)" "use the model options" \
     -- job 2 --d-model 64 --steps 4 --resume "$good"
   expect_error "saved layout not fitting the world size is refused" \
     "layout W=2 nodes=1x2 sw=2 sg=2 so=2 does not fit 3 ranks" \
