@@ -87,9 +87,11 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
                                     ScaleLayoutName(layout_), L.group, e.what()));
     }
   }
-  if (account_) account_->Allocate("scales", persistent_bytes());
   band_scales_.resize(bands_.size());
-  if (units.empty()) return;
+  if (units.empty()) {
+    if (account_) account_->Allocate("scales", persistent_bytes());
+    return;
+  }
 
   UpdateProgram prog{
       "mx_quantize",
@@ -127,6 +129,8 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
        }});
   plan_ = std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica_);
   exec_ = std::make_unique<UpdateExecutor>(plan_, chains, rank, p2p, account);
+  // Last: a throw above (plan, executor) must not leave the scales accounted.
+  if (account_) account_->Allocate("scales", persistent_bytes());
 }
 
 MxWeights::~MxWeights() {
@@ -175,14 +179,15 @@ void MxWeights::Quantize(const std::vector<const float*>& main_z1,
       const int owner = topo_.Zero1ChunkOwner(static_cast<int>(j), replica_);
       if (exec != rank_ && owner != rank_) continue;
       const size_t lo = std::max(s0, j * G.s_chunk), hi = std::min(s1, (j + 1) * G.s_chunk);
-      uint8_t* dst = G.s_z3.data() + (G.z1.begin - G.z3.begin) + (lo - G.z1.begin);
+      // This rank's own S elements (only formed when it owns them: lo is in its ZeRO-1 slice).
+      auto dst = [&] { return G.s_z3.data() + (G.z1.begin - G.z3.begin) + (lo - G.z1.begin); };
       if (exec == rank_ && owner == rank_) {
-        std::memcpy(dst, band_scales_[u].data() + (lo - s0), hi - lo);
+        std::memcpy(dst(), band_scales_[u].data() + (lo - s0), hi - lo);
       } else if (exec == rank_) {
         sends.push_back({owner, band_scales_[u].data() + (lo - s0), hi - lo, kMxScaleTag});
         stats_.bytes_sent += hi - lo;
       } else {
-        recvs.push_back({exec, dst, hi - lo, kMxScaleTag});
+        recvs.push_back({exec, dst(), hi - lo, kMxScaleTag});
       }
     }
   }
