@@ -6,6 +6,7 @@ PKGS=(
   g++ cmake make clang-format
   openmpi-bin libopenmpi-dev          # multi-process ranks (mpirun) and MPI headers
   libdnnl-dev                         # oneDNN: fp32/bf16 GEMMs (AMX where the CPU has it)
+  ocl-icd-opencl-dev                  # oneDNN's dnnl-config.cmake finds OpenCL (a Recommends)
   libgtest-dev libgmock-dev           # unit and multi-rank tests
   libbenchmark-dev                    # micro-benchmarks
   libcli11-dev nlohmann-json3-dev libfmt-dev   # CLI, JSON metrics/manifests, formatting

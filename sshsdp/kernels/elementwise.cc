@@ -69,6 +69,27 @@ void CastToBf16(const float* src, bf16* dst, int64_t n) {
   }
 }
 
+void WidenBf16(const bf16* src, float* dst, int64_t n) {
+  const uint16_t* in = reinterpret_cast<const uint16_t*>(src);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t x = static_cast<uint32_t>(in[i]) << 16;
+    std::memcpy(dst + i, &x, 4);
+  }
+}
+
+void RoundThroughBf16(const float* src, float* dst, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, src + i, 4);
+    const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) & 0xFFFF0000u;
+    const uint32_t quiet_nan = (x & 0xFFFF0000u) | 0x400000u;
+    const uint32_t y = (x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded;
+    std::memcpy(dst + i, &y, 4);
+  }
+}
+
 void ToFloat(const void* src, DType src_dtype, float* dst, int64_t n) {
   if (src_dtype == DType::kF32) {
     std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float));

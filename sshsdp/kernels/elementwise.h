@@ -43,6 +43,13 @@ void WriteOrAccumulate(const float* src, void* dst, DType dst_dtype, int64_t n, 
 // even, NaN stays a quiet NaN, overflow to ±Inf) but branch-free, for hot activation casts.
 void CastToBf16(const float* src, bf16* dst, int64_t n);
 
+// dst[i] = the fp32 value of bf16 src[i] (exact), vectorised.
+void WidenBf16(const bf16* src, float* dst, int64_t n);
+
+// dst[i] = src[i] rounded to bf16 and kept in fp32 (CastToBf16 then WidenBf16 in one pass):
+// what the widened bf16 GEMM path feeds the fp32 product. dst may equal src.
+void RoundThroughBf16(const float* src, float* dst, int64_t n);
+
 // dst = float(src) for an fp32 or bf16 source.
 void ToFloat(const void* src, DType src_dtype, float* dst, int64_t n);
 

@@ -4,15 +4,24 @@
 // transposed in memory; bf16 rounding of fp32 activations happens in a process-wide scratch
 // buffer. Accumulation is oneDNN's sum post-op, which reads the destination; without it the
 // primitive writes the destination without reading it, so NaN-filled outputs are replaced.
+//
+// The bf16 path is probed once: a bf16 matmul primitive for a representative shape is
+// created; if oneDNN refuses it (no bf16 on this ISA) or only offers its reference
+// implementation, bf16 products are widened. Widening costs one pass over each bf16 operand
+// per call (O(rows·cols) against the product's O(m·n·k)); an fp32 activation that the native
+// path would round into bf16 scratch is instead rounded through bf16 into fp32 scratch, so
+// it is touched once either way.
 #include "sshsdp/kernels/matmul.h"
 
 #include <dnnl.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -63,11 +72,113 @@ struct State {
   std::map<Key, std::unique_ptr<Cached>> cache;
   std::vector<bf16> scratch_a, scratch_b;
   std::vector<float> scratch_c;
+  std::vector<float> wide_a, wide_b;  // widened (or bf16-rounded) fp32 operands
+  std::optional<bool> native_bf16;    // probe result
+  std::optional<Bf16GemmPath> path;   // resolved on first use
+  std::string probe_note;             // why the probe said no, for messages
 };
 
 State& GetState() {
   static State* state = new State();  // never destroyed: usable from static destructors
   return *state;
+}
+
+std::string IsaName(dnnl::cpu_isa isa) {
+  switch (static_cast<dnnl_cpu_isa_t>(isa)) {
+    case dnnl_cpu_isa_sse41:
+      return "sse41";
+    case dnnl_cpu_isa_avx:
+      return "avx";
+    case dnnl_cpu_isa_avx2:
+      return "avx2";
+    case dnnl_cpu_isa_avx2_vnni:
+      return "avx2_vnni";
+    case dnnl_cpu_isa_avx512_mic:
+    case dnnl_cpu_isa_avx512_mic_4ops:
+      return "avx512_mic";
+    case dnnl_cpu_isa_avx512_core:
+      return "avx512_core";
+    case dnnl_cpu_isa_avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl_cpu_isa_avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl_cpu_isa_avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return fmt::format("isa 0x{:x}", static_cast<unsigned>(isa));
+  }
+}
+
+// Tries a bf16 x bf16 -> fp32 matmul for a linear-layer shape; true if oneDNN offers a
+// non-reference implementation. Records the reason for a "no" in s.probe_note.
+bool ProbeNativeBf16(State& s) {
+  const int64_t n = 256;
+  dnnl::memory::desc a({n, n}, dt::bf16, dnnl::memory::dims{n, 1});
+  dnnl::memory::desc b({n, n}, dt::bf16, dnnl::memory::dims{1, n});  // Wᵀ, as LinearForward
+  dnnl::memory::desc c({n, n}, dt::f32, dnnl::memory::dims{n, 1});
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), s.engine);
+    const std::string impl = pd.impl_info_str();
+    if (impl.rfind("ref", 0) == 0) {
+      s.probe_note = fmt::format("oneDNN offers only its reference bf16 matmul ({})", impl);
+      return false;
+    }
+    return true;
+  } catch (const dnnl::error&) {
+    s.probe_note = "oneDNN has no bf16 matmul";
+    return false;
+  }
+}
+
+bool NativeSupportedLocked(State& s) {
+  if (!s.native_bf16) s.native_bf16 = ProbeNativeBf16(s);
+  return *s.native_bf16;
+}
+
+std::string NoNativeMessage(State& s) {
+  return fmt::format("{} on this CPU (ISA {}; native bf16 GEMMs need AVX512-BF16 or AMX)",
+                     s.probe_note, IsaName(dnnl::get_effective_cpu_isa()));
+}
+
+Bf16GemmPath ParseLocked(State& s, std::string_view name) {
+  if (name == "auto") {
+    return NativeSupportedLocked(s) ? Bf16GemmPath::kNative : Bf16GemmPath::kWidened;
+  }
+  if (name == "widened") return Bf16GemmPath::kWidened;
+  SSHSDP_CHECK(name == "native", NumericsError,
+               "bf16 GEMM path '{}' is not one of auto, native, widened", name);
+  SSHSDP_CHECK(NativeSupportedLocked(s), NumericsError,
+               "bf16 GEMM path 'native' requested, but {}: use 'auto' or 'widened' (bf16 "
+               "operands widened to fp32), or --weight-dtype fp32",
+               NoNativeMessage(s));
+  return Bf16GemmPath::kNative;
+}
+
+Bf16GemmPath PathLocked(State& s) {
+  if (!s.path) {
+    const char* env = std::getenv("SSHSDP_BF16_GEMM");
+    try {
+      s.path = ParseLocked(s, env && *env ? env : "auto");
+    } catch (const NumericsError& e) {
+      throw NumericsError(fmt::format("SSHSDP_BF16_GEMM={}: {}", env, e.what()));
+    }
+  }
+  return *s.path;
+}
+
+// Widens a bf16 matrix stored with `rows` rows of `cols` elements at row stride ld (or, for a
+// dense batch, batch·rows rows) into dense fp32 scratch.
+const float* WidenInto(std::vector<float>& buf, const void* src, int64_t rows, int64_t cols,
+                       int64_t ld) {
+  const size_t count = static_cast<size_t>(rows * cols);
+  if (buf.size() < count) buf.resize(count);
+  const bf16* in = static_cast<const bf16*>(src);
+  if (ld == cols) {
+    WidenBf16(in, buf.data(), static_cast<int64_t>(count));
+  } else {
+    for (int64_t r = 0; r < rows; ++r) WidenBf16(in + r * ld, buf.data() + r * cols, cols);
+  }
+  return buf.data();
 }
 
 dnnl::memory::desc MatrixDesc(int64_t batch, int64_t rows, int64_t cols, bool transposed,
@@ -100,9 +211,10 @@ Cached& GetPrimitive(State& s, const Key& key) {
     auto cached = std::make_unique<Cached>(Cached{pd, dnnl::matmul(pd)});
     return *s.cache.emplace(key, std::move(cached)).first->second;
   } catch (const dnnl::error& e) {
-    throw NumericsError(fmt::format("oneDNN matmul {}x{}x{} (batch {}) {}->{} unsupported: {}",
-                                    key.m, key.n, key.k, key.batch, DTypeName(key.ab),
-                                    DTypeName(key.c), e.what()));
+    throw NumericsError(
+        fmt::format("oneDNN matmul {}x{}x{} (batch {}) {}->{} unsupported on this CPU (ISA {}): {}",
+                    key.m, key.n, key.k, key.batch, DTypeName(key.ab), DTypeName(key.c),
+                    IsaName(dnnl::get_effective_cpu_isa()), e.what()));
   }
 }
 
@@ -132,6 +244,19 @@ void GemmLocked(State& s, Key key, const void* a, const void* b, void* c) {
       "(batched products must be dense)",
       key.lda, key.ldb, key.ldc, key.m, key.n, key.k);
   const size_t esize = DTypeSize(key.c);
+  if (key.k != 0 && key.ab == DType::kBF16 && PathLocked(s) == Bf16GemmPath::kWidened) {
+    // Stored shapes: A [m,k] (or [k,m] when trans_a), B [k,n] (or [n,k]); a dense batch is
+    // batch times as many rows.
+    const int64_t a_rows = key.batch * (key.trans_a ? key.k : key.m);
+    const int64_t a_cols = key.trans_a ? key.m : key.k;
+    const int64_t b_rows = key.batch * (key.trans_b ? key.n : key.k);
+    const int64_t b_cols = key.trans_b ? key.k : key.n;
+    a = WidenInto(s.wide_a, a, a_rows, a_cols, key.lda);
+    b = WidenInto(s.wide_b, b, b_rows, b_cols, key.ldb);
+    key.lda = a_cols;
+    key.ldb = b_cols;
+    key.ab = DType::kF32;
+  }
   if (key.k == 0) {
     if (key.accumulate) return;
     for (int64_t r = 0; r < key.batch * key.m; ++r) {
@@ -178,6 +303,17 @@ const bf16* ToBf16Scratch(std::vector<bf16>& buf, const float* src, int64_t n) {
   return buf.data();
 }
 
+// A linear layer's fp32 activation as the bf16 product consumes it: rounded into bf16 scratch
+// (native path), or rounded through bf16 into fp32 scratch (widened path: the caller then
+// runs the product with fp32 operands).
+const void* Bf16Activation(State& s, std::vector<bf16>& narrow, std::vector<float>& wide,
+                           const float* src, int64_t n) {
+  if (PathLocked(s) == Bf16GemmPath::kNative) return ToBf16Scratch(narrow, src, n);
+  if (wide.size() < static_cast<size_t>(n)) wide.resize(static_cast<size_t>(n));
+  RoundThroughBf16(src, wide.data(), n);
+  return wide.data();
+}
+
 }  // namespace
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
@@ -202,8 +338,15 @@ void LinearForward(const float* x, const void* w, DType w_dtype, float* y, int64
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
   const void* a = x;
-  if (w_dtype == DType::kBF16) a = ToBf16Scratch(s.scratch_a, x, m * k);
-  GemmLocked(s, DenseKey(false, true, m, n, k, w_dtype, DType::kF32, false, 1), a, w, y);
+  DType ab = w_dtype;
+  if (w_dtype == DType::kBF16) {
+    a = Bf16Activation(s, s.scratch_a, s.wide_a, x, m * k);
+    if (PathLocked(s) == Bf16GemmPath::kWidened) {
+      w = WidenInto(s.wide_b, w, n, k, k);
+      ab = DType::kF32;
+    }
+  }
+  GemmLocked(s, DenseKey(false, true, m, n, k, ab, DType::kF32, false, 1), a, w, y);
 }
 
 void LinearBackwardData(const float* dy, const void* w, DType w_dtype, float* dx, int64_t m,
@@ -211,8 +354,15 @@ void LinearBackwardData(const float* dy, const void* w, DType w_dtype, float* dx
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
   const void* a = dy;
-  if (w_dtype == DType::kBF16) a = ToBf16Scratch(s.scratch_a, dy, m * n);
-  GemmLocked(s, DenseKey(false, false, m, k, n, w_dtype, DType::kF32, accumulate, 1), a, w, dx);
+  DType ab = w_dtype;
+  if (w_dtype == DType::kBF16) {
+    a = Bf16Activation(s, s.scratch_a, s.wide_a, dy, m * n);
+    if (PathLocked(s) == Bf16GemmPath::kWidened) {
+      w = WidenInto(s.wide_b, w, n, k, k);
+      ab = DType::kF32;
+    }
+  }
+  GemmLocked(s, DenseKey(false, false, m, k, n, ab, DType::kF32, accumulate, 1), a, w, dx);
 }
 
 void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, void* dw,
@@ -221,39 +371,100 @@ void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, 
   std::lock_guard<std::mutex> lock(s.mu);
   const void* a = dy;
   const void* b = x;
+  DType ab = compute_dtype;
   if (compute_dtype == DType::kBF16) {
-    a = ToBf16Scratch(s.scratch_a, dy, m * n);
-    b = ToBf16Scratch(s.scratch_b, x, m * k);
+    a = Bf16Activation(s, s.scratch_a, s.wide_a, dy, m * n);
+    b = Bf16Activation(s, s.scratch_b, s.wide_b, x, m * k);
+    if (PathLocked(s) == Bf16GemmPath::kWidened) ab = DType::kF32;
   } else {
     ToDnnl(compute_dtype);
   }
-  GemmLocked(s, DenseKey(true, false, n, k, m, compute_dtype, dw_dtype, accumulate, 1), a, b, dw);
+  GemmLocked(s, DenseKey(true, false, n, k, m, ab, dw_dtype, accumulate, 1), a, b, dw);
+}
+
+std::string_view Bf16GemmPathName(Bf16GemmPath path) {
+  return path == Bf16GemmPath::kNative ? "native" : "widened";
+}
+
+Bf16GemmPath ParseBf16GemmPath(std::string_view name) {
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return ParseLocked(s, name);
+}
+
+bool NativeBf16GemmSupported() {
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return NativeSupportedLocked(s);
+}
+
+Bf16GemmPath ActiveBf16GemmPath() {
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return PathLocked(s);
+}
+
+void SetBf16GemmPath(Bf16GemmPath path) {
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.path = ParseLocked(s, Bf16GemmPathName(path));
+}
+
+std::string CpuIsaName() { return IsaName(dnnl::get_effective_cpu_isa()); }
+
+std::string GemmPathDescription(DType dtype) {
+  const std::string fp32 =
+      GemmImplementation(false, true, 1024, 1024, 1024, DType::kF32, DType::kF32);
+  if (dtype != DType::kBF16) return fmt::format("{} (oneDNN {})", DTypeName(dtype), fp32);
+  if (ActiveBf16GemmPath() == Bf16GemmPath::kNative) {
+    return fmt::format("bf16 native (oneDNN {})",
+                       GemmImplementation(false, true, 1024, 1024, 1024, dtype, DType::kF32));
+  }
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  const std::string why = NativeSupportedLocked(s)
+                              ? std::string("forced by SSHSDP_BF16_GEMM / SetBf16GemmPath")
+                              : NoNativeMessage(s);
+  return fmt::format("bf16 widened to fp32 ({}; fp32 {})", why, fp32);
+}
+
+GemmPeakProbe::GemmPeakProbe(DType dtype, int64_t size) : dtype_(dtype), size_(size) {
+  SSHSDP_CHECK(size > 0, NumericsError, "GemmPeakProbe: size {}", size);
+  SSHSDP_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, NumericsError,
+               "GemmPeakProbe: fp32 or bf16 operands, got {}", DTypeName(dtype));
+  const size_t n = static_cast<size_t>(size * size);
+  a_.resize(n * DTypeSize(dtype));
+  b_.resize(n * DTypeSize(dtype));
+  c_.resize(n);
+  // Small finite values (bf16 1/8 is 0x3E00; fp32 0.125f).
+  if (dtype == DType::kBF16) {
+    std::fill_n(reinterpret_cast<bf16*>(a_.data()), n, FloatToBf16(0.125f));
+    std::fill_n(reinterpret_cast<bf16*>(b_.data()), n, FloatToBf16(0.125f));
+  } else {
+    std::fill_n(reinterpret_cast<float*>(a_.data()), n, 0.125f);
+    std::fill_n(reinterpret_cast<float*>(b_.data()), n, 0.125f);
+  }
+}
+
+void GemmPeakProbe::Run(int count) {
+  for (int i = 0; i < count; ++i) {
+    Gemm(false, true, size_, size_, size_, a_.data(), b_.data(), dtype_, c_.data(), DType::kF32,
+         false);
+  }
 }
 
 double MeasureGemmPeak(DType dtype, int64_t size, int reps) {
   SSHSDP_CHECK(size > 0 && reps > 0, NumericsError, "MeasureGemmPeak: size {} reps {}", size, reps);
-  const size_t n = static_cast<size_t>(size * size);
-  std::vector<char> a(n * DTypeSize(dtype)), b(n * DTypeSize(dtype));
-  std::vector<float> c(n);
-  // Fill with small finite values (bf16 1/8 is 0x3E00; fp32 0.125f).
-  if (dtype == DType::kBF16) {
-    std::fill_n(reinterpret_cast<bf16*>(a.data()), n, FloatToBf16(0.125f));
-    std::fill_n(reinterpret_cast<bf16*>(b.data()), n, FloatToBf16(0.125f));
-  } else {
-    ToDnnl(dtype);
-    std::fill_n(reinterpret_cast<float*>(a.data()), n, 0.125f);
-    std::fill_n(reinterpret_cast<float*>(b.data()), n, 0.125f);
-  }
+  GemmPeakProbe probe(dtype, size);
+  probe.Run(1);  // warm-up: primitive creation, scratch growth
   std::vector<double> seconds;
-  for (int r = 0; r <= reps; ++r) {
+  for (int r = 0; r < reps; ++r) {
     auto t0 = std::chrono::steady_clock::now();
-    Gemm(false, true, size, size, size, a.data(), b.data(), dtype, c.data(), DType::kF32, false);
-    double dt_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) seconds.push_back(dt_s);  // r == 0 is the warm-up (primitive creation)
+    probe.Run(1);
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(seconds.begin(), seconds.end());
-  double median = seconds[seconds.size() / 2];
-  return 2.0 * static_cast<double>(size) * size * size / median;
+  return probe.FlopsPerProduct() / seconds[seconds.size() / 2];
 }
 
 std::string GemmImplementation(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
@@ -261,6 +472,10 @@ std::string GemmImplementation(bool trans_a, bool trans_b, int64_t m, int64_t n,
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
   if (c_dtype == DType::kBF16 && ab_dtype == DType::kF32) c_dtype = DType::kF32;
+  if (ab_dtype == DType::kBF16 && PathLocked(s) == Bf16GemmPath::kWidened) {
+    ab_dtype = DType::kF32;
+    if (c_dtype == DType::kBF16) c_dtype = DType::kF32;
+  }
   Cached& p = GetPrimitive(s, DenseKey(trans_a, trans_b, m, n, k, ab_dtype, c_dtype, false, 1));
   return p.pd.impl_info_str();
 }

@@ -2,17 +2,26 @@
 //
 // Linear layers follow nn.Linear: the weight W is [out, in] row-major, activations X are
 // [M, in] row-major, Y = X·Wᵀ. Weights may be fp32 or bf16 (runtime precision). For bf16
-// weights the fp32 activation operand is rounded to bf16 into a scratch buffer and oneDNN
-// multiplies bf16×bf16 with fp32 accumulation (AMX on this hardware): this is where a
-// low-precision runtime weight pays off. Every output is written in one of two modes:
-// accumulate=false overwrites every element of the destination (garbage and NaN included:
-// the engine relies on the first write of a gradient buffer covering it exactly),
-// accumulate=true adds into it.
+// weights the fp32 activation operand is rounded to bf16 and the product is bf16×bf16 with
+// fp32 accumulation: this is where a low-precision runtime weight pays off. Every output is
+// written in one of two modes: accumulate=false overwrites every element of the destination
+// (garbage and NaN included: the engine relies on the first write of a gradient buffer
+// covering it exactly), accumulate=true adds into it.
+//
+// bf16 products take one of two paths, probed once per process (Bf16GemmPath):
+//   native   oneDNN's bf16 matmul (AVX512-BF16, AMX): operands stay bf16;
+//   widened  CPUs whose oneDNN has no bf16 matmul (AVX2 and older): the bf16 operands are
+//            widened to fp32 into per-call scratch and multiplied in fp32. A bf16×bf16
+//            product is exact in fp32, so the two paths differ only in accumulation order;
+//            runtime weights, gradients and communication stay bf16 either way.
+// SSHSDP_BF16_GEMM=auto|native|widened (or SetBf16GemmPath) forces a path, so the widened
+// path is tested on every machine.
 //
 //   LinearForward(x, w, DType::kBF16, y, /*m=*/B * T, /*n=*/d_out, /*k=*/d_in);
 //   LinearBackwardData(dy, w, DType::kBF16, dx, m, n, k, /*accumulate=*/true);
 //   LinearBackwardWeight(dy, x, DType::kBF16, dw, DType::kF32, m, n, k, /*accumulate=*/false);
-//   double peak = MeasureGemmPeak(DType::kBF16);   // FLOP/s, the MFU denominator
+//   fmt::print("{}\n", GemmPathDescription(DType::kBF16));  // "bf16 widened to fp32 (...)"
+//   double peak = MeasureGemmPeak(DType::kBF16);   // FLOP/s of the active path
 //
 // Primitives are cached by (shape, transposes, dtypes, mode); one oneDNN engine and stream
 // serve the whole process and calls are serialized by a mutex (oneDNN's shared scratchpad
@@ -21,6 +30,8 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "sshsdp/numerics/dtype.h"
 
@@ -56,13 +67,65 @@ void LinearBackwardData(const float* dy, const void* w, DType w_dtype, float* dx
 void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, void* dw,
                           DType dw_dtype, int64_t m, int64_t n, int64_t k, bool accumulate);
 
+// How products with bf16 operands run (see the top of this file).
+enum class Bf16GemmPath {
+  kNative,   // oneDNN bf16×bf16 matmul with fp32 accumulation
+  kWidened,  // bf16 operands widened to fp32 in scratch, fp32 matmul
+};
+
+// "native" / "widened".
+std::string_view Bf16GemmPathName(Bf16GemmPath path);
+
+// Parses "auto", "native" or "widened" (the SSHSDP_BF16_GEMM values); "auto" yields the
+// probed path. Throws NumericsError naming the accepted values, or when "native" is asked
+// for on a CPU without a native bf16 matmul (naming the CPU's ISA and the way out).
+Bf16GemmPath ParseBf16GemmPath(std::string_view name);
+
+// True when this CPU's oneDNN has a non-reference bf16 matmul (probed once, cached).
+bool NativeBf16GemmSupported();
+
+// The path bf16 products take in this process: SSHSDP_BF16_GEMM if set, else the probe's
+// choice (native where supported, widened elsewhere). Resolved once, on first use; throws
+// NumericsError for a bad SSHSDP_BF16_GEMM value (call it early to fail before any work).
+Bf16GemmPath ActiveBf16GemmPath();
+
+// Forces the path for the rest of the process (tests, benchmarks comparing both). kNative
+// throws NumericsError where NativeBf16GemmSupported() is false.
+void SetBf16GemmPath(Bf16GemmPath path);
+
+// oneDNN's effective CPU ISA in its own spelling, e.g. "avx2", "avx512_core_amx".
+std::string CpuIsaName();
+
+// One line naming the GEMM path products with `dtype` operands take, for progress headers
+// and benchmark reports: "fp32 (oneDNN brg:avx2)", "bf16 native (oneDNN
+// brg:avx512_core_amx_bf16)", "bf16 widened to fp32 (CPU ISA avx2 has no bf16 matmul in
+// oneDNN; fp32 brg:avx2)".
+std::string GemmPathDescription(DType dtype);
+
+// A size³ product C = A·Bᵀ (fp32 output) on operands allocated once, run through Gemm with
+// `dtype` operands (so it takes the active bf16 path). A peak measurement that brackets
+// Run with its own synchronisation (all ranks at once, say) uses this directly.
+class GemmPeakProbe {
+ public:
+  explicit GemmPeakProbe(DType dtype, int64_t size = 1024);
+  void Run(int count = 1);  // `count` products
+  double FlopsPerProduct() const { return 2.0 * static_cast<double>(size_) * size_ * size_; }
+
+ private:
+  DType dtype_;
+  int64_t size_;
+  std::vector<char> a_, b_;
+  std::vector<float> c_;
+};
+
 // Times a size³ GEMM with fp32 or bf16 operands (fp32 output) `reps` times after one
 // warm-up and returns the median rate in FLOP/s (2·size³ per product). Uses the threads
-// oneDNN is given (OMP_NUM_THREADS).
+// oneDNN is given (OMP_NUM_THREADS). bf16 takes the active path.
 double MeasureGemmPeak(DType dtype, int64_t size = 1024, int reps = 5);
 
 // Short description of the oneDNN implementation chosen for Gemm with these arguments,
-// e.g. "brg:avx512_core_amx_bf16" (for reports and benchmarks).
+// e.g. "brg:avx512_core_amx_bf16" (for reports and benchmarks). On the widened path a bf16
+// product reports the fp32 implementation it runs on.
 std::string GemmImplementation(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                DType ab_dtype, DType c_dtype);
 
