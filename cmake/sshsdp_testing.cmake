@@ -8,6 +8,18 @@
 #     makes every rank fail if any rank fails) run as real processes through mpirun, one
 #     ctest entry per world size: name_np<N>.
 #
+#   Either also takes WIDENED (single-process) or WIDENED_RANKS n... (multi-rank): extra
+#   ctest entries name_widened / name_np<N>_widened run the same binary with
+#   SSHSDP_BF16_GEMM=widened, so a CPU with native bf16 GEMMs (AMX) also tests the path that
+#   CPUs without them (AVX2) take. On a CPU without them they repeat the default entries.
+#
+#   sshsdp_test_variant(name suffix "VAR=value;...")
+#     One more ctest entry name_suffix for the single-process binary `name`, with the
+#     variables added to its environment.
+#
+#   SSHSDP_WIDENED_ENV is the environment addition the WIDENED entries use, for ctest entries
+#   written by hand (shell tests).
+#
 # Multi-rank launches oversubscribe the 2 CI cores and run as root, so they pass
 # --oversubscribe/--allow-run-as-root, let idle ranks yield (mpi_yield_when_idle) and pin
 # compute threads to one per rank.
@@ -15,9 +27,17 @@
 set(SSHSDP_MPIRUN ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe
     --mca btl self,vader --mca mpi_yield_when_idle 1)
 set(SSHSDP_MPI_ENV "OMP_NUM_THREADS=1;DNNL_MAX_CPU_ISA=ALL;OMPI_MCA_mpi_yield_when_idle=1")
+set(SSHSDP_WIDENED_ENV "SSHSDP_BF16_GEMM=widened")
+
+function(sshsdp_test_variant name suffix env)
+  add_test(NAME ${name}_${suffix} COMMAND ${name})
+  get_test_property(${name} TIMEOUT timeout)
+  set_tests_properties(${name}_${suffix} PROPERTIES TIMEOUT ${timeout}
+                       ENVIRONMENT "OMP_NUM_THREADS=1;${env}")
+endfunction()
 
 function(sshsdp_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "WIDENED" "NAME;TIMEOUT" "SOURCES;LIBS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} GTest::gtest GTest::gtest_main)
   add_test(NAME ${T_NAME} COMMAND ${T_NAME})
@@ -25,10 +45,13 @@ function(sshsdp_test)
     set(T_TIMEOUT 300)
   endif()
   set_tests_properties(${T_NAME} PROPERTIES TIMEOUT ${T_TIMEOUT} ENVIRONMENT "OMP_NUM_THREADS=1")
+  if(T_WIDENED)
+    sshsdp_test_variant(${T_NAME} widened "${SSHSDP_WIDENED_ENV}")
+  endif()
 endfunction()
 
 function(sshsdp_mpi_test)
-  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;RANKS;ARGS" ${ARGN})
+  cmake_parse_arguments(T "" "NAME;TIMEOUT" "SOURCES;LIBS;RANKS;ARGS;WIDENED_RANKS" ${ARGN})
   add_executable(${T_NAME} ${T_SOURCES})
   target_link_libraries(${T_NAME} PRIVATE ${T_LIBS} sshsdp_mpi_gtest_main GTest::gtest)
   if(NOT T_TIMEOUT)
@@ -39,5 +62,11 @@ function(sshsdp_mpi_test)
              COMMAND ${SSHSDP_MPIRUN} -np ${np} $<TARGET_FILE:${T_NAME}> ${T_ARGS})
     set_tests_properties(${T_NAME}_np${np} PROPERTIES TIMEOUT ${T_TIMEOUT}
                          ENVIRONMENT "${SSHSDP_MPI_ENV}" PROCESSORS 2)
+  endforeach()
+  foreach(np ${T_WIDENED_RANKS})
+    add_test(NAME ${T_NAME}_np${np}_widened
+             COMMAND ${SSHSDP_MPIRUN} -np ${np} $<TARGET_FILE:${T_NAME}> ${T_ARGS})
+    set_tests_properties(${T_NAME}_np${np}_widened PROPERTIES TIMEOUT ${T_TIMEOUT}
+                         ENVIRONMENT "${SSHSDP_MPI_ENV};${SSHSDP_WIDENED_ENV}" PROCESSORS 2)
   endforeach()
 endfunction()

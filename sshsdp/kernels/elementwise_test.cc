@@ -62,6 +62,17 @@ TEST(Elementwise, VectorisedBf16RoundingMatchesScalar) {
   for (size_t i = 0; i < src.size(); ++i) {
     ASSERT_EQ(fast[i].bits, FloatToBf16(src[i]).bits) << std::hex << bits[i];
   }
+  // The widened GEMM path's helpers: rounding kept in fp32 and widening are the same bits.
+  std::vector<float> through(src.size()), wide(src.size());
+  RoundThroughBf16(src.data(), through.data(), static_cast<int64_t>(src.size()));
+  WidenBf16(fast.data(), wide.data(), static_cast<int64_t>(src.size()));
+  for (size_t i = 0; i < src.size(); ++i) {
+    const uint32_t want = static_cast<uint32_t>(FloatToBf16(src[i]).bits) << 16;
+    ASSERT_EQ(FloatBits(through[i]), want) << std::hex << bits[i];
+    ASSERT_EQ(FloatBits(wide[i]), want) << std::hex << bits[i];
+  }
+  RoundThroughBf16(src.data(), src.data(), static_cast<int64_t>(src.size()));  // in place
+  for (size_t i = 0; i < src.size(); ++i) ASSERT_EQ(FloatBits(src[i]), FloatBits(through[i]));
 }
 
 }  // namespace
