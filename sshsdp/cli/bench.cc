@@ -6,6 +6,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/engine/presets.h"
@@ -67,6 +69,9 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
   app.add_option("--muon-lr", o.muon_lr, "Muon learning rate")->capture_default_str();
   app.add_option("--clip", o.clip, "gradient-norm clipping (0: off)")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
+      ->capture_default_str();
+  app.add_option("--gemm-peak", o.gemm_peak,
+                 "MFU denominator in GFLOP/s per rank (0: measured with all ranks at once)")
       ->capture_default_str();
   app.add_option("--json", o.json, "write the table as JSON to this file");
   app.add_option("--peer-inputs", o.peer_inputs,
@@ -242,6 +247,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  "'{}' (MXFP8: build/sshsdp/engine/mx_bench)",
                  o.weight_dtype);
     base.weight_dtype = ParseDType(o.weight_dtype);
+    SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
+                 "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
+                 o.gemm_peak);
+    kernels::ActiveBf16GemmPath();  // a bad SSHSDP_BF16_GEMM fails here, before any collective
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     base.clip_norm = o.clip;
     base.optimizer = muon ? OptimizerKind::kMuon : OptimizerKind::kAdamW;
@@ -260,17 +269,19 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     auto world = MpiCommunicator::World(rpn);
     const int W = world->size(), rank = world->rank();
     SyntheticTokens data(gc.vocab, o.seed);
-    const double peak = kernels::MeasureGemmPeak(base.weight_dtype);
+    const GemmPeak gemm_peak = MeasureJobGemmPeak(*world, base.weight_dtype, o.gemm_peak);
+    const double peak = gemm_peak.per_rank;
     const int total_steps = o.warmup + o.steps;
     if (rank == 0) {
       auto probe = MakeModel(o, gc);
       fmt::print(
           "sshsdp bench: {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
           "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
-          "timed, slowest rank) | GEMM peak {:.1f} GFLOP/s/rank | optimizer {}\n",
+          "timed, slowest rank) | optimizer {}\nGEMM: {} | {} | CPU ISA {}\n",
           IsMoe(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           probe->NumParams() / 1e6, check.ToString(), o.weight_dtype, o.microbatches, o.warmup,
-          o.steps, peak / 1e9, muon ? "muon per " + o.muon_unit : o.optimizer);
+          o.steps, muon ? "muon per " + o.muon_unit : o.optimizer, gemm_peak.path,
+          gemm_peak.ToString(), kernels::CpuIsaName());
     }
 
     nlohmann::json out = nlohmann::json::array();
@@ -530,7 +541,12 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                        k.update_full_tensor.total() / 1024.0, k.copies.update_copy / 1024.0);
           }
         }
-        for (const Row& r : rows) out.push_back(RowJson(r, tpm));
+        for (const Row& r : rows) {
+          out.push_back(RowJson(r, tpm));
+          out.back()["gemm_path"] = gemm_peak.path;
+          out.back()["gemm_peak_flops"] = peak;
+          out.back()["gemm_peak_pinned"] = gemm_peak.pinned;
+        }
         if (!peer_dir.empty()) {
           nlohmann::json wl = {{"model",
                                 {{"vocab", gc.vocab},

@@ -56,6 +56,7 @@ struct BenchOptions {
   std::string muon_unit = "head";
   float muon_lr = 0.02f;
   uint64_t seed = 1;
+  double gemm_peak = 0;  // GFLOP/s per rank for MFU; 0: measured (cli/gemm_peak.h)
   std::string json;
   std::string peer_inputs;
 };

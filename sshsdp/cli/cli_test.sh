@@ -4,7 +4,9 @@
 #   * bad input (layout not fitting the world, unknown dtype, malformed token file) fails
 #     fast with a message naming the problem, non-zero, and no rank hangs;
 #   * a short multi-rank training run writes metrics whose loss falls, and safetensors;
-#   * moe-tiny with MXFP8 expert weights trains.
+#   * moe-tiny with MXFP8 expert weights trains;
+#   * the header names the GEMM path and its peak; --gemm-peak pins it, and an MFU above
+#     100 % carries a warning (run again with SSHSDP_BF16_GEMM=widened as cli_test_widened).
 # Usage: cli_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
 bin=$1
@@ -61,6 +63,10 @@ expect_error "malformed token file is named" "odd.bin" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --data "$tmp/odd.bin" --steps 1
 expect_error "missing init weights file is named" "nope.safetensors" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --init-weights "$tmp/nope.safetensors" --steps 1
+expect_error "a negative --gemm-peak is refused" "gemm-peak must be a GFLOP/s figure per rank >= 0" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --gemm-peak -5 --steps 1
+expect_error "an unknown SSHSDP_BF16_GEMM is refused, naming the choices" "SSHSDP_BF16_GEMM=amx: bf16 GEMM path 'amx' is not one of auto, native, widened" \
+  env SSHSDP_BF16_GEMM=amx "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1
 
 timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --sw 2 --sg 2 --so 2 --microbatches 2 \
   --steps 40 --lr 1e-2 --log-every 10 --metrics "$tmp/m.jsonl" \
@@ -74,6 +80,12 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'
 check "loss falls by more than 1 nat" $?
 grep -q "MFU" "$tmp/train.out" && grep -q "tok/s" "$tmp/train.out"
 check "progress line shows tokens/s and MFU" $?
+# The GEMM path the bf16 weights take, named with the peak it is measured against.
+want_path="bf16 native"
+[ "${SSHSDP_BF16_GEMM:-auto}" = widened ] && want_path="bf16 widened to fp32"
+grep -q "^GEMM: bf16 \(native\|widened to fp32\) .*peak [0-9.]* GFLOP/s/rank (measured on 2 ranks at once" \
+  "$tmp/train.out" && { [ "${SSHSDP_BF16_GEMM:-auto}" != widened ] || grep -q "^GEMM: $want_path" "$tmp/train.out"; }
+check "header names the GEMM path and the all-ranks peak" $?
 [ -s "$tmp/w.safetensors" ]
 check "final weights written as safetensors" $?
 # Tensor bytes of a safetensors file: everything after the 8-byte length and the JSON header
@@ -94,6 +106,14 @@ last=$(tail -1 "$tmp/moe.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
 echo "  moe mxfp8 loss $first -> $last"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'
 check "moe-tiny mxfp8 loss falls by more than 1 nat" $?
+
+# A pinned peak is used as given; an MFU above 100 % is never printed without the warning.
+timeout 60 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 2 --log-every 1 --gemm-peak 0.001 \
+  >"$tmp/pin.out" 2>&1 &&
+  grep -q "peak 0.0 GFLOP/s/rank (pinned by --gemm-peak)" "$tmp/pin.out" &&
+  grep -q "above 100%: the GEMM peak was under-measured; pin it with --gemm-peak" "$tmp/pin.out" &&
+  ! grep -E "MFU [0-9]{3,}\.[0-9]% \|" "$tmp/pin.out"
+check "--gemm-peak pins the peak; MFU above 100% carries the warning" $?
 
 echo "$pass passed, $fails failed"
 [ "$fails" -eq 0 ]

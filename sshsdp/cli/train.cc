@@ -15,6 +15,7 @@
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/cli/ckpt_cli.h"
+#include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/kernels/matmul.h"
@@ -122,6 +123,10 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "token file (nanoGPT .bin or llm.c format)")
       ->capture_default_str();
   app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")
+      ->capture_default_str();
+  app.add_option("--gemm-peak", o.gemm_peak,
+                 "MFU denominator in GFLOP/s per rank (0: measure it at start-up with all ranks "
+                 "multiplying at once, on the GEMM path of --weight-dtype)")
       ->capture_default_str();
   app.add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to this file");
   app.add_option("--save-weights", o.save_weights,
@@ -242,6 +247,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       data = std::make_unique<TokenFile>(o.data, gc.vocab, T, o.seed);
     SSHSDP_CHECK(o.steps >= 0, ConfigError, "--steps must be >= 0, got {}", o.steps);
     SSHSDP_CHECK(o.log_every >= 1, ConfigError, "--log-every must be >= 1, got {}", o.log_every);
+    SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
+                 "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
+                 o.gemm_peak);
+    kernels::ActiveBf16GemmPath();  // a bad SSHSDP_BF16_GEMM fails here, before any collective
     EngineConfig cfg;
     cfg.sw = o.sw;
     cfg.sg = o.sg;
@@ -377,8 +386,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       engine.LoadMainWeights(init);
     }
 
-    const double peak =
-        kernels::MeasureGemmPeak(cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32);
+    // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak.
+    const GemmPeak gemm_peak = MeasureJobGemmPeak(
+        *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32, o.gemm_peak);
+    const double peak = gemm_peak.per_rank;
     std::ofstream metrics;
     if (rank == 0 && !o.metrics.empty()) {
       metrics.open(o.metrics, std::ios::trunc);
@@ -388,12 +399,14 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());
       fmt::print(
           "sshsdp train: {} | {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
-          "batch {}x{}x{} per rank | GEMM peak {:.1f} GFLOP/s/rank{}\n",
+          "batch {}x{}x{} per rank{}\n"
+          "GEMM: {} | {} | CPU ISA {}\n",
           o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           model.NumParams() / 1e6, engine.topology().ToString(), o.weight_dtype, cfg.microbatches,
-          cfg.batch_size, T, peak / 1e9,
+          cfg.batch_size, T,
           syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
-              : fmt::format(" | data: {}", o.data));
+              : fmt::format(" | data: {}", o.data),
+          gemm_peak.path, gemm_peak.ToString(), kernels::CpuIsaName());
       std::fflush(stdout);
     }
     if (const UpdatePlan* mp = engine.structured_update().plan(OptimizerKind::kMuon);
@@ -447,8 +460,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
         if ((cur + 1) % o.log_every == 0 || cur == 0 || cur + 1 == o.steps) {
           fmt::print(
               "step {:>5}/{} | loss {:.4f} (ema {:.4f}) | norm {:.3f} | lr {:.2e} | {:.0f} tok/s | "
-              "MFU {:.1f}% | mem {:.1f} MiB accounted, {:.0f} MiB peak RSS | {:.0f} ms\n",
-              cur + 1, o.steps, st.loss, ema, st.grad_norm, lr, tps, 100 * mfu, acc, rss,
+              "MFU {} | mem {:.1f} MiB accounted, {:.0f} MiB peak RSS | {:.0f} ms\n",
+              cur + 1, o.steps, st.loss, ema, st.grad_norm, lr, tps, FormatMfu(mfu), acc, rss,
               1000 * secs);
           std::fflush(stdout);
         }

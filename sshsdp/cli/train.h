@@ -28,6 +28,7 @@ struct TrainOptions {
   uint64_t seed = 1;
   std::string data = "synthetic";
   int log_every = 10;
+  double gemm_peak = 0;  // GFLOP/s per rank for MFU; 0: measured (cli/gemm_peak.h)
   std::string metrics;
   std::string save_weights;
   std::string init_weights;

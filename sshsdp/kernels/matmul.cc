@@ -136,7 +136,7 @@ bool NativeSupportedLocked(State& s) {
 }
 
 std::string NoNativeMessage(State& s) {
-  return fmt::format("{} on this CPU (ISA {}; native bf16 GEMMs need AVX512-BF16 or AMX)",
+  return fmt::format("{} on this CPU: ISA {}, native bf16 GEMMs need AVX512-BF16 or AMX",
                      s.probe_note, IsaName(dnnl::get_effective_cpu_isa()));
 }
 
@@ -148,8 +148,8 @@ Bf16GemmPath ParseLocked(State& s, std::string_view name) {
   SSHSDP_CHECK(name == "native", NumericsError,
                "bf16 GEMM path '{}' is not one of auto, native, widened", name);
   SSHSDP_CHECK(NativeSupportedLocked(s), NumericsError,
-               "bf16 GEMM path 'native' requested, but {}: use 'auto' or 'widened' (bf16 "
-               "operands widened to fp32), or --weight-dtype fp32",
+               "bf16 GEMM path 'native' requested, but {} (use 'auto' or 'widened': bf16 "
+               "operands widened to fp32; or --weight-dtype fp32)",
                NoNativeMessage(s));
   return Bf16GemmPath::kNative;
 }
@@ -425,7 +425,7 @@ std::string GemmPathDescription(DType dtype) {
   const std::string why = NativeSupportedLocked(s)
                               ? std::string("forced by SSHSDP_BF16_GEMM / SetBf16GemmPath")
                               : NoNativeMessage(s);
-  return fmt::format("bf16 widened to fp32 ({}; fp32 {})", why, fp32);
+  return fmt::format("bf16 widened to fp32 ({}), fp32 oneDNN {}", why, fp32);
 }
 
 GemmPeakProbe::GemmPeakProbe(DType dtype, int64_t size) : dtype_(dtype), size_(size) {

@@ -1,0 +1,74 @@
+// Job-wide GEMM peak for MFU (see gemm_peak.h).
+#include "sshsdp/cli/gemm_peak.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/kernels/matmul.h"
+
+namespace sshsdp {
+
+std::string GemmPeak::ToString() const {
+  if (pinned)
+    return fmt::format("peak {:.1f} GFLOP/s/rank (pinned by --gemm-peak)", per_rank / 1e9);
+  return fmt::format(
+      "peak {:.1f} GFLOP/s/rank (measured on {} rank{} at once, median of {} rounds, spread "
+      "{:.0f}%)",
+      per_rank / 1e9, ranks, ranks == 1 ? "" : "s", rounds, 100 * spread);
+}
+
+GemmPeak MeasureJobGemmPeak(Communicator& world, DType dtype, double pinned_gflops, int rounds,
+                            int64_t size) {
+  SSHSDP_CHECK(pinned_gflops >= 0, ConfigError,
+               "--gemm-peak must be a positive GFLOP/s figure per rank (0: measure), got {}",
+               pinned_gflops);
+  SSHSDP_CHECK(rounds >= 1, ConfigError, "MeasureJobGemmPeak: rounds {}", rounds);
+  const DType gemm = dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  GemmPeak peak;
+  peak.path = kernels::GemmPathDescription(gemm);
+  peak.ranks = world.size();
+  if (pinned_gflops > 0) {
+    peak.per_rank = pinned_gflops * 1e9;
+    peak.pinned = true;
+    return peak;
+  }
+  kernels::GemmPeakProbe probe(gemm, size);
+  probe.Run(1);  // warm-up: primitive creation, scratch growth
+  const int W = world.size();
+  std::vector<float> mine(static_cast<size_t>(rounds));
+  for (int r = 0; r < rounds; ++r) {
+    world.Barrier();
+    const auto t0 = std::chrono::steady_clock::now();
+    probe.Run(1);
+    mine[static_cast<size_t>(r)] = static_cast<float>(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<float> all(static_cast<size_t>(rounds) * W);
+  world.AllGather(mine.data(), all.data(), static_cast<size_t>(rounds), DType::kF32);
+  std::vector<double> rates(static_cast<size_t>(rounds));
+  for (int r = 0; r < rounds; ++r) {
+    float slowest = 0;
+    for (int w = 0; w < W; ++w)
+      slowest = std::max(slowest, all[static_cast<size_t>(w) * rounds + r]);
+    rates[static_cast<size_t>(r)] = probe.FlopsPerProduct() / std::max(slowest, 1e-9f);
+  }
+  std::sort(rates.begin(), rates.end());
+  peak.per_rank = rates[rates.size() / 2];
+  peak.rounds = rounds;
+  peak.spread = (rates.back() - rates.front()) / peak.per_rank;
+  return peak;
+}
+
+std::string FormatMfu(double mfu) {
+  if (mfu <= 1.0) return fmt::format("{:.1f}%", 100 * mfu);
+  return fmt::format(
+      "{:.1f}% (above 100%: the GEMM peak was under-measured; pin it with "
+      "--gemm-peak GFLOPS)",
+      100 * mfu);
+}
+
+}  // namespace sshsdp
