@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+BUILD_TARGETS=sshsdp scripts/build.sh   # the program only; scripts/test.sh builds the tests
 mkdir -p out
 RANKS=${RANKS:-4}
 CORES=$(nproc)

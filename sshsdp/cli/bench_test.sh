@@ -29,6 +29,10 @@ import json, sys
 rows = json.load(open(sys.argv[1]))
 assert len(rows) == 8, len(rows)
 by = {(r["batch_size"], r["config"]): r for r in rows}
+# Every row names the GEMM path of its bf16 weights and the peak its MFU is against.
+for r in rows:
+    assert r["gemm_path"].startswith(("bf16 native", "bf16 widened to fp32")), r["gemm_path"]
+    assert r["gemm_peak_flops"] > 0 and r["gemm_peak_pinned"] is False, r
 for b in (1, 2):
     s, f, m = by[(b, "sshsdp")], by[(b, "fsdp2")], by[(b, "megatron-fsdp")]
     assert s["bytes_copied_per_step"] == 0 and s["add_passes"] == 0, s

@@ -1,11 +1,14 @@
-// Reports the GEMM peak the MFU denominator uses and the forward+backward time of a GPT or
-// MoE GPT preset, for fp32 and bf16 runtime weights (medians over steps after warm-up). MoE
-// MFU counts active-expert FLOPs only (MoeGpt::FlopsPerToken).
+// Forward+backward step time of a GPT or MoE GPT preset on one process, for the GEMM paths
+// this CPU has: fp32 weights, bf16 weights widened to fp32 (the path of CPUs without bf16
+// matmul, forced here on any CPU), and bf16 native (where oneDNN has it). Configurations run
+// round-robin, one step each per round with the first rotated, and each is reported as the
+// median over rounds of its per-round step-time ratio to fp32; a second fp32 configuration
+// gives the A/A noise floor of those ratios. Nothing here is asserted: it is a benchmark.
+// MoE MFU counts active-expert FLOPs only (MoeGpt::FlopsPerToken).
 //
-//   OMP_NUM_THREADS=1 models_gpt_bench [preset=small|moe-small|...] [B=4] [steps=10]
+//   OMP_NUM_THREADS=1 models_gpt_bench [preset=small|base|moe-small|...] [B=4] [rounds=10]
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -22,21 +25,23 @@ namespace {
 
 using sshsdp::DType;
 using sshsdp::Median;
+using sshsdp::kernels::Bf16GemmPath;
+
+struct Config {
+  std::string label;
+  DType weights;
+  Bf16GemmPath path;  // for bf16 weights
+  std::unique_ptr<sshsdp::DenseParams> params;
+  std::vector<double> fwd, total, ratio;
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string preset = argc > 1 ? argv[1] : "small";
   const int B = argc > 2 ? std::atoi(argv[2]) : 4;
-  const int steps = argc > 3 ? std::atoi(argv[3]) : 10;
-  const double peak32 = sshsdp::kernels::MeasureGemmPeak(DType::kF32);
-  const double peak16 = sshsdp::kernels::MeasureGemmPeak(DType::kBF16);
-  fmt::print(
-      "GEMM peak 1024^3: fp32 {:.1f} GFLOP/s ({}), bf16 {:.1f} GFLOP/s ({})\n", peak32 / 1e9,
-      sshsdp::kernels::GemmImplementation(false, true, 1024, 1024, 1024, DType::kF32, DType::kF32),
-      peak16 / 1e9,
-      sshsdp::kernels::GemmImplementation(false, true, 1024, 1024, 1024, DType::kBF16,
-                                          DType::kF32));
+  const int rounds = argc > 3 ? std::atoi(argv[3]) : 10;
+  namespace k = sshsdp::kernels;
 
   std::unique_ptr<sshsdp::Model> owned;
   sshsdp::GptConfig config;
@@ -53,33 +58,59 @@ int main(int argc, char** argv) {
   sshsdp::SyntheticTokens data(config.vocab, 1);
   std::vector<int32_t> tok(B * T), tgt(B * T);
   data.Batch(0, B, T, tok.data(), tgt.data());
-  for (DType w : {DType::kF32, DType::kBF16}) {
-    sshsdp::DenseParams params(model, w, DType::kF32);
-    params.Init(1);
-    std::vector<double> fwd, total;
-    for (int s = 0; s < steps + 2; ++s) {
-      auto t0 = std::chrono::steady_clock::now();
-      model.SetBatch(tok.data(), tgt.data(), B, T);
-      for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, params.Weights(g));
-      auto t1 = std::chrono::steady_clock::now();
-      for (int g = model.num_groups() - 1; g >= 0; --g) {
-        model.Backward(g, params.Weights(g), params.Grads(g), sshsdp::GradWrite::kOverwrite);
-      }
-      auto t2 = std::chrono::steady_clock::now();
-      if (s >= 2) {  // two warm-up steps (arena allocation, primitive creation)
-        fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
-        total.push_back(std::chrono::duration<double>(t2 - t0).count());
-      }
-    }
-    const double sec = Median(total);
-    const double flops = model.FlopsPerToken() * B * T;
-    fmt::print(
-        "{} B={} T={} weights {}: forward {:.2f} ms, forward+backward {:.2f} ms, {:.0f} tok/s, "
-        "{:.1f} GFLOP/s (MFU {:.1f}% of the {} peak), loss {:.3f}, {} params, {:.1f} MiB "
-        "activations\n",
-        preset, B, T, sshsdp::DTypeName(w), Median(fwd) * 1e3, sec * 1e3, B * T / sec,
-        flops / sec / 1e9, 100 * flops / sec / (w == DType::kF32 ? peak32 : peak16),
-        sshsdp::DTypeName(w), model.Loss(), model.NumParams(), model.ActivationBytes() / 1048576.0);
+
+  std::vector<Config> configs;
+  configs.push_back({"fp32", DType::kF32, Bf16GemmPath::kWidened, nullptr, {}, {}, {}});
+  configs.push_back({"fp32 (A/A)", DType::kF32, Bf16GemmPath::kWidened, nullptr, {}, {}, {}});
+  configs.push_back(
+      {"bf16 widened to fp32", DType::kBF16, Bf16GemmPath::kWidened, nullptr, {}, {}, {}});
+  if (k::NativeBf16GemmSupported()) {
+    configs.push_back({"bf16 native", DType::kBF16, Bf16GemmPath::kNative, nullptr, {}, {}, {}});
   }
+  for (Config& c : configs) {
+    c.params = std::make_unique<sshsdp::DenseParams>(model, c.weights, DType::kF32);
+    c.params->Init(1);
+  }
+  double peak32 = k::MeasureGemmPeak(DType::kF32);
+  fmt::print("CPU ISA {} | fp32 GEMM peak 1024^3 {:.1f} GFLOP/s ({}) | {} B={} T={}, {} rounds\n",
+             k::CpuIsaName(), peak32 / 1e9, k::GemmPathDescription(DType::kF32), preset, B, T,
+             rounds);
+
+  auto step = [&](Config& c, bool record) {
+    k::SetBf16GemmPath(c.path);
+    auto t0 = std::chrono::steady_clock::now();
+    model.SetBatch(tok.data(), tgt.data(), B, T);
+    for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, c.params->Weights(g));
+    auto t1 = std::chrono::steady_clock::now();
+    for (int g = model.num_groups() - 1; g >= 0; --g) {
+      model.Backward(g, c.params->Weights(g), c.params->Grads(g), sshsdp::GradWrite::kOverwrite);
+    }
+    auto t2 = std::chrono::steady_clock::now();
+    if (record) {
+      c.fwd.push_back(std::chrono::duration<double>(t1 - t0).count());
+      c.total.push_back(std::chrono::duration<double>(t2 - t0).count());
+    }
+  };
+  for (Config& c : configs) {  // warm-up: arenas, primitives, scratch
+    step(c, false);
+    step(c, false);
+  }
+  const size_t n = configs.size();
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t i = 0; i < n; ++i) step(configs[(i + r) % n], true);
+    for (Config& c : configs) c.ratio.push_back(c.total.back() / configs[0].total.back());
+  }
+  const double flops = model.FlopsPerToken() * B * T;
+  fmt::print("{:<22} {:>10} {:>12} {:>9} {:>9} {:>12}\n", "weights / GEMM path", "fwd ms",
+             "fwd+bwd ms", "tok/s", "ratio", "GFLOP/s");
+  for (Config& c : configs) {
+    const double sec = Median(c.total);
+    fmt::print("{:<22} {:>10.2f} {:>12.2f} {:>9.0f} {:>9.3f} {:>12.1f}\n", c.label,
+               Median(c.fwd) * 1e3, sec * 1e3, B * T / sec, Median(c.ratio), flops / sec / 1e9);
+  }
+  fmt::print(
+      "ratio: median over rounds of the step time / the fp32 step of the same round; the A/A "
+      "row is the noise floor. {} params, {:.1f} MiB activations, loss {:.3f}\n",
+      model.NumParams(), model.ActivationBytes() / 1048576.0, model.Loss());
   return 0;
 }
