@@ -212,9 +212,13 @@ Cached& GetPrimitive(State& s, const Key& key) {
     return *s.cache.emplace(key, std::move(cached)).first->second;
   } catch (const dnnl::error& e) {
     throw NumericsError(
-        fmt::format("oneDNN matmul {}x{}x{} (batch {}) {}->{} unsupported on this CPU (ISA {}): {}",
+        fmt::format("oneDNN matmul {}x{}x{} (batch {}) {}->{} unsupported on this CPU (ISA {}): "
+                    "{}{}",
                     key.m, key.n, key.k, key.batch, DTypeName(key.ab), DTypeName(key.c),
-                    IsaName(dnnl::get_effective_cpu_isa()), e.what()));
+                    IsaName(dnnl::get_effective_cpu_isa()), e.what(),
+                    key.ab == DType::kBF16 ? " (without a native bf16 matmul: "
+                                             "SSHSDP_BF16_GEMM=widened, or --weight-dtype fp32)"
+                                           : ""));
   }
 }
 
