@@ -250,7 +250,8 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
-    kernels::ActiveBf16GemmPath();  // a bad SSHSDP_BF16_GEMM fails here, before any collective
+    // A bad SSHSDP_BF16_GEMM fails here, before any collective (bf16 weights only).
+    if (base.weight_dtype == DType::kBF16) kernels::ActiveBf16GemmPath();
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     base.clip_norm = o.clip;
     base.optimizer = muon ? OptimizerKind::kMuon : OptimizerKind::kAdamW;

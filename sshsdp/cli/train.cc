@@ -250,7 +250,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
-    kernels::ActiveBf16GemmPath();  // a bad SSHSDP_BF16_GEMM fails here, before any collective
+    // bf16 GEMMs run for bf16 weights and the bf16 parts of mxfp8 runs: a bad
+    // SSHSDP_BF16_GEMM fails here, before any collective.
+    if (o.weight_dtype != "fp32") kernels::ActiveBf16GemmPath();
     EngineConfig cfg;
     cfg.sw = o.sw;
     cfg.sg = o.sg;

@@ -6,11 +6,13 @@
 // primitive writes the destination without reading it, so NaN-filled outputs are replaced.
 //
 // The bf16 path is probed once: a bf16 matmul primitive for a representative shape is
-// created; if oneDNN refuses it (no bf16 on this ISA) or only offers its reference
-// implementation, bf16 products are widened. Widening costs one pass over each bf16 operand
-// per call (O(rows·cols) against the product's O(m·n·k)); an fp32 activation that the native
-// path would round into bf16 scratch is instead rounded through bf16 into fp32 scratch, so
-// it is touched once either way.
+// created; if oneDNN refuses it (no bf16 on this ISA), only offers its reference
+// implementation, or the CPU lacks bf16 instructions (AVX-512 without BF16, where oneDNN
+// emulates them), bf16 products are widened by default. Widening costs one pass over each
+// bf16 operand per call (O(rows·cols) against the product's O(m·n·k)); in the linear-layer
+// functions an fp32 activation that the native path would round into bf16 scratch is instead
+// rounded through bf16 into fp32 scratch, so it is touched once either way (a bf16 operand
+// passed to Gemm / GemmStrided is widened on every call).
 #include "sshsdp/kernels/matmul.h"
 
 #include <dnnl.hpp>
@@ -73,7 +75,8 @@ struct State {
   std::vector<bf16> scratch_a, scratch_b;
   std::vector<float> scratch_c;
   std::vector<float> wide_a, wide_b;  // widened (or bf16-rounded) fp32 operands
-  std::optional<bool> native_bf16;    // probe result
+  std::optional<bool> native_bf16;    // probe: oneDNN runs bf16 (non-reference)
+  bool hardware_bf16 = false;         // probe: the ISA has bf16 instructions
   std::optional<Bf16GemmPath> path;   // resolved on first use
   std::string probe_note;             // why the probe said no, for messages
 };
@@ -109,6 +112,13 @@ std::string IsaName(dnnl::cpu_isa isa) {
   }
 }
 
+// True when oneDNN's effective ISA includes AVX512-BF16 (AMX does): ISA values are supersets
+// of the bits of the ISAs they extend.
+bool HasBf16Instructions(dnnl::cpu_isa isa) {
+  const unsigned bits = static_cast<unsigned>(isa), bf16 = dnnl_cpu_isa_avx512_core_bf16;
+  return (bits & bf16) == bf16;
+}
+
 // Tries a bf16 x bf16 -> fp32 matmul for a linear-layer shape; true if oneDNN offers a
 // non-reference implementation. Records the reason for a "no" in s.probe_note.
 bool ProbeNativeBf16(State& s) {
@@ -131,9 +141,18 @@ bool ProbeNativeBf16(State& s) {
 }
 
 bool NativeSupportedLocked(State& s) {
-  if (!s.native_bf16) s.native_bf16 = ProbeNativeBf16(s);
+  if (!s.native_bf16) {
+    s.native_bf16 = ProbeNativeBf16(s);
+    s.hardware_bf16 = HasBf16Instructions(dnnl::get_effective_cpu_isa());
+    if (*s.native_bf16 && !s.hardware_bf16) {
+      s.probe_note = "oneDNN only emulates bf16 matmul (SSHSDP_BF16_GEMM=native uses it)";
+    }
+  }
   return *s.native_bf16;
 }
+
+// The probe's choice: native where the CPU multiplies bf16 itself.
+bool AutoIsNative(State& s) { return NativeSupportedLocked(s) && s.hardware_bf16; }
 
 std::string NoNativeMessage(State& s) {
   return fmt::format("{} on this CPU: ISA {}, native bf16 GEMMs need AVX512-BF16 or AMX",
@@ -142,7 +161,7 @@ std::string NoNativeMessage(State& s) {
 
 Bf16GemmPath ParseLocked(State& s, std::string_view name) {
   if (name == "auto") {
-    return NativeSupportedLocked(s) ? Bf16GemmPath::kNative : Bf16GemmPath::kWidened;
+    return AutoIsNative(s) ? Bf16GemmPath::kNative : Bf16GemmPath::kWidened;
   }
   if (name == "widened") return Bf16GemmPath::kWidened;
   SSHSDP_CHECK(name == "native", NumericsError,
@@ -426,7 +445,7 @@ std::string GemmPathDescription(DType dtype) {
   }
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
-  const std::string why = NativeSupportedLocked(s)
+  const std::string why = AutoIsNative(s)
                               ? std::string("forced by SSHSDP_BF16_GEMM / SetBf16GemmPath")
                               : NoNativeMessage(s);
   return fmt::format("bf16 widened to fp32 ({}), fp32 oneDNN {}", why, fp32);

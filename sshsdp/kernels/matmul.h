@@ -81,12 +81,15 @@ std::string_view Bf16GemmPathName(Bf16GemmPath path);
 // for on a CPU without a native bf16 matmul (naming the CPU's ISA and the way out).
 Bf16GemmPath ParseBf16GemmPath(std::string_view name);
 
-// True when this CPU's oneDNN has a non-reference bf16 matmul (probed once, cached).
+// True when this CPU's oneDNN has a non-reference bf16 matmul (probed once, cached). On
+// AVX-512 CPUs without BF16 that matmul is an emulation: "auto" widens there, and
+// SSHSDP_BF16_GEMM=native selects the emulation.
 bool NativeBf16GemmSupported();
 
 // The path bf16 products take in this process: SSHSDP_BF16_GEMM if set, else the probe's
-// choice (native where supported, widened elsewhere). Resolved once, on first use; throws
-// NumericsError for a bad SSHSDP_BF16_GEMM value (call it early to fail before any work).
+// choice (native where supported and the ISA has AVX512-BF16 or AMX, widened elsewhere). Resolved
+// once, on first use; throws NumericsError for a bad SSHSDP_BF16_GEMM value (call it early to fail
+// before any work).
 Bf16GemmPath ActiveBf16GemmPath();
 
 // Forces the path for the rest of the process (tests, benchmarks comparing both). kNative
