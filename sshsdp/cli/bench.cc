@@ -250,6 +250,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
+    ValidateEngineConfig(base);  // hyperparameter ranges, before any collective
     // A bad SSHSDP_BF16_GEMM fails here, before any collective (bf16 weights only).
     if (base.weight_dtype == DType::kBF16) kernels::ActiveBf16GemmPath();
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};

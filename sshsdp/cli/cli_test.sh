@@ -36,7 +36,7 @@ expect_error() {
   shift 2
   timeout 60 "$@" >"$tmp/out" 2>"$tmp/err"
   local rc=$?
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -q -- "$needle" "$tmp/err"; then
+  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -qF -- "$needle" "$tmp/err"; then
     echo "  rc=$rc; stderr:"; sed 's/^/  | /' "$tmp/err" | head -20
     check "$name" 1
   else
@@ -63,6 +63,23 @@ expect_error "malformed token file is named" "odd.bin" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --data "$tmp/odd.bin" --steps 1
 expect_error "missing init weights file is named" "nope.safetensors" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --init-weights "$tmp/nope.safetensors" --steps 1
+# Hyperparameters and sizes that cannot train are refused by name before any collective.
+for bad in "--lr nan|AdamW lr (--lr) must be a finite number >= 0, got nan" \
+           "--lr -1|AdamW lr (--lr) must be a finite number >= 0, got -1" \
+           "--beta1 1.5|AdamW beta1 (--beta1) must lie in [0, 1), got 1.5" \
+           "--eps -1|AdamW eps (--eps) must be a finite number > 0" \
+           "--clip -1|(--clip) must be a finite number >= 0" \
+           "--muon-momentum 1|(--muon-momentum) must lie in [0, 1)" \
+           "--warmup -1|--warmup must be >= 0 steps, got -1" \
+           "--seq-len -8|must be >= 0 (0: the preset's)" \
+           "--seq-len 200|--seq-len 200 exceeds the 'tiny' preset's context of 64 tokens" \
+           "--on-nonfinite ignore|--on-nonfinite must be stop or skip, got 'ignore'" \
+           "--save-weights $tmp/no/such/dir/w.safetensors|directory '$tmp/no/such/dir' does not exist" \
+           "--metrics $tmp|--metrics $tmp: is a directory"; do
+  flag=${bad%%|*}
+  # shellcheck disable=SC2086  # flag is an option and its value
+  expect_error "refused: $flag" "${bad#*|}" "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" $flag --steps 1
+done
 expect_error "a negative --gemm-peak is refused" "gemm-peak must be a GFLOP/s figure per rank >= 0" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --gemm-peak -5 --steps 1
 expect_error "an unknown SSHSDP_BF16_GEMM is refused, naming the choices" "SSHSDP_BF16_GEMM=amx: bf16 GEMM path 'amx' is not one of auto, native, widened" \
@@ -106,6 +123,21 @@ last=$(tail -1 "$tmp/moe.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
 echo "  moe mxfp8 loss $first -> $last"
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'
 check "moe-tiny mxfp8 loss falls by more than 1 nat" $?
+
+# A loss that turns NaN (lr 1e30 without clipping blows the weights up at the first update):
+# stop names the step and exits non-zero, keeping the finite checkpoint of step 1; skip goes
+# on, leaving weights and optimizer state as they were.
+timeout 60 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 4 --lr 1e30 --clip 0 --save-every 1 \
+  --ckpt-dir "$tmp/nan_ckpt" >"$tmp/nan.out" 2>"$tmp/nan.err"
+rc=$?
+[ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -q "step 2: non-finite loss or gradient norm (loss .*); the update was not applied" "$tmp/nan.err" &&
+  [ -d "$tmp/nan_ckpt/step_00000001" ] && [ ! -e "$tmp/nan_ckpt/step_00000002" ] &&
+  "$bin" ckpt inspect "$tmp/nan_ckpt" >/dev/null 2>&1
+check "non-finite loss stops the run at its step; the last finite checkpoint is kept" $?
+timeout 60 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 4 --lr 1e30 --clip 0 \
+  --on-nonfinite skip --log-every 1 >"$tmp/skip.out" 2>&1 &&
+  [ "$(grep -c "skipped: non-finite loss or gradient norm (loss .*); weights and optimizer state unchanged" "$tmp/skip.out")" -eq 3 ]
+check "--on-nonfinite skip skips the non-finite steps and exits 0" $?
 
 # A pinned peak is used as given; an MFU above 100 % is never printed without the warning.
 timeout 60 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 2 --log-every 1 --gemm-peak 0.001 \

@@ -3,10 +3,14 @@
 #include "sshsdp/cli/train.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -31,9 +35,9 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "packed experts, each expert matrix its own update parameter; router and norms "
                  "use AdamW)")
       ->capture_default_str();
-  app.add_option("--layers", o.layers, "override the preset's number of blocks");
-  app.add_option("--d-model", o.d_model, "override the preset's width");
-  app.add_option("--heads", o.heads, "override the preset's attention heads");
+  app.add_option("--layers", o.layers, "override the preset's number of blocks (0: the preset's)");
+  app.add_option("--d-model", o.d_model, "override the preset's width (0: the preset's)");
+  app.add_option("--heads", o.heads, "override the preset's attention heads (0: the preset's)");
   app.add_option("--experts", o.experts,
                  "MoE presets: experts per MoE block (moe-tiny 4, moe-small 8)");
   app.add_option("--top-k", o.top_k, "MoE presets: experts each token is routed to (default 2)");
@@ -52,15 +56,17 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "MoE presets: expert MLP swiglu | gelu (default swiglu)");
   app.add_option("--d-expert", o.d_expert,
                  "MoE presets: hidden width of each expert (moe-tiny 128, moe-small 256)");
-  app.add_option("--seq-len", o.seq_len, "tokens per sample (<= the preset's maximum)");
+  app.add_option("--seq-len", o.seq_len,
+                 "tokens per sample, at most the preset's context (tiny 64, small 128, base 256; "
+                 "0: the preset's)");
   app.add_option("--sw", o.sw, "ZeRO-3 (weight) shard degree")->capture_default_str();
   app.add_option("--sg", o.sg, "ZeRO-2 (gradient) shard degree, a multiple of sw")
       ->capture_default_str();
   app.add_option("--so", o.so,
                  "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world "
-                 "(default: world size; less gives HSDP replicas)");
+                 "(0, the default: world size; less gives HSDP replicas)");
   app.add_option("--ranks-per-node", o.ranks_per_node,
-                 "ranks per (possibly simulated) node (default: the whole world)");
+                 "ranks per (possibly simulated) node (0, the default: the whole world)");
   app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
       ->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "samples per microbatch per rank")
@@ -75,6 +81,11 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "decoupled weight decay (matrices and embeddings; not norm gains)")
       ->capture_default_str();
   app.add_option("--clip", o.clip, "global gradient-norm clipping (0: off)")->capture_default_str();
+  app.add_option("--on-nonfinite", o.on_nonfinite,
+                 "a step whose loss or gradient norm is NaN/Inf: stop (exit non-zero naming the "
+                 "step; nothing is applied or saved) | skip (leave weights and optimizer state "
+                 "as they were and go on)")
+      ->capture_default_str();
   app.add_option("--optimizer", o.optimizer,
                  "adamw | muon (Muon for matrices, in units of --muon-unit, with AdamW for norm "
                  "gains, embeddings and the LM head; split units move point to point)")
@@ -168,6 +179,24 @@ double PeakRssMiB() {
 
 bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
 
+// ConfigError unless `path` (if given) can be created or replaced: its directory exists and is
+// writable, and it is not itself a directory.
+void CheckWritableOutput(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  SSHSDP_CHECK(!fs::is_directory(p, ec), ConfigError, "{} {}: is a directory; name a file", flag,
+               path);
+  SSHSDP_CHECK(fs::is_directory(dir, ec), ConfigError,
+               "{} {}: directory '{}' does not exist (create it first)", flag, path, dir.string());
+  SSHSDP_CHECK(access(dir.c_str(), W_OK) == 0, ConfigError,
+               "{} {}: directory '{}' is not "
+               "writable: {}",
+               flag, path, dir.string(), std::strerror(errno));
+}
+
 // The MoE configuration of an MoE preset: its trunk with the GPT overrides, then the MoE
 // flags. ConfigError for MoE flags on a dense preset.
 MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
@@ -223,11 +252,14 @@ GptConfig MakeGptConfig(const TrainOptions& o) {
   if (o.layers) c.n_layer = o.layers;
   if (o.d_model) c.d_model = o.d_model;
   if (o.heads) c.n_head = o.heads;
-  if (o.seq_len) {
-    SSHSDP_CHECK(o.seq_len <= c.seq_len || o.d_model || o.layers, ConfigError,
-                 "--seq-len {} exceeds the '{}' preset's {}", o.seq_len, o.model, c.seq_len);
-    c.seq_len = std::max(c.seq_len, o.seq_len);
-  }
+  SSHSDP_CHECK(o.layers >= 0 && o.d_model >= 0 && o.heads >= 0 && o.seq_len >= 0, ConfigError,
+               "--layers, --d-model, --heads and --seq-len must be >= 0 (0: the preset's), got "
+               "{}, {}, {}, {}",
+               o.layers, o.d_model, o.heads, o.seq_len);
+  SSHSDP_CHECK(o.seq_len <= c.seq_len, ConfigError,
+               "--seq-len {} exceeds the '{}' preset's context of {} tokens (its position "
+               "table); use a preset with a longer context (tiny 64, small 128, base 256)",
+               o.seq_len, o.model, c.seq_len);
   c.Validate();
   MakeMoeConfig(o, c);  // MoE flags checked before any collective
   return c;
@@ -247,6 +279,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       data = std::make_unique<TokenFile>(o.data, gc.vocab, T, o.seed);
     SSHSDP_CHECK(o.steps >= 0, ConfigError, "--steps must be >= 0, got {}", o.steps);
     SSHSDP_CHECK(o.log_every >= 1, ConfigError, "--log-every must be >= 1, got {}", o.log_every);
+    SSHSDP_CHECK(o.warmup >= 0, ConfigError, "--warmup must be >= 0 steps, got {}", o.warmup);
+    // Files rank 0 writes: their directories must exist and be writable now, not at the end.
+    if (WorldRankOrMinusOne() == 0) {
+      CheckWritableOutput("--save-weights", o.save_weights);
+      CheckWritableOutput("--metrics", o.metrics);
+    }
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
@@ -284,6 +322,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.muon.scale = ParseMuonScale(o.muon_scale);
     cfg.muon.weight_decay = o.muon_weight_decay;
     cfg.muon.ns_steps = o.muon_ns_steps;
+    cfg.on_nonfinite = ParseNonFinitePolicy(o.on_nonfinite);
+    ValidateEngineConfig(cfg);  // hyperparameter ranges, before any collective
 
     const int world_size = WorldSize();
     cfg.so = o.so ? o.so : world_size;
@@ -369,10 +409,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     int64_t start = 0;
     if (!resume_dir.empty()) {
       LoadResult lr = LoadCheckpoint(engine, *world, resume_dir, model_json);  // collective
-      start = lr.manifest.step;
-      SSHSDP_CHECK(lr.manifest.meta.scalars.value("data_position", start) == start, ConfigError,
-                   "{}: data position {} differs from step {}", lr.manifest.ManifestPath(),
-                   lr.manifest.meta.scalars.value("data_position", start), start);
+      // The data position is the loop's step: ahead of the optimizer step by the steps that
+      // --on-nonfinite skip left out.
+      start = lr.manifest.meta.scalars.value("data_position", lr.manifest.step);
+      SSHSDP_CHECK(start >= lr.manifest.step, ConfigError,
+                   "{}: data position {} is behind the optimizer step {}",
+                   lr.manifest.ManifestPath(), start, lr.manifest.step);
       if (rank == 0) {
         fmt::print("resumed from {} at step {} ({} bytes read on rank 0 in {:.3f} s)\n",
                    lr.manifest.dir, start, lr.bytes_read, lr.seconds);
@@ -394,8 +436,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     const double peak = gemm_peak.per_rank;
     std::ofstream metrics;
     if (rank == 0 && !o.metrics.empty()) {
-      metrics.open(o.metrics, std::ios::trunc);
-      SSHSDP_CHECK(metrics.good(), IoError, "--metrics {}: cannot open for writing", o.metrics);
+      // A resumed run continues the history it was given instead of erasing it.
+      metrics.open(o.metrics, resume_dir.empty() ? std::ios::trunc : std::ios::app);
+      SSHSDP_CHECK(metrics.good(), IoError, "--metrics {}: cannot open for writing: {}", o.metrics,
+                   std::strerror(errno));
     }
     if (rank == 0) {
       const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());
@@ -436,6 +480,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       data->Batch(SampleIndex(cur, mb, M, rank, W, 0, B), B, T, tok, tgt);
     };
     double ema = 0;
+    int64_t skipped = 0;  // steps left out under --on-nonfinite skip
     for (cur = start; cur < o.steps; ++cur) {
       float lr = o.lr;
       if (o.warmup > 0 && cur < o.warmup) lr = o.lr * static_cast<float>(cur + 1) / o.warmup;
@@ -457,9 +502,17 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       }
       const double tps = st.tokens / secs;
       const double mfu = model.FlopsPerToken() * tps / (peak * W);
-      ema = cur == start ? st.loss : 0.9 * ema + 0.1 * st.loss;
+      if (!st.skipped)
+        ema = cur == start || skipped == cur - start ? st.loss : 0.9 * ema + 0.1 * st.loss;
+      skipped += st.skipped;
       if (rank == 0) {
-        if ((cur + 1) % o.log_every == 0 || cur == 0 || cur + 1 == o.steps) {
+        if (st.skipped) {
+          fmt::print(
+              "step {:>5}/{} | skipped: non-finite loss or gradient norm (loss {}, gradient "
+              "norm {}); weights and optimizer state unchanged ({} skipped so far)\n",
+              cur + 1, o.steps, st.loss, st.grad_norm, skipped);
+          std::fflush(stdout);
+        } else if ((cur + 1) % o.log_every == 0 || cur == 0 || cur + 1 == o.steps) {
           fmt::print(
               "step {:>5}/{} | loss {:.4f} (ema {:.4f}) | norm {:.3f} | lr {:.2e} | {:.0f} tok/s | "
               "MFU {} | mem {:.1f} MiB accounted, {:.0f} MiB peak RSS | {:.0f} ms\n",
@@ -488,19 +541,29 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"weight_preps", st.counters.weight_preps},
               {"gathers", st.counters.gathers},
               {"update_p2p_bytes", st.counters.update_p2p.total()}};
+          if (st.skipped) j["skipped"] = true;
           metrics << j.dump() << "\n";
           metrics.flush();
+          SSHSDP_CHECK(metrics.good(), IoError,
+                       "--metrics {}: write failed at step {} (disk full?): {}", o.metrics, cur + 1,
+                       std::strerror(errno));
         }
       }
       if (o.save_every > 0 && (cur + 1) % o.save_every == 0) {
-        CheckpointMeta meta{model_json,
-                            run_json,
-                            // The data position is the step (SampleIndex); the seed fixes the
-                            // data source and the initial weights.
-                            // sr_seed + the step fix the bf16sr rounding stream.
-                            {{"data_position", engine.step()},
-                             {"seed", o.seed},
-                             {"sr_seed", engine.config().sr_seed}}};
+        // Never write a state that is not finite (a huge learning rate can make the weights
+        // Inf while this step's loss was still finite): the older checkpoints stay.
+        SSHSDP_CHECK(engine.StateIsFinite(), NonFiniteError,
+                     "step {}: the weights or optimizer state are not finite; checkpoint not "
+                     "written (the earlier ones in {} are kept; lower --lr or set --clip)",
+                     cur + 1, o.ckpt_dir);
+        CheckpointMeta meta{
+            model_json,
+            run_json,
+            // The data position is the loop's step (SampleIndex; the engine's
+            // step lags it by skipped steps); the seed fixes the data source
+            // and the initial weights. sr_seed + the step fix the bf16sr
+            // rounding stream.
+            {{"data_position", cur + 1}, {"seed", o.seed}, {"sr_seed", engine.config().sr_seed}}};
         SaveResult s = SaveCheckpoint(engine, *world, o.ckpt_dir, meta, {o.keep, o.ckpt_fault});
         if (rank == 0) {
           fmt::print("saved {} ({} files, {} bytes, {:.3f} s){}\n", s.dir, s.files, s.bytes,
@@ -511,6 +574,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       }
     }
     if (!o.save_weights.empty()) {
+      SSHSDP_CHECK(engine.StateIsFinite(), NonFiniteError,
+                   "the final weights or optimizer state are not finite; --save-weights {} not "
+                   "written",
+                   o.save_weights);
       auto w = engine.GatherMainWeights();  // collective
       if (rank == 0) {
         std::map<std::string, SafeTensor> t;

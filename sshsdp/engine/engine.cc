@@ -96,6 +96,28 @@ CommCounters Delta(const CommCounters& after, const CommCounters& before) {
 
 }  // namespace
 
+NonFinitePolicy ParseNonFinitePolicy(const std::string& name) {
+  if (name == "stop") return NonFinitePolicy::kStop;
+  SSHSDP_CHECK(name == "skip", ConfigError, "--on-nonfinite must be stop or skip, got '{}'", name);
+  return NonFinitePolicy::kSkip;
+}
+
+void ValidateEngineConfig(const EngineConfig& cfg) {
+  ValidateAdamW(cfg.adamw);
+  ValidateMuon(cfg.muon);
+  SSHSDP_CHECK(std::isfinite(cfg.clip_norm) && cfg.clip_norm >= 0, ConfigError,
+               "gradient clipping norm (--clip) must be a finite number >= 0 (0: off), got {}",
+               cfg.clip_norm);
+  SSHSDP_CHECK(cfg.microbatches >= 1, ConfigError,
+               "microbatches (--microbatches) must be >= 1, "
+               "got {}",
+               cfg.microbatches);
+  SSHSDP_CHECK(cfg.batch_size >= 1, ConfigError,
+               "samples per microbatch (--batch-size) must be >= 1, got {}", cfg.batch_size);
+  SSHSDP_CHECK(cfg.seq_len >= 0, ConfigError, "sequence length (--seq-len) must be >= 0, got {}",
+               cfg.seq_len);
+}
+
 Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
     : model_(model),
       world_(world),
@@ -103,6 +125,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
       topo_(world.size(), cfg.ranks_per_node > 0 ? cfg.ranks_per_node : world.size(), cfg.sw,
             cfg.sg, EffectiveSo(cfg)),
       rank_(world.rank()) {
+  ValidateEngineConfig(cfg);
   SSHSDP_CHECK(cfg.weight_dtype == DType::kF32 || cfg.weight_dtype == DType::kBF16 ||
                    cfg.weight_dtype == DType::kE4M3,
                ConfigError, "runtime weight dtype must be fp32, bf16 or mxfp8 (e4m3), got {}",
@@ -542,6 +565,24 @@ std::vector<TensorRef> Engine::WeightViews(int gi) {
   return v;
 }
 
+bool Engine::StateIsFinite() {
+  // Σx² in double of finite floats cannot overflow, so it is finite exactly when every
+  // element is.
+  float bad = 0;
+  for (auto& gp : groups_) {
+    const RuntimeGroup& g = *gp;
+    for (const float* p : {g.main_z1, g.m, g.v}) {
+      if (p == nullptr) continue;
+      for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
+        if (!std::isfinite(kernels::SumSquares(p + f.shard_offset, static_cast<int64_t>(f.length))))
+          bad = 1;
+      }
+    }
+  }
+  world_.AllReduce(&bad, 1, DType::kF32);
+  return bad == 0;
+}
+
 void Engine::InitWeights(uint64_t seed) {
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
@@ -693,6 +734,24 @@ StepStats Engine::Step(const BatchFn& batch) {
   }
   const double norm_scale = 1.0 / (static_cast<double>(M) * world_.size());
   const double grad_norm = std::sqrt(static_cast<double>(red[1])) * norm_scale;
+  const double mean_loss = red[0] / (static_cast<double>(M) * world_.size());
+  if (!std::isfinite(mean_loss) || !std::isfinite(grad_norm)) {
+    // Every rank holds the same all-reduced values, so every rank takes this branch.
+    SSHSDP_CHECK(cfg_.on_nonfinite == NonFinitePolicy::kSkip, NonFiniteError,
+                 "step {}: non-finite loss or gradient norm (loss {}, gradient norm {}); the "
+                 "update was not applied and nothing was saved (lower --lr, set --clip, or "
+                 "--on-nonfinite skip)",
+                 step_ + 1, mean_loss, grad_norm);
+    StepStats st;
+    st.step = step_;
+    st.loss = mean_loss;
+    st.grad_norm = grad_norm;
+    st.skipped = true;
+    st.tokens = static_cast<int64_t>(M) * B * T * world_.size();
+    st.counters = counters_;
+    st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    return st;
+  }
   double clip = 1.0;
   if (cfg_.clip_norm > 0 && grad_norm > cfg_.clip_norm) clip = cfg_.clip_norm / (grad_norm + 1e-6);
   const float grad_scale = static_cast<float>(clip * norm_scale);
@@ -722,7 +781,7 @@ StepStats Engine::Step(const BatchFn& batch) {
 
   StepStats st;
   st.step = step_;
-  st.loss = red[0] / (static_cast<double>(M) * world_.size());
+  st.loss = mean_loss;
   st.grad_norm = grad_norm;
   st.tokens = static_cast<int64_t>(M) * B * T * world_.size();
   st.counters = counters_;

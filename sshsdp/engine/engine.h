@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/base/error.h"
 #include "sshsdp/base/memory_account.h"
 #include "sshsdp/comm/comm_path.h"
 #include "sshsdp/comm/comm_thread.h"
@@ -65,6 +66,11 @@ namespace sshsdp {
 
 class RegisteredSlots;
 class MxWeights;
+
+enum class NonFinitePolicy { kStop, kSkip };
+
+// "stop" | "skip"; ConfigError otherwise.
+NonFinitePolicy ParseNonFinitePolicy(const std::string& name);
 
 struct EngineConfig {
   int sw = 1, sg = 1, so = 1;  // weight / gradient / optimizer shard degrees (sw | sg | so | W)
@@ -104,6 +110,22 @@ struct EngineConfig {
   // before the inter-node exchange (direct_communicator.h). Needs ZeRO-3 and ZeRO-2 groups
   // spread evenly over nodes (LayoutError at construction otherwise).
   CommPath comm_path = CommPath::kCollective;
+  // A step whose loss or gradient norm is not finite (both are already all-reduced, so every
+  // rank sees the same): kStop throws NonFiniteError on every rank before the update is
+  // applied; kSkip leaves weights, optimizer state and the step count as they were.
+  NonFinitePolicy on_nonfinite = NonFinitePolicy::kStop;
+};
+
+// Throws ConfigError naming the field unless the hyperparameters and sizes of `cfg` are
+// usable (AdamW / Muon ranges, clip_norm finite and >= 0, microbatches and batch_size >= 1,
+// seq_len >= 0). No communication: callers run it before any collective (the Engine
+// constructor runs it too).
+void ValidateEngineConfig(const EngineConfig& cfg);
+
+// A step's loss or gradient norm was not finite (EngineConfig::on_nonfinite = kStop).
+class NonFiniteError : public NumericsError {
+ public:
+  using NumericsError::NumericsError;
 };
 
 // Deterministic counters of one step (tests assert them exactly).
@@ -134,6 +156,7 @@ struct StepStats {
   int64_t step = 0;
   double loss = 0;       // mean over all microbatches of all ranks
   double grad_norm = 0;  // before clipping, of the normalized gradient
+  bool skipped = false;  // non-finite loss or norm under NonFinitePolicy::kSkip: not applied
   double seconds = 0;
   int64_t tokens = 0;  // tokens processed by all ranks
   StepCounters counters;
@@ -206,6 +229,9 @@ class Engine {
   const EngineConfig& config() const { return cfg_; }
   const MemoryAccount& memory() const { return memory_; }
   int64_t step() const { return step_; }
+  // Collective over the world: true when every rank's fp32 main weights and optimizer state
+  // (its ZeRO-1 fragments) are finite. Checked before a checkpoint or weights file is written.
+  bool StateIsFinite();
   // Learning rate of the next steps (schedules live in the caller).
   void SetLearningRate(float lr) { cfg_.adamw.lr = lr; }
   void SetMuonLearningRate(float lr) { cfg_.muon.lr = lr; }

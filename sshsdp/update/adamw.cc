@@ -7,6 +7,20 @@
 
 namespace sshsdp {
 
+void ValidateAdamW(const AdamWConfig& c) {
+  SSHSDP_CHECK(std::isfinite(c.lr) && c.lr >= 0, ConfigError,
+               "AdamW lr (--lr) must be a finite number >= 0, got {}", c.lr);
+  SSHSDP_CHECK(c.beta1 >= 0 && c.beta1 < 1, ConfigError,
+               "AdamW beta1 (--beta1) must lie in [0, 1), got {}", c.beta1);
+  SSHSDP_CHECK(c.beta2 >= 0 && c.beta2 < 1, ConfigError,
+               "AdamW beta2 (--beta2) must lie in [0, 1), got {}", c.beta2);
+  SSHSDP_CHECK(std::isfinite(c.eps) && c.eps > 0, ConfigError,
+               "AdamW eps (--eps) must be a finite number > 0, got {}", c.eps);
+  SSHSDP_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0, ConfigError,
+               "AdamW weight decay (--weight-decay) must be a finite number >= 0, got {}",
+               c.weight_decay);
+}
+
 void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int64_t step,
                float grad_scale) {
   SSHSDP_CHECK(step >= 1, PlanError, "AdamW step must be >= 1, got {}", step);

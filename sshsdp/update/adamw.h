@@ -29,6 +29,10 @@ struct AdamWConfig {
   float weight_decay = 0.1f;  // applied to matrices and embeddings, not to norm gains
 };
 
+// Throws ConfigError naming the field (and its `sshsdp train` flag) unless lr and
+// weight_decay are finite and >= 0, beta1 and beta2 lie in [0, 1) and eps is finite and > 0.
+void ValidateAdamW(const AdamWConfig& c);
+
 struct AdamWSpan {
   float* w = nullptr;        // fp32 main weight fragment
   const float* g = nullptr;  // fp32 main gradient fragment (unscaled SUM)

@@ -10,6 +10,18 @@
 
 namespace sshsdp {
 
+void ValidateMuon(const MuonConfig& c) {
+  SSHSDP_CHECK(std::isfinite(c.lr) && c.lr >= 0, ConfigError,
+               "Muon lr (--muon-lr) must be a finite number >= 0, got {}", c.lr);
+  SSHSDP_CHECK(c.momentum >= 0 && c.momentum < 1, ConfigError,
+               "Muon momentum (--muon-momentum) must lie in [0, 1), got {}", c.momentum);
+  SSHSDP_CHECK(std::isfinite(c.weight_decay) && c.weight_decay >= 0, ConfigError,
+               "Muon weight decay (--muon-weight-decay) must be a finite number >= 0, got {}",
+               c.weight_decay);
+  SSHSDP_CHECK(c.ns_steps >= 1, ConfigError,
+               "Muon Newton-Schulz steps (--muon-ns-steps) must be >= 1, got {}", c.ns_steps);
+}
+
 const char* MuonScaleName(MuonScale s) { return s == MuonScale::kReference ? "reference" : "rms"; }
 
 MuonScale ParseMuonScale(const std::string& s) {

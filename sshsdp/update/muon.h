@@ -49,6 +49,10 @@ struct MuonConfig {
   DType u_dtype = DType::kBF16;
 };
 
+// Throws ConfigError naming the field (and its `sshsdp train` flag) unless lr and
+// weight_decay are finite and >= 0, momentum lies in [0, 1) and ns_steps >= 1.
+void ValidateMuon(const MuonConfig& c);
+
 // The update scale of a [rows, cols] unit.
 float MuonUpdateScale(MuonScale s, int64_t rows, int64_t cols);
 
