@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -20,6 +21,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/crc32.h"
+#include "sshsdp/ckpt/posix_file.h"
 #include "sshsdp/layout/shard_chain.h"
 
 namespace sshsdp {
@@ -51,92 +53,6 @@ int64_t ParseStepDir(const std::string& name) {
 bool IsTemporary(const std::string& name) {
   return name.size() > 9 && name.compare(0, 5, "step_") == 0 &&
          name.compare(name.size() - 4, 4, ".tmp") == 0;
-}
-
-// ---- POSIX files: explicit fsync, positioned reads, errno in every message ------------
-
-class OutFile {
- public:
-  explicit OutFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    SSHSDP_CHECK(fd_ >= 0, IoError, "{}: cannot create: {}", path_, std::strerror(errno));
-  }
-  ~OutFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  OutFile(const OutFile&) = delete;
-  OutFile& operator=(const OutFile&) = delete;
-
-  void Write(const void* data, size_t bytes) {
-    crc_ = Crc32(data, bytes, crc_);
-    const char* p = static_cast<const char*>(data);
-    while (bytes > 0) {
-      const ssize_t n = ::write(fd_, p, std::min(bytes, size_t{1} << 30));
-      if (n < 0 && errno == EINTR) continue;
-      SSHSDP_CHECK(n > 0, IoError, "{}: write failed after {} bytes: {} (disk full?)", path_,
-                   written_, n < 0 ? std::strerror(errno) : "no progress");
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      written_ += static_cast<uint64_t>(n);
-    }
-  }
-  // fsync + close: the bytes are on stable storage when this returns.
-  void SyncAndClose() {
-    SSHSDP_CHECK(::fsync(fd_) == 0, IoError, "{}: fsync failed: {}", path_, std::strerror(errno));
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    SSHSDP_CHECK(rc == 0, IoError, "{}: close failed: {}", path_, std::strerror(errno));
-  }
-  uint64_t written() const { return written_; }
-  uint32_t crc() const { return crc_; }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-  uint64_t written_ = 0;
-  uint32_t crc_ = 0;
-};
-
-class InFile {
- public:
-  explicit InFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    SSHSDP_CHECK(fd_ >= 0, IoError, "{}: cannot open: {}", path_, std::strerror(errno));
-  }
-  ~InFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  InFile(const InFile&) = delete;
-  InFile& operator=(const InFile&) = delete;
-
-  void ReadAt(void* dst, size_t bytes, uint64_t offset) {
-    char* p = static_cast<char*>(dst);
-    while (bytes > 0) {
-      const ssize_t n =
-          ::pread(fd_, p, std::min(bytes, size_t{1} << 30), static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      SSHSDP_CHECK(n > 0, IoError, "{}: read of {} bytes at offset {} failed: {}", path_, bytes,
-                   offset, n < 0 ? std::strerror(errno) : "unexpected end of file (truncated?)");
-      p += n;
-      bytes -= static_cast<size_t>(n);
-      offset += static_cast<uint64_t>(n);
-    }
-  }
-
- private:
-  std::string path_;
-  int fd_ = -1;
-};
-
-void FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  SSHSDP_CHECK(fd >= 0, IoError, "{}: cannot open directory to fsync: {}", dir,
-               std::strerror(errno));
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  SSHSDP_CHECK(rc == 0 || err == EINVAL, IoError, "{}: fsync of directory failed: {}", dir,
-               std::strerror(err));
 }
 
 // CRC-32 of a whole file, streamed.
@@ -1009,7 +925,16 @@ std::map<std::string, std::vector<float>> ReadInitWeights(const std::string& pat
   const std::string mismatch = DescribeTensorMismatch(want, have, path);
   SSHSDP_CHECK(mismatch.empty(), ConfigError, "{}", mismatch);
   std::map<std::string, std::vector<float>> out;
-  for (auto& [name, t] : tensors) out[name] = std::move(t.data);
+  for (auto& [name, t] : tensors) {
+    // A NaN or Inf would train to a NaN loss from the first step: refuse it here.
+    const auto bad =
+        std::find_if(t.data.begin(), t.data.end(), [](float v) { return !std::isfinite(v); });
+    SSHSDP_CHECK(bad == t.data.end(), ConfigError,
+                 "{}: tensor '{}' holds a non-finite value ({} at element {}); initial weights "
+                 "must be finite",
+                 path, name, *bad, bad - t.data.begin());
+    out[name] = std::move(t.data);
+  }
   return out;
 }
 

@@ -1,16 +1,48 @@
 // safetensors reader and atomic writer (see safetensors.h).
+//
+// The reader follows the format's rules rather than trusting the header: the header is a
+// JSON object of at most 100 MB with unique keys; each entry is an object with a string
+// dtype, a shape of non-negative integers and data_offsets of exactly two integers; the
+// tensors' byte ranges, sorted, tile the data section exactly (no hole, no overlap, nothing
+// past the end), so a header length that is off by a byte or a swapped offset is an error,
+// not shifted weights.
 #include "sshsdp/ckpt/safetensors.h"
 
-#include <cstdio>
+#include <algorithm>
+#include <bit>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <tuple>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/posix_file.h"
 #include "sshsdp/layout/tensor_list.h"
 #include "sshsdp/numerics/dtype.h"
 
+static_assert(std::endian::native == std::endian::little,
+              "safetensors data and its header length are little-endian; this reader and writer "
+              "copy them as they are");
+
 namespace sshsdp {
+
+namespace {
+
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // the format's limit
+
+// A JSON array of non-negative integers, or IoError naming `what`.
+std::vector<uint64_t> Unsigneds(const nlohmann::json& j, const std::string& what) {
+  SSHSDP_CHECK(j.is_array(), IoError, "{} must be an array of integers, got {}", what, j.dump());
+  std::vector<uint64_t> out;
+  for (const auto& v : j) {
+    SSHSDP_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0),
+                 IoError, "{} must hold integers >= 0, got {}", what, j.dump());
+    out.push_back(v.get<uint64_t>());
+  }
+  return out;
+}
+
+}  // namespace
 
 void WriteSafetensors(const std::string& path, const std::map<std::string, SafeTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
@@ -28,74 +60,128 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, SafeT
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');  // align the data section
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    SSHSDP_CHECK(f.good(), IoError, "{}: cannot open for writing", tmp);
-    uint64_t n = h.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f.write(h.data(), static_cast<std::streamsize>(h.size()));
-    for (const auto& [name, t] : tensors)
-      f.write(reinterpret_cast<const char*>(t.data.data()),
-              static_cast<std::streamsize>(t.data.size() * 4));
-    f.flush();
-    SSHSDP_CHECK(f.good(), IoError, "{}: write failed (disk full?)", tmp);
-  }
-  SSHSDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, IoError, "{}: cannot rename {} over it",
-               path, tmp);
+  OutFile f(tmp);
+  const uint64_t n = h.size();
+  f.Write(&n, 8);
+  f.Write(h.data(), h.size());
+  for (const auto& [name, t] : tensors) f.Write(t.data.data(), t.data.size() * 4);
+  f.SyncAndClose();
+  RenameInto(tmp, path);
 }
 
 std::map<std::string, SafeTensor> ReadSafetensors(const std::string& path,
                                                   std::map<std::string, std::string>* metadata) {
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  SSHSDP_CHECK(f.good(), IoError, "{}: cannot open (does the file exist?)", path);
-  const uint64_t size = static_cast<uint64_t>(f.tellg());
-  f.seekg(0);
+  InFile f(path);  // IoError with the OS's reason; directories and FIFOs refused
+  const uint64_t size = f.size();
   SSHSDP_CHECK(size >= 8, IoError, "{}: truncated: {} bytes, no safetensors header", path, size);
   uint64_t n = 0;
-  f.read(reinterpret_cast<char*>(&n), 8);
-  SSHSDP_CHECK(n <= size - 8, IoError, "{}: header length {} exceeds the file ({} bytes)", path, n,
-               size);
+  f.ReadAt(&n, 8, 0);
+  SSHSDP_CHECK(n <= size - 8 && n <= kMaxHeaderBytes, IoError,
+               "{}: header length {} exceeds the file ({} bytes) or the format's 100 MB limit "
+               "(not a safetensors file?)",
+               path, n, size);
   std::string h(n, '\0');
-  f.read(h.data(), static_cast<std::streamsize>(n));
+  f.ReadAt(h.data(), n, 8);
+  // Duplicate top-level names would silently keep the last one: refuse them while parsing.
+  std::set<std::string> keys;
+  std::string duplicate;
+  const nlohmann::json::parser_callback_t unique_keys =
+      [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        if (depth == 1 && event == nlohmann::json::parse_event_t::key &&
+            !keys.insert(parsed.get<std::string>()).second && duplicate.empty())
+          duplicate = parsed.get<std::string>();
+        return true;
+      };
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(h);
+    header = nlohmann::json::parse(h, unique_keys);
   } catch (const std::exception& e) {
     throw IoError(fmt::format("{}: header is not valid JSON: {}", path, e.what()));
   }
-  const uint64_t data_size = size - 8 - n;
-  std::vector<char> data(data_size);
-  f.read(data.data(), static_cast<std::streamsize>(data_size));
-  std::map<std::string, SafeTensor> out;
+  SSHSDP_CHECK(duplicate.empty(), IoError, "{}: tensor '{}' appears twice in the header", path,
+               duplicate);
+  SSHSDP_CHECK(header.is_object(), IoError, "{}: header must be a JSON object, got {}", path,
+               header.type_name());
+  const uint64_t data_begin = 8 + n, data_size = size - data_begin;
+
+  struct Entry {
+    std::string name;
+    std::string dtype;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
   for (auto it = header.begin(); it != header.end(); ++it) {
+    const std::string what = fmt::format("{}: tensor '{}'", path, it.key());
     if (it.key() == "__metadata__") {
+      SSHSDP_CHECK(it.value().is_object(), IoError, "{}: __metadata__ must be an object", path);
+      for (auto m = it.value().begin(); m != it.value().end(); ++m)
+        SSHSDP_CHECK(m.value().is_string(), IoError, "{}: __metadata__ '{}' must be a string", path,
+                     m.key());
       if (metadata) *metadata = it.value().get<std::map<std::string, std::string>>();
       continue;
     }
     const auto& e = it.value();
-    SSHSDP_CHECK(e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"), IoError,
-                 "{}: tensor '{}' lacks dtype/shape/data_offsets", path, it.key());
-    std::string dt = e["dtype"];
-    SSHSDP_CHECK(dt == "F32" || dt == "BF16", IoError,
-                 "{}: tensor '{}' has dtype {}; only F32 and BF16 are supported", path, it.key(),
-                 dt);
-    SafeTensor t;
-    t.shape = e["shape"].get<std::vector<int64_t>>();
-    uint64_t b = e["data_offsets"][0], end = e["data_offsets"][1];
-    const size_t es = dt == "F32" ? 4 : 2;
-    SSHSDP_CHECK(b <= end && end <= data_size, IoError,
-                 "{}: tensor '{}' data [{}, {}) lies outside the {} data bytes (truncated file?)",
-                 path, it.key(), b, end, data_size);
-    SSHSDP_CHECK((end - b) == NumElements(t.shape) * es, IoError,
-                 "{}: tensor '{}' has {} bytes for shape {} of {}", path, it.key(), end - b,
-                 ShapeString(t.shape), dt);
-    t.data.resize(NumElements(t.shape));
-    if (es == 4) {
-      std::memcpy(t.data.data(), data.data() + b, end - b);
-    } else {
-      Bf16ToFloat(reinterpret_cast<const bf16*>(data.data() + b), t.data.data(), t.data.size());
+    SSHSDP_CHECK(
+        e.is_object() && e.contains("dtype") && e.contains("shape") && e.contains("data_offsets"),
+        IoError, "{} must be an object with dtype, shape and data_offsets", what);
+    SSHSDP_CHECK(e["dtype"].is_string(), IoError, "{}: dtype must be a string", what);
+    Entry t{it.key(), e["dtype"].get<std::string>(), {}, 0, 0};
+    SSHSDP_CHECK(t.dtype == "F32" || t.dtype == "BF16", IoError,
+                 "{} has dtype {}; only F32 and BF16 are supported", what, t.dtype);
+    for (uint64_t d : Unsigneds(e["shape"], what + " shape")) {
+      SSHSDP_CHECK(d < (uint64_t{1} << 40), IoError, "{}: shape dimension {} is too large", what,
+                   d);
+      t.shape.push_back(static_cast<int64_t>(d));
     }
-    out.emplace(it.key(), std::move(t));
+    const std::vector<uint64_t> offsets = Unsigneds(e["data_offsets"], what + " data_offsets");
+    SSHSDP_CHECK(offsets.size() == 2, IoError, "{}: data_offsets must be [begin, end], got {}",
+                 what, e["data_offsets"].dump());
+    t.begin = offsets[0];
+    t.end = offsets[1];
+    SSHSDP_CHECK(t.begin <= t.end && t.end <= data_size, IoError,
+                 "{}: data [{}, {}) lies outside the {} data bytes (truncated file?)", what,
+                 t.begin, t.end, data_size);
+    const uint64_t es = t.dtype == "F32" ? 4 : 2;
+    SSHSDP_CHECK(t.end - t.begin == NumElements(t.shape) * es, IoError,
+                 "{} has {} bytes for shape {} of {}", what, t.end - t.begin, ShapeString(t.shape),
+                 t.dtype);
+    entries.push_back(std::move(t));
+  }
+  // The byte ranges tile the data section: sorted, each starts where the previous ended.
+  std::vector<const Entry*> order;
+  for (const Entry& e : entries) order.push_back(&e);
+  std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+    return std::tie(a->begin, a->end) < std::tie(b->begin, b->end);
+  });
+  uint64_t at = 0;
+  for (const Entry* e : order) {
+    SSHSDP_CHECK(e->begin == at, IoError,
+                 "{}: tensor '{}' data starts at byte {} of the data section, but the previous "
+                 "tensor ends at {} ({} ranges; wrong header length or offsets?)",
+                 path, e->name, e->begin, at, e->begin < at ? "overlapping" : "a gap between");
+    at = e->end;
+  }
+  SSHSDP_CHECK(at == data_size, IoError,
+               "{}: the tensors cover {} of the {} data bytes (wrong header length, or bytes "
+               "appended to the file)",
+               path, at, data_size);
+
+  std::map<std::string, SafeTensor> out;
+  std::vector<char> buf;
+  for (const Entry& e : entries) {
+    SafeTensor t;
+    t.shape = e.shape;
+    t.data.resize(NumElements(t.shape));
+    const uint64_t bytes = e.end - e.begin;
+    if (e.dtype == "F32") {
+      f.ReadAt(t.data.data(), bytes, data_begin + e.begin);
+    } else {
+      buf.resize(bytes);
+      f.ReadAt(buf.data(), bytes, data_begin + e.begin);
+      Bf16ToFloat(reinterpret_cast<const bf16*>(buf.data()), t.data.data(), t.data.size());
+    }
+    out.emplace(e.name, std::move(t));
   }
   return out;
 }

@@ -1,11 +1,17 @@
-// safetensors round trip, metadata, atomic write, and errors naming file and problem.
+// safetensors round trip, metadata, atomic write, and errors naming file and problem: each
+// malformed file below (the cases a hostile or broken writer produces) must be refused with
+// an IoError naming the problem, never read as shifted or partial weights.
 #include "sshsdp/ckpt/safetensors.h"
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <string>
 
 #include "sshsdp/base/error.h"
 
@@ -61,6 +67,82 @@ TEST(Safetensors, ErrorsNameFileAndProblem) {
   EXPECT_THROW(ReadSafetensors(p), IoError);
   std::filesystem::remove(p);
   EXPECT_THROW(WriteSafetensors(p, {{"bad", {{3}, {1, 2}}}}), IoError);
+}
+
+// Writes an 8-byte length, `header` padded with spaces to `header_len` (or its own length),
+// and `data` bytes.
+void WriteRaw(const std::string& p, const std::string& header, size_t data_bytes,
+              int64_t length_delta = 0) {
+  std::ofstream f(p, std::ios::binary | std::ios::trunc);
+  std::string h = header;
+  while (h.size() % 8) h.push_back(' ');
+  const uint64_t n = static_cast<uint64_t>(static_cast<int64_t>(h.size()) + length_delta);
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f.write(h.data(), static_cast<std::streamsize>(h.size()));
+  const std::string data(data_bytes, '\0');
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+}
+
+void ExpectRefused(const std::string& p, const std::string& needle) {
+  try {
+    ReadSafetensors(p);
+    ADD_FAILURE() << "accepted a file that should fail with: " << needle;
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+  }
+}
+
+TEST(Safetensors, MalformedHeadersAreRefused) {
+  const std::string p = TmpPath("bad.safetensors");
+  const std::string a = R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const std::string b = R"("b":{"dtype":"F32","shape":[1],"data_offsets":[8,12]})";
+  WriteRaw(p, "{" + a + "," + b + "}", 12);
+  EXPECT_EQ(ReadSafetensors(p).size(), 2u);  // the well-formed baseline reads
+
+  WriteRaw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8);
+  ExpectRefused(p, "data_offsets must be [begin, end]");
+  WriteRaw(p, R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8,9]}})", 8);
+  ExpectRefused(p, "data_offsets must be [begin, end]");
+  WriteRaw(p, "{" + a + "," + R"("a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]})" + "}", 12);
+  ExpectRefused(p, "tensor 'a' appears twice");
+  WriteRaw(p, "{" + a + "," + R"("b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]})" + "}", 8);
+  ExpectRefused(p, "overlapping");
+  WriteRaw(p, "{" + a + "," + R"("b":{"dtype":"F32","shape":[1],"data_offsets":[12,16]})" + "}",
+           16);
+  ExpectRefused(p, "a gap between");
+  WriteRaw(p, "{" + a + "," + b + "}", 16);  // 4 bytes no tensor claims
+  ExpectRefused(p, "cover 12 of the 16 data bytes");
+  WriteRaw(p, "{" + a + "," + b + "}", 12, -1);  // header length one byte short
+  ExpectRefused(p, "cover 12 of the 13 data bytes");
+  WriteRaw(p, R"({"a":{"dtype":5,"shape":[2],"data_offsets":[0,8]}})", 8);
+  ExpectRefused(p, "dtype must be a string");
+  WriteRaw(p, R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8);
+  ExpectRefused(p, "shape must hold integers >= 0");
+  WriteRaw(p, R"({"a":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})", 8);
+  ExpectRefused(p, "shape must be an array");
+  WriteRaw(p, R"({"a":[1,2]})", 8);
+  ExpectRefused(p, "must be an object with dtype, shape and data_offsets");
+  WriteRaw(p, R"({"__metadata__":{"k":3}})", 0);
+  ExpectRefused(p, "__metadata__ 'k' must be a string");
+  WriteRaw(p, "[1,2]", 0);
+  ExpectRefused(p, "header must be a JSON object");
+  WriteRaw(p, "{}", 0, int64_t{1} << 40);
+  ExpectRefused(p, "exceeds the file");
+  std::filesystem::remove(p);
+}
+
+TEST(Safetensors, NonRegularFilesAreRefused) {
+  const std::string dir = TmpPath("a_dir");
+  std::filesystem::create_directories(dir);
+  ExpectRefused(dir, "not a regular file (a directory)");
+  const std::string fifo = TmpPath("a_fifo");
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  ExpectRefused(fifo, "not a regular file (a FIFO)");  // must not block opening it
+  std::filesystem::remove(fifo);
+  std::filesystem::remove(dir);
+  ExpectRefused(TmpPath("nope.safetensors"), "No such file or directory");
 }
 
 }  // namespace

@@ -112,6 +112,18 @@ timeout 120 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 0 \
   --init-weights "$tmp/w.safetensors" --save-weights "$tmp/w2.safetensors" >/dev/null 2>&1 &&
   cmp -s <(tensor_bytes "$tmp/w.safetensors") <(tensor_bytes "$tmp/w2.safetensors")
 check "--init-weights round-trips the saved weights bit for bit" $?
+# The same file with one weight set to NaN is refused, naming the tensor.
+python3 - "$tmp/w.safetensors" "$tmp/nan.safetensors" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1], "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+name, e = next((k, v) for k, v in json.loads(raw[8:8 + n]).items() if k != "__metadata__")
+at = 8 + n + e["data_offsets"][0]
+open(sys.argv[2], "wb").write(raw[:at] + struct.pack("<f", float("nan")) + raw[at + 4:])
+
+PY
+expect_error "--init-weights with a NaN is refused, naming the tensor" "holds a non-finite value (nan at element 0)" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1 --init-weights "$tmp/nan.safetensors"
 
 # MoE with MXFP8 expert weights: experts in their own runtime groups (the only MX ones).
 timeout 120 "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --weight-dtype mxfp8 --steps 20 \
