@@ -18,6 +18,7 @@
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/presets.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/data.h"
@@ -72,6 +73,9 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
       ->capture_default_str();
   app.add_option("--gemm-peak", o.gemm_peak,
                  "MFU denominator in GFLOP/s per rank (0: measured with all ranks at once)")
+      ->capture_default_str();
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "watchdog: seconds a blocking wait may last before the job ends (0: never)")
       ->capture_default_str();
   app.add_option("--json", o.json, "write the table as JSON to this file");
   app.add_option("--peer-inputs", o.peer_inputs,
@@ -251,6 +255,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
     ValidateEngineConfig(base);  // hyperparameter ranges, before any collective
+    SetCommTimeout(o.comm_timeout);
     // A bad SSHSDP_BF16_GEMM fails here, before any collective (bf16 weights only).
     if (base.weight_dtype == DType::kBF16) kernels::ActiveBf16GemmPath();
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};

@@ -56,7 +56,8 @@ struct BenchOptions {
   std::string muon_unit = "head";
   float muon_lr = 0.02f;
   uint64_t seed = 1;
-  double gemm_peak = 0;  // GFLOP/s per rank for MFU; 0: measured (cli/gemm_peak.h)
+  double gemm_peak = 0;       // GFLOP/s per rank for MFU; 0: measured (cli/gemm_peak.h)
+  double comm_timeout = 600;  // watchdog seconds (comm/watchdog.h); 0: off
   std::string json;
   std::string peer_inputs;
 };

@@ -22,6 +22,7 @@
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/comm/watchdog.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
@@ -155,6 +156,13 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "resume from a checkpoint root (its latest complete checkpoint) or step "
                  "directory, at this run's layout (without --sw/--sg/--so/--ranks-per-node: "
                  "the saved layout); --steps counts from 0");
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "seconds a blocking wait (collective, exchange, barrier, direct-path poll) may "
+                 "last before the watchdog names what it waited for and ends the job (0: never)")
+      ->capture_default_str();
+  app.add_option("--fault", o.fault,
+                 "tests only: RANK:STEP throws on that rank inside that step's first microbatch")
+      ->group("");
   app.add_option("--ckpt-fault", o.ckpt_fault,
                  "tests only: RANK:PHASE[:STEP] kills a rank during a save")
       ->group("");
@@ -280,6 +288,13 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(o.steps >= 0, ConfigError, "--steps must be >= 0, got {}", o.steps);
     SSHSDP_CHECK(o.log_every >= 1, ConfigError, "--log-every must be >= 1, got {}", o.log_every);
     SSHSDP_CHECK(o.warmup >= 0, ConfigError, "--warmup must be >= 0 steps, got {}", o.warmup);
+    SetCommTimeout(o.comm_timeout);  // ConfigError for a bad value; watches every wait below
+    int fault_rank = -1;
+    int64_t fault_step = -1;
+    if (!o.fault.empty()) {
+      SSHSDP_CHECK(std::sscanf(o.fault.c_str(), "%d:%ld", &fault_rank, &fault_step) == 2,
+                   ConfigError, "--fault must be RANK:STEP, got '{}'", o.fault);
+    }
     // Files rank 0 writes: their directories must exist and be writable now, not at the end.
     if (WorldRankOrMinusOne() == 0) {
       CheckWritableOutput("--save-weights", o.save_weights);
@@ -477,6 +492,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     const int M = cfg.microbatches, B = cfg.batch_size;
     int64_t cur = 0;
     BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
+      SSHSDP_CHECK(!(rank == fault_rank && cur + 1 == fault_step && mb == 0), CommError,
+                   "--fault {}: injected failure on rank {} in step {}", o.fault, rank, fault_step);
       data->Batch(SampleIndex(cur, mb, M, rank, W, 0, B), B, T, tok, tgt);
     };
     double ema = 0;

@@ -21,7 +21,7 @@ struct TrainOptions {
   int microbatches = 1, batch_size = 4;
   int steps = 50, warmup = 0;
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
-  std::string on_nonfinite = "stop";  // stop | skip (EngineConfig::on_nonfinite)
+  std::string on_nonfinite = "stop";            // stop | skip (EngineConfig::on_nonfinite)
   std::string weight_dtype = "bf16";            // bf16 | fp32 | mxfp8
   std::string scale_layout = "cublas_swizzle";  // MXFP8 scale layout of Tw (scale_layout.h)
   std::string reduce = "fp32";                  // gradient reduction: fp32 | bf16+fp32 | bf16sr
@@ -53,8 +53,10 @@ struct TrainOptions {
   // `keep` (0: all); `resume` is a checkpoint root (its latest) or step directory.
   int save_every = 0, keep = 0;
   std::string ckpt_dir, resume;
-  std::string ckpt_fault;    // hidden, tests only: kill a rank during a save (see ckpt)
-  bool layout_given = true;  // false: no layout flag was passed (resume adopts the saved one)
+  std::string ckpt_fault;     // hidden, tests only: kill a rank during a save (see ckpt)
+  std::string fault;          // hidden, tests only: RANK:STEP throws inside that step
+  double comm_timeout = 600;  // watchdog seconds (comm/watchdog.h); 0: off
+  bool layout_given = true;   // false: no layout flag was passed (resume adopts the saved one)
 };
 
 void AddTrainOptions(CLI::App& app, TrainOptions& o);

@@ -12,6 +12,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/comm/watchdog.h"
 
 namespace sshsdp {
 
@@ -389,6 +390,7 @@ void DirectCommunicator::Rendezvous(Descriptor& mine, const std::string& where,
   const int n = size();
   std::vector<int64_t> all(static_cast<size_t>(n) * kNumFields);
   if (n > 1) {
+    WaitScope watched("direct-path rendezvous", name());
     CheckMpi(MPI_Allgather(mine.v, kNumFields, MPI_INT64_T, all.data(), kNumFields, MPI_INT64_T,
                            inner_->handle()),
              where + ": MPI_Allgather of call descriptors");
@@ -475,6 +477,7 @@ void DirectCommunicator::SignalDone(uint64_t s) {
 void DirectCommunicator::WaitDone(uint64_t s, const char* op) {
   if (geo_.L == 1) return;
   Backoff backoff(fmt::format("{} on {} (op {}): waiting for node peers", op, name(), s));
+  WaitScope watched("direct-path completion flags (node peers)", name());
   for (int l = 0; l < geo_.L; ++l) {
     if (l == geo_.l0) continue;
     std::atomic_ref<uint64_t> flag(*DoneFlag(geo_.l0, l));
@@ -486,6 +489,7 @@ void DirectCommunicator::WaitDone(uint64_t s, const char* op) {
 void DirectCommunicator::WaitArrivals(uint64_t s, const char* op) {
   if (geo_.K == 1) return;
   Backoff backoff(fmt::format("{} on {} (op {}): waiting for other nodes", op, name(), s));
+  WaitScope watched("direct-path arrival flags (other nodes)", name());
   for (int k = 0; k < geo_.K; ++k) {
     if (k == geo_.k0) continue;
     while (!ArrivalSeen(k, s)) backoff.Pause();

@@ -9,6 +9,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/comm/watchdog.h"
 #include "sshsdp/numerics/stochastic_rounding.h"
 
 namespace sshsdp {
@@ -217,6 +218,7 @@ void MpiCommunicator::RingStep(const void* send, size_t send_bytes, void* recv, 
   CountSend(next, send_bytes);
   if (requests_.empty()) return;
   statuses_.resize(requests_.size());
+  WaitScope watched(op, name(), {world_rank(prev), world_rank(next)});
   Check(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses_.data()), op,
         "MPI_Waitall");
 }
@@ -459,6 +461,12 @@ void MpiCommunicator::Exchange(const std::vector<P2POp>& sends, const std::vecto
   }
   if (requests_.empty()) return;
   statuses_.resize(requests_.size());
+  std::vector<int> peers;
+  for (const auto* ops : {&sends, &recvs})
+    for (const P2POp& o : *ops) peers.push_back(world_rank(o.peer));
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+  WaitScope watched("point-to-point exchange", name(), std::move(peers));
   Check(MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), statuses_.data()),
         "Exchange", "MPI_Waitall");
   for (size_t k = 0; k < num_recv_requests; ++k) {
@@ -474,6 +482,7 @@ void MpiCommunicator::Exchange(const std::vector<P2POp>& sends, const std::vecto
 
 void MpiCommunicator::Barrier() {
   counters_.calls++;
+  WaitScope watched("barrier", name());
   Check(MPI_Barrier(comm_), "Barrier", "MPI_Barrier");
 }
 
@@ -482,12 +491,14 @@ std::unique_ptr<Communicator> MpiCommunicator::Split(int color, int key) {
                "Split on {}: color {} must be non-negative (every rank joins one sub-group)",
                name(), color);
   MPI_Comm comm = MPI_COMM_NULL;
+  WaitScope watched("communicator split", name());
   Check(MPI_Comm_split(comm_, color, key, &comm), "Split", "MPI_Comm_split");
   return Adopt(comm, "split");
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::Duplicate() {
   MPI_Comm comm = MPI_COMM_NULL;
+  WaitScope watched("communicator duplicate", name());
   Check(MPI_Comm_dup(comm_, &comm), "Duplicate", "MPI_Comm_dup");
   auto dup = Adopt(comm, label_.c_str());
   dup->max_message_bytes_ = max_message_bytes_;

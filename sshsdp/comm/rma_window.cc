@@ -159,6 +159,9 @@ RmaWindow::~RmaWindow() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  // MPI_Win_free waits for every member; during exception unwinding on this rank the others
+  // are in their next rendezvous and never arrive. Leave the windows to the job's abort.
+  if (std::uncaught_exceptions() > uncaught_at_construction_) return;
   if (rma_ != MPI_WIN_NULL) {
     MPI_Win_unlock_all(rma_);
     MPI_Win_free(&rma_);

@@ -26,6 +26,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,7 @@ class RmaWindow {
   MPI_Win shm_ = MPI_WIN_NULL;
   MPI_Win rma_ = MPI_WIN_NULL;
   std::vector<char*> local_bases_;  // by node-local index
+  int uncaught_at_construction_ = std::uncaught_exceptions();
 };
 
 }  // namespace sshsdp

@@ -299,7 +299,10 @@ void Engine::SetUpDirectPath() {
 }
 
 Engine::~Engine() {
-  if (comm_thread_) {
+  // During exception unwinding on this rank the peers may never join what the comm thread
+  // runs: no unbounded drain then (CommThread's destructor waits a short grace and abandons
+  // the task), so the error reaches RunMpiMain's abort promptly.
+  if (comm_thread_ && std::uncaught_exceptions() == uncaught_at_construction_) {
     try {
       comm_thread_->Drain();
     } catch (...) {

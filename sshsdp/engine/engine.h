@@ -40,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -300,6 +301,7 @@ class Engine {
   DType grad_dtype_ = DType::kF32;    // G′: fp32, or bf16 in the bf16 reduce modes
   std::unique_ptr<MxWeights> mx_;     // MXFP8 runtime weights (weight_dtype = kE4M3)
   int64_t step_ = 0;
+  int uncaught_at_construction_ = std::uncaught_exceptions();
   uint64_t activation_bytes_ = 0;
 };
 

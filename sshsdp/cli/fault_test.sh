@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# A stuck or failing rank ends the whole job, promptly and naming the cause:
+#   * watchdog: one rank of four is stopped (SIGSTOP) mid-training; within --comm-timeout
+#     plus a few seconds a waiting rank prints which operation, group and peer ranks it
+#     waited for, and the job exits non-zero;
+#   * a rank-local exception inside a step (--fault RANK:STEP), on the collective and on the
+#     direct comm path, ends the job within seconds (the direct path used to hang in
+#     ~Engine's drain and MPI_Win_free) with the error named on that rank.
+# Usage: fault_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
+set -u
+bin=$1
+shift
+mpirun=("$@")
+tmp=$(mktemp -d)
+trap 'pkill -9 -f "$tmp/marker" 2>/dev/null; rm -rf "$tmp"' EXIT
+fails=0
+pass=0
+check() {
+  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fails=$((fails + 1)); echo "FAIL $1"; fi
+}
+
+# --- watchdog: SIGSTOP one rank of four -------------------------------------------------
+timeout=4
+"${mpirun[@]}" -np 4 "$bin" train --model tiny --steps 100000 --log-every 1 \
+  --comm-timeout $timeout --metrics "$tmp/marker" >"$tmp/stop.out" 2>"$tmp/stop.err" &
+mp=$!
+for _ in $(seq 1 120); do grep -q "step     3/" "$tmp/stop.out" && break; sleep 0.25; done
+ranks=$(pgrep -P "$mp" | sort -n)
+victim=$(echo "$ranks" | sed -n 3p)
+start=$(date +%s)
+if [ -n "$victim" ]; then kill -STOP "$victim"; fi
+while kill -0 "$mp" 2>/dev/null && [ $(($(date +%s) - start)) -lt 60 ]; do sleep 0.25; done
+elapsed=$(($(date +%s) - start))
+if kill -0 "$mp" 2>/dev/null; then
+  kill -9 "$mp" $ranks 2>/dev/null
+  rc=124
+else
+  wait "$mp"
+  rc=$?
+fi
+echo "  stopped pid ${victim:-none} of [$(echo $ranks)]; job ended after ${elapsed} s, exit $rc"
+sed 's/^/  | /' "$tmp/stop.err" | grep "sshsdp:" | head -3
+[ -n "$victim" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -le $((timeout + 10)) ] &&
+  grep -q "watchdog: waited [0-9.]* s (--comm-timeout $timeout s) in .* on .* for " "$tmp/stop.err"
+check "a stopped rank ends the job within --comm-timeout + 10 s, naming the wait" $?
+
+# --- a rank-local exception inside a step, both comm paths ------------------------------
+for path in collective direct; do
+  start=$(date +%s)
+  timeout 60 "${mpirun[@]}" -np 4 "$bin" train --model tiny --sw 2 --sg 2 --so 4 \
+    --ranks-per-node 2 --steps 5 --fault 1:3 --comm-path $path >/dev/null 2>"$tmp/fault.err"
+  rc=$?
+  elapsed=$(($(date +%s) - start))
+  echo "  $path: exit $rc after ${elapsed} s"
+  [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$elapsed" -le 30 ] &&
+    grep -q "sshsdp: rank 1: --fault 1:3: injected failure on rank 1 in step 3" "$tmp/fault.err"
+  check "an exception on rank 1 mid-step ends the job promptly ($path path)" $?
+done
+
+expect_error() {
+  local name=$1 needle=$2
+  shift 2
+  timeout 60 "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "$needle" "$tmp/err"
+  check "$name" $?
+}
+expect_error "a negative --comm-timeout is refused" "--comm-timeout must be a number of seconds >= 0" \
+  "${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 1 --comm-timeout -1
+
+echo "$pass passed, $fails failed"
+[ "$fails" -eq 0 ]
