@@ -5,7 +5,10 @@
 #     waited for, and the job exits non-zero;
 #   * a rank-local exception inside a step (--fault RANK:STEP), on the collective and on the
 #     direct comm path, ends the job within seconds (the direct path used to hang in
-#     ~Engine's drain and MPI_Win_free) with the error named on that rank.
+#     ~Engine's drain and MPI_Win_free) with the error named on that rank;
+#   * SIGTERM (as Slurm sends it to every task before preemption) finishes the step, writes a
+#     checkpoint that verifies, and exits 143; sent to one rank only, every rank stops after
+#     the same step; a second signal ends the process at once.
 # Usage: fault_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
 bin=$1
@@ -56,6 +59,49 @@ for path in collective direct; do
     grep -q "sshsdp: rank 1: --fault 1:3: injected failure on rank 1 in step 3" "$tmp/fault.err"
   check "an exception on rank 1 mid-step ends the job promptly ($path path)" $?
 done
+
+# --- SIGTERM -----------------------------------------------------------------------------
+# start_run DIR NP [MODEL ARGS]: a long run writing checkpoints to DIR; sets $mp once step 3
+# was logged.
+start_run() {
+  local dir=$1 np=$2
+  shift 2
+  # shellcheck disable=SC2068
+  "${mpirun[@]}" -np "$np" "$bin" train ${@:---model tiny} --steps 100000 --log-every 1 \
+    --ckpt-dir "$dir" --metrics "$tmp/marker" >"$tmp/sig.out" 2>"$tmp/sig.err" &
+  mp=$!
+  for _ in $(seq 1 120); do grep -q "step     3/" "$tmp/sig.out" && break; sleep 0.25; done
+}
+finish_run() {  # waits for $mp (at most 60 s); sets rc
+  local t0
+  t0=$(date +%s)
+  while kill -0 "$mp" 2>/dev/null && [ $(($(date +%s) - t0)) -lt 60 ]; do sleep 0.25; done
+  if kill -0 "$mp" 2>/dev/null; then kill -9 "$mp"; rc=124; else wait "$mp"; rc=$?; fi
+}
+start_run "$tmp/ck_all" 4
+kill -TERM $(pgrep -P "$mp")
+finish_run
+saved=$(ls "$tmp/ck_all" 2>/dev/null | grep -c '^step_')
+echo "  SIGTERM to every rank: exit $rc, $saved checkpoint(s)"
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$saved" -eq 1 ] &&
+  grep -q "sshsdp: Terminated received: stopped after step [0-9]*, checkpoint saved in $tmp/ck_all; exiting with 143" "$tmp/sig.err" &&
+  "$bin" ckpt inspect "$tmp/ck_all" >/dev/null 2>&1
+check "SIGTERM finishes the step, saves a checkpoint that verifies, exits 143" $?
+start_run "$tmp/ck_one" 4
+kill -TERM "$(pgrep -P "$mp" | sort -n | sed -n 2p)"
+finish_run
+saved=$(ls "$tmp/ck_one" 2>/dev/null | grep -c '^step_')
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$saved" -eq 1 ] && "$bin" ckpt inspect "$tmp/ck_one" >/dev/null 2>&1
+check "SIGTERM to one rank stops every rank after the same step (one verified checkpoint)" $?
+# Steps of ~0.5 s, so the second signal arrives while the first one's step still runs.
+start_run "$tmp/ck_twice" 2 --model small --batch-size 16
+ranks=$(pgrep -P "$mp")
+kill -TERM $ranks
+sleep 0.05
+kill -TERM $ranks
+finish_run
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -q "checkpoint saved" "$tmp/sig.err"
+check "a second signal ends the run at once (no checkpoint)" $?
 
 expect_error() {
   local name=$1 needle=$2

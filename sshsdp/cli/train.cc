@@ -2,10 +2,12 @@
 // prints a progress line on rank 0 and writes metrics as JSON lines.
 #include "sshsdp/cli/train.h"
 
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -187,6 +189,27 @@ double PeakRssMiB() {
 
 bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
 
+// SIGTERM (what Slurm sends before preemption) and SIGINT: the first asks the training loop
+// to stop after the current step (checkpoint when --ckpt-dir is set, exit 128 + signal); a
+// second ends the process at once.
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void OnStopSignal(int sig) {
+  if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);
+  static const char kMsg[] =
+      "sshsdp: stop signal received: finishing the current step (again to abort now)\n";
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+}
+
+void InstallStopHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = OnStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
 // ConfigError unless `path` (if given) can be created or replaced: its directory exists and is
 // writable, and it is not itself a directory.
 void CheckWritableOutput(const char* flag, const std::string& path) {
@@ -289,6 +312,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(o.log_every >= 1, ConfigError, "--log-every must be >= 1, got {}", o.log_every);
     SSHSDP_CHECK(o.warmup >= 0, ConfigError, "--warmup must be >= 0 steps, got {}", o.warmup);
     SetCommTimeout(o.comm_timeout);  // ConfigError for a bad value; watches every wait below
+    InstallStopHandlers();
     int fault_rank = -1;
     int64_t fault_step = -1;
     if (!o.fault.empty()) {
@@ -507,15 +531,20 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                      : o.muon_lr);
       StepStats st = engine.Step(batch);
       // Slowest rank's time and largest memory decide the figures.
-      float local[3] = {static_cast<float>(st.seconds), static_cast<float>(PeakRssMiB()),
-                        static_cast<float>(engine.memory().peak_total() / 1048576.0)};
-      std::vector<float> all(3 * static_cast<size_t>(W));
-      world->AllGather(local, all.data(), 3, DType::kF32);
+      // With them, the signal this rank received (SIGTERM / SIGINT; 0: none), so every rank
+      // stops after the same step.
+      float local[4] = {static_cast<float>(st.seconds), static_cast<float>(PeakRssMiB()),
+                        static_cast<float>(engine.memory().peak_total() / 1048576.0),
+                        static_cast<float>(g_stop_signal.load())};
+      std::vector<float> all(4 * static_cast<size_t>(W));
+      world->AllGather(local, all.data(), 4, DType::kF32);
       float secs = 0, rss = 0, acc = 0;
+      int stop_signal = 0;
       for (int r = 0; r < W; ++r) {
-        secs = std::max(secs, all[3 * r]);
-        rss = std::max(rss, all[3 * r + 1]);
-        acc = std::max(acc, all[3 * r + 2]);
+        secs = std::max(secs, all[4 * r]);
+        rss = std::max(rss, all[4 * r + 1]);
+        acc = std::max(acc, all[4 * r + 2]);
+        if (all[4 * r + 3] != 0 && stop_signal == 0) stop_signal = static_cast<int>(all[4 * r + 3]);
       }
       const double tps = st.tokens / secs;
       const double mfu = model.FlopsPerToken() * tps / (peak * W);
@@ -566,7 +595,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                        std::strerror(errno));
         }
       }
-      if (o.save_every > 0 && (cur + 1) % o.save_every == 0) {
+      const bool stopping = stop_signal != 0;
+      if ((o.save_every > 0 && (cur + 1) % o.save_every == 0) ||
+          (stopping && !o.ckpt_dir.empty())) {
         // Never write a state that is not finite (a huge learning rate can make the weights
         // Inf while this step's loss was still finite): the older checkpoints stay.
         SSHSDP_CHECK(engine.StateIsFinite(), NonFiniteError,
@@ -588,6 +619,17 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                      s.pruned.empty() ? "" : fmt::format("; pruned {}", fmt::join(s.pruned, ", ")));
           std::fflush(stdout);
         }
+      }
+      if (stopping) {
+        if (rank == 0) {
+          fmt::print(stderr, "sshsdp: {} received: stopped after step {}{}; exiting with {}\n",
+                     strsignal(stop_signal), cur + 1,
+                     o.ckpt_dir.empty() ? " (no --ckpt-dir: nothing saved)"
+                                        : fmt::format(", checkpoint saved in {}", o.ckpt_dir),
+                     128 + stop_signal);
+          std::fflush(stderr);
+        }
+        return 128 + stop_signal;
       }
     }
     if (!o.save_weights.empty()) {
