@@ -507,7 +507,8 @@ SaveResult SaveCheckpoint(Engine& engine, Communicator& world, const std::string
                    reports[r].bytes, plans.back().bytes);
     }
     MaybeDie(fault, rank, step, "before-manifest");
-    const std::string text = BuildManifest(engine, fields, meta, writers, plans, reports).dump(1);
+    const std::string text =
+        SealManifest(BuildManifest(engine, fields, meta, writers, plans, reports));
     {
       OutFile mf((fs::path(tmp_dir) / kManifestFile).string());
       mf.Write(text.data(), text.size());
@@ -563,23 +564,70 @@ std::string ResolveCheckpoint(const std::string& path) {
       tmp ? fmt::format("; {} incomplete save(s) (*.tmp) ignored", tmp) : std::string()));
 }
 
+std::string SealManifest(const ojson& manifest) {
+  ojson m = manifest;
+  m.erase("manifest_crc32");
+  const std::string body = m.dump();
+  m["manifest_crc32"] = Hex(Crc32(body.data(), body.size()));
+  return m.dump(1);
+}
+
+namespace {
+
+// The manifest's own CRC-32 (format version >= 2): over the compact JSON of the manifest,
+// in file order, without "manifest_crc32".
+void CheckManifestCrc(const std::string& text, const std::string& where) {
+  ojson o = ojson::parse(text);
+  SSHSDP_CHECK(o.contains("manifest_crc32") && o["manifest_crc32"].is_string(), IoError,
+               "{}: 'manifest_crc32' is missing (the manifest was edited or is incomplete)", where);
+  const std::string stored = o["manifest_crc32"].get<std::string>();
+  o.erase("manifest_crc32");
+  const std::string body = o.dump();
+  const std::string actual = Hex(Crc32(body.data(), body.size()));
+  SSHSDP_CHECK(stored == actual, IoError,
+               "{}: manifest checksum mismatch (stored {}, computed {}): the manifest was "
+               "edited or corrupted after it was written; restore it or use another checkpoint",
+               where, stored, actual);
+}
+
+Manifest ParseManifest(const std::string& dir);
+
+}  // namespace
+
 Manifest ReadManifest(const std::string& dir) {
+  // Any JSON type error (a number where a string belongs, ...) names the manifest.
+  try {
+    return ParseManifest(dir);
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(fmt::format("{}: malformed manifest: {}",
+                              (fs::path(dir) / kManifestFile).string(), e.what()));
+  }
+}
+
+namespace {
+
+Manifest ParseManifest(const std::string& dir) {
   Manifest m;
   m.dir = dir;
   const std::string where = m.ManifestPath();
+  SSHSDP_CHECK(fs::is_regular_file(where), IoError, "{}: cannot open: {}", where,
+               !fs::exists(dir)     ? "no such directory"
+               : !fs::exists(where) ? "missing (an incomplete save?)"
+                                    : "not a regular file");
   std::ifstream in(where, std::ios::binary);
-  SSHSDP_CHECK(in.good(), IoError, "{}: cannot open: {}", where,
-               fs::exists(dir) ? "missing (an incomplete save?)" : "no such directory");
+  SSHSDP_CHECK(in.good(), IoError, "{}: cannot open: {}", where, std::strerror(errno));
   std::stringstream ss;
   ss << in.rdbuf();
+  const std::string text = ss.str();
   json j;
   try {
-    j = json::parse(ss.str());
+    j = json::parse(text);
   } catch (const std::exception& e) {
     throw IoError(fmt::format("{}: not valid JSON (corrupt or truncated): {}", where, e.what()));
   }
-  SSHSDP_CHECK(j.is_object() && j.value("format", "") == kFormatName, IoError,
-               "{}: not an sshsdp checkpoint manifest (\"format\" is not \"{}\")", where,
+  SSHSDP_CHECK(j.is_object() && j.contains("format") && j["format"].is_string() &&
+                   j["format"].get<std::string>() == kFormatName,
+               IoError, "{}: not an sshsdp checkpoint manifest (\"format\" is not \"{}\")", where,
                kFormatName);
   m.format_version = Get<int>(j, "format_version", where);
   SSHSDP_CHECK(m.format_version <= kCheckpointFormatVersion, IoError,
@@ -588,11 +636,18 @@ Manifest ReadManifest(const std::string& dir) {
                where, m.format_version, kCheckpointFormatVersion);
   SSHSDP_CHECK(m.format_version >= 1, IoError, "{}: invalid format version {}", where,
                m.format_version);
+  if (m.format_version >= 2) CheckManifestCrc(text, where);
   m.step = Get<int64_t>(j, "step", where);
   const json& L = j.contains("layout") ? j["layout"] : json();
   const std::string lw = where + " layout";
   m.layout = {Get<int>(L, "world", lw), Get<int>(L, "ranks_per_node", lw), Get<int>(L, "sw", lw),
               Get<int>(L, "sg", lw), Get<int>(L, "so", lw)};
+  SSHSDP_CHECK(m.step >= 0, IoError, "{}: step {} is negative", where, m.step);
+  try {
+    Topology check(m.layout.world, m.layout.ranks_per_node, m.layout.sw, m.layout.sg, m.layout.so);
+  } catch (const LayoutError& e) {
+    throw IoError(fmt::format("{}: the layout is not valid: {}", where, e.what()));
+  }
   m.runtime_dtype = Get<std::string>(j, "runtime_dtype", where);
   SSHSDP_CHECK(Get<std::string>(j, "state_dtype", where) == "F32", IoError,
                "{}: state dtype {} is not supported (F32 only)", where, j["state_dtype"].dump());
@@ -608,6 +663,12 @@ Manifest ReadManifest(const std::string& dir) {
     SSHSDP_CHECK(!cf.name.empty() && cf.name.find('/') == std::string::npos && cf.name[0] != '.',
                  IoError, "{}: file name '{}' is not a plain file name", where, cf.name);
     cf.rank = Get<int>(f, "rank", where + " " + cf.name);
+    SSHSDP_CHECK(cf.rank >= 0 && cf.rank < m.layout.world, IoError,
+                 "{}: {} is from rank {}, outside the saved world of {}", where, cf.name, cf.rank,
+                 m.layout.world);
+    for (const CheckpointFile& other : m.files)
+      SSHSDP_CHECK(other.rank != cf.rank && other.name != cf.name, IoError,
+                   "{}: rank {} / file {} is listed twice", where, cf.rank, cf.name);
     cf.bytes = Get<uint64_t>(f, "bytes", where + " " + cf.name);
     const std::string crc = Get<std::string>(f, "crc32", where + " " + cf.name);
     try {
@@ -627,6 +688,7 @@ Manifest ReadManifest(const std::string& dir) {
     const std::string tw = fmt::format("{} tensor '{}'", where, ct.name);
     ct.shape = Get<std::vector<int64_t>>(t, "shape", tw);
     ct.group = Get<int>(t, "group", tw);
+    SSHSDP_CHECK(ct.group >= 0, IoError, "{}: group {} is negative", tw, ct.group);
     if (t.contains("optimizer")) ct.optimizer = Get<std::string>(t, "optimizer", tw);
     for (int64_t d : ct.shape) SSHSDP_CHECK(d > 0, IoError, "{}: non-positive dimension", tw);
     const uint64_t numel = NumElements(ct.shape);
@@ -662,6 +724,8 @@ Manifest ReadManifest(const std::string& dir) {
   }
   return m;
 }
+
+}  // namespace
 
 std::string CheckFileSize(const Manifest& m, int file) {
   const std::string path = m.FilePath(file);

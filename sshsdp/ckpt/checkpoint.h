@@ -54,8 +54,10 @@
 
 namespace sshsdp {
 
-// Manifests with a larger version are refused (IoError naming both versions).
-inline constexpr int kCheckpointFormatVersion = 1;
+// Manifests with a larger version are refused (IoError naming both versions). Version 2 adds
+// "manifest_crc32", a CRC-32 of the manifest itself (its compact JSON without that key), so
+// an edited offset or two swapped file entries are refused; version 1 manifests still load.
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr const char* kManifestFile = "manifest.json";
 
 // What a checkpoint holds besides the engine's ZeRO-1 arrays and step.
@@ -171,6 +173,9 @@ std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& 
 // A step directory (has a manifest) or a root (its latest complete checkpoint). IoError
 // naming the path when there is none.
 std::string ResolveCheckpoint(const std::string& path);
+// The manifest text to write: `manifest` with its "manifest_crc32" added.
+std::string SealManifest(const nlohmann::ordered_json& manifest);
+
 // Parses and validates a manifest (structure, ranges, offsets within file sizes, format
 // version). IoError naming the manifest and the problem.
 Manifest ReadManifest(const std::string& dir);

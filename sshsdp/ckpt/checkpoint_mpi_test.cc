@@ -269,8 +269,8 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
     const std::string later = copy("later") + "/" + kManifestFile;
     json k;
     std::ifstream(later) >> k;
-    k["step"] = 5;
-    std::ofstream(later) << k.dump();
+    k["step"] = 5;  // a genuinely different (re-sealed) manifest on rank 1's path
+    std::ofstream(later) << SealManifest(nlohmann::ordered_json(k));
   }
   world_->Barrier();
   struct Case {

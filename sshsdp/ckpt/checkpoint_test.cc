@@ -70,7 +70,11 @@ TEST(Crc32, StandardCheckValueAndIncremental) {
 struct HandMade {
   std::string dir;
   json manifest;
-  void Write() const { std::ofstream(fs::path(dir) / kManifestFile) << manifest.dump(1); }
+  // Sealed (manifest_crc32), as SaveCheckpoint writes it: the malformed manifests below test
+  // the validation of what a sealed manifest says.
+  void Write() const {
+    std::ofstream(fs::path(dir) / kManifestFile) << SealManifest(nlohmann::ordered_json(manifest));
+  }
 };
 
 HandMade MakeCheckpoint(const std::string& root, int64_t step) {
@@ -181,8 +185,68 @@ TEST(Manifest, MalformedManifestsAreRefused) {
   j = h.manifest;
   j["format"] = "something-else";
   expect(j, "not an sshsdp checkpoint manifest");
+  j = h.manifest;
+  j["files"][1]["rank"] = 0;
+  expect(j, "listed twice");
+  j = h.manifest;
+  j["files"][1]["rank"] = 5;
+  expect(j, "outside the saved world of 2");
+  j = h.manifest;
+  j["layout"]["so"] = 3;
+  expect(j, "the layout is not valid");
+  j = h.manifest;
+  j["step"] = -3;
+  expect(j, "step -3 is negative");
+  j = h.manifest;
+  j["format"] = 5;  // a wrong JSON type is an error naming the manifest, never a crash
+  expect(j, "not an sshsdp checkpoint manifest");
+  j = h.manifest;
+  j["layout"]["sw"] = "two";
+  expect(j, "'sw' is malformed");
+  j = h.manifest;
+  j["tensors"][0]["shards"] = 7;
+  expect(j, "'shards' missing");
   std::ofstream(mp) << "{\"format\": \"sshsdp-checkpoint\", ";
   ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, "not valid JSON"});
+}
+
+TEST(Manifest, EditsOfASealedManifestAreRefused) {
+  const std::string root = Tmp("sealed");
+  HandMade h = MakeCheckpoint(root, 1);
+  const std::string mp = (fs::path(h.dir) / kManifestFile).string();
+  std::string text;
+  {
+    std::ifstream in(mp);
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  EXPECT_NO_THROW(ReadManifest(h.dir));
+  auto write = [&](const std::string& t) { std::ofstream(mp, std::ios::trunc) << t; };
+  // One digit of a shard offset (still in range: the structural checks pass).
+  std::string edited = text;
+  const size_t at = edited.find("\"m\": 16");
+  ASSERT_NE(at, std::string::npos) << text;
+  edited.replace(at, std::string("\"m\": 16").size(), "\"m\": 12");
+  write(edited);
+  ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, "manifest checksum mismatch"});
+  // The two files' CRCs swapped.
+  json j = json::parse(text);
+  std::swap(j["files"][0]["crc32"], j["files"][1]["crc32"]);
+  write(j.dump(1));
+  ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, "manifest checksum mismatch"});
+  // The seal removed.
+  j = json::parse(text);
+  j.erase("manifest_crc32");
+  write(j.dump(1));
+  ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, "'manifest_crc32' is missing"});
+  // Reformatting keeps the content: still accepted.
+  write(json::parse(text).dump(4));
+  EXPECT_NO_THROW(ReadManifest(h.dir));
+  // A version 1 manifest (before the seal) still loads.
+  j = json::parse(text);
+  j.erase("manifest_crc32");
+  j["format_version"] = 1;
+  write(j.dump(1));
+  EXPECT_NO_THROW(ReadManifest(h.dir));
 }
 
 TEST(Listing, LatestCompleteCheckpointIgnoringIncompleteSaves) {
