@@ -3,6 +3,7 @@
 #include "sshsdp/ckpt/checkpoint.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -442,6 +443,35 @@ void PrepareCheckpointRoot(const std::string& root) {
                "{}: checkpoint directory is not writable: {}", root, std::strerror(errno));
 }
 
+CheckpointRootLock::CheckpointRootLock(const std::string& root) {
+  const std::string path = (fs::path(root) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  SSHSDP_CHECK(fd_ >= 0, IoError, "{}: cannot create the lock file: {}", path,
+               std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char holder[256] = {};
+    [[maybe_unused]] ssize_t n = ::pread(fd_, holder, sizeof(holder) - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    SSHSDP_CHECK(err != EWOULDBLOCK, IoError,
+                 "{}: checkpoint directory is in use by another job ({}); give this job its own "
+                 "--ckpt-dir, or wait for that job to end",
+                 root, std::string(holder).empty() ? "holder unknown" : std::string(holder));
+    throw IoError(fmt::format("{}: cannot lock {}: {}", root, path, std::strerror(err)));
+  }
+  char host[128] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string me = fmt::format("pid {} on {}", ::getpid(), host);
+  if (::ftruncate(fd_, 0) == 0) {
+    [[maybe_unused]] ssize_t n = ::pwrite(fd_, me.data(), me.size(), 0);
+  }
+}
+
+CheckpointRootLock::~CheckpointRootLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
 // ---- Save ----------------------------------------------------------------------------
 
 SaveResult SaveCheckpoint(Engine& engine, Communicator& world, const std::string& root,
@@ -519,6 +549,14 @@ SaveResult SaveCheckpoint(Engine& engine, Communicator& world, const std::string
     MaybeDie(fault, rank, step, "before-rename");
     Publish(tmp_dir, final_dir);
     FsyncDir(root);
+    {  // root/latest names it (atomically replaced)
+      const std::string latest = (fs::path(root) / kLatestFile).string();
+      const std::string name = StepDirName(step) + "\n";
+      OutFile lf(latest + ".tmp");
+      lf.Write(name.data(), name.size());
+      lf.SyncAndClose();
+      RenameInto(latest + ".tmp", latest);
+    }
     MaybeDie(fault, rank, step, "after-rename");
     try {
       res.pruned = Prune(root, step, options.keep, fault);
@@ -553,6 +591,21 @@ std::string ResolveCheckpoint(const std::string& path) {
   SSHSDP_CHECK(fs::exists(path, ec), IoError, "{}: no such checkpoint directory", path);
   if (fs::exists(fs::path(path) / kManifestFile, ec)) return path;
   SSHSDP_CHECK(fs::is_directory(path, ec), IoError, "{}: not a checkpoint directory", path);
+  const fs::path latest = fs::path(path) / kLatestFile;
+  if (fs::exists(latest, ec)) {
+    std::ifstream in(latest);
+    std::string name;
+    std::getline(in, name);
+    SSHSDP_CHECK(ParseStepDir(name) >= 0, IoError,
+                 "{}: does not name a step directory (got '{}'); pass a step directory",
+                 latest.string(), name);
+    const fs::path dir = fs::path(path) / name;
+    SSHSDP_CHECK(fs::exists(dir / kManifestFile, ec), IoError,
+                 "{}: names {}, which is not a complete checkpoint (deleted?); pass one of the "
+                 "step directories instead",
+                 latest.string(), dir.string());
+    return dir.string();
+  }
   auto all = ListCheckpoints(path);
   if (!all.empty()) return all.back().second;
   int tmp = 0;

@@ -147,6 +147,25 @@ struct SaveResult {
 // rather than at the first save.
 void PrepareCheckpointRoot(const std::string& root);
 
+// Exclusive hold of a checkpoint root by one job, for as long as the object lives (rank 0
+// takes it at start-up): root/.lock, flock'ed, holding the owner's pid and host. A second job
+// on the same root gets IoError naming the holder, before it trains or writes anything.
+class CheckpointRootLock {
+ public:
+  explicit CheckpointRootLock(const std::string& root);
+  ~CheckpointRootLock();
+  CheckpointRootLock(const CheckpointRootLock&) = delete;
+  CheckpointRootLock& operator=(const CheckpointRootLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// root/latest: the step directory of the last completed save, replaced atomically after each
+// one. `--resume ROOT` continues from it, so after a roll-back into the same root the
+// abandoned run's higher-numbered checkpoints are not picked up.
+inline constexpr const char* kLatestFile = "latest";
+
 // Saves the engine's ZeRO-1 state at engine.step() into root/step_<step>. Collective over
 // `world` (the engine's world). Throws on every rank if any rank fails (the previous
 // checkpoints stay as they were). An existing checkpoint of the same step is replaced.
@@ -170,8 +189,9 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
 
 // Complete checkpoints under `root` (step_<digits> directories with a manifest), by step.
 std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& root);
-// A step directory (has a manifest) or a root (its latest complete checkpoint). IoError
-// naming the path when there is none.
+// A step directory (has a manifest) or a root: the checkpoint root/latest names, or (roots
+// written before that record) the highest complete step. IoError naming the path when there
+// is none, or when latest names a checkpoint that is gone.
 std::string ResolveCheckpoint(const std::string& path);
 // The manifest text to write: `manifest` with its "manifest_crc32" added.
 std::string SealManifest(const nlohmann::ordered_json& manifest);

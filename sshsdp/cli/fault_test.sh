@@ -8,7 +8,9 @@
 #     ~Engine's drain and MPI_Win_free) with the error named on that rank;
 #   * SIGTERM (as Slurm sends it to every task before preemption) finishes the step, writes a
 #     checkpoint that verifies, and exits 143; sent to one rank only, every rank stops after
-#     the same step; a second signal ends the process at once.
+#     the same step; a second signal ends the process at once;
+#   * a second job on a --ckpt-dir in use is refused naming the holder; after a roll-back
+#     into the same --ckpt-dir, "latest" is the last completed save, not the highest step.
 # Usage: fault_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
 bin=$1
@@ -111,6 +113,20 @@ expect_error() {
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "$needle" "$tmp/err"
   check "$name" $?
 }
+# --- one job per --ckpt-dir; "latest" is the last completed save ------------------------
+start_run "$tmp/ck_lock" 2
+expect_error "a second job on the same --ckpt-dir is refused, naming the holder" \
+  "checkpoint directory is in use by another job (pid " \
+  "${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 2 --save-every 1 --ckpt-dir "$tmp/ck_lock"
+kill -TERM $(pgrep -P "$mp")
+finish_run
+"${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 20 --save-every 10 --ckpt-dir "$tmp/ck_roll" \
+  >/dev/null 2>&1 &&
+  "${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 15 --save-every 5 --ckpt-dir "$tmp/ck_roll" \
+    --resume "$tmp/ck_roll/step_00000010" >/dev/null 2>&1 &&
+  "$bin" ckpt inspect "$tmp/ck_roll" | grep -q "^checkpoint $tmp/ck_roll/step_00000015 "
+check "after a roll-back into the same --ckpt-dir, latest is the last save (15), not step 20" $?
+
 expect_error "a negative --comm-timeout is refused" "--comm-timeout must be a number of seconds >= 0" \
   "${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 1 --comm-timeout -1
 

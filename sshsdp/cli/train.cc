@@ -16,6 +16,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
@@ -370,7 +371,13 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                  "--save-every and --keep must be >= 0, got {} and {}", o.save_every, o.keep);
     SSHSDP_CHECK(o.save_every == 0 || !o.ckpt_dir.empty(), ConfigError,
                  "--save-every {} needs --ckpt-dir (where to write checkpoints)", o.save_every);
-    if (o.save_every > 0) PrepareCheckpointRoot(o.ckpt_dir);  // fails now, not at step N
+    // --ckpt-dir is written by --save-every and by a stop signal: usable now, not at step N,
+    // and held by this job alone (rank 0 locks it; a second job is refused by name).
+    std::optional<CheckpointRootLock> ckpt_lock;
+    if (!o.ckpt_dir.empty()) {
+      PrepareCheckpointRoot(o.ckpt_dir);
+      if (WorldRankOrMinusOne() == 0) ckpt_lock.emplace(o.ckpt_dir);
+    }
     SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
                  "--resume and --init-weights exclude each other: a checkpoint holds the weights");
     // What a checkpoint must match.
