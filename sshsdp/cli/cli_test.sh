@@ -75,7 +75,8 @@ for bad in "--lr nan|AdamW lr (--lr) must be a finite number >= 0, got nan" \
            "--seq-len 200|--seq-len 200 exceeds the 'tiny' preset's context of 64 tokens" \
            "--on-nonfinite ignore|--on-nonfinite must be stop or skip, got 'ignore'" \
            "--save-weights $tmp/no/such/dir/w.safetensors|directory '$tmp/no/such/dir' does not exist" \
-           "--metrics $tmp|--metrics $tmp: is a directory"; do
+           "--metrics $tmp|--metrics $tmp: is a directory" \
+           "--data $tmp|token file '$tmp': not a regular file (a directory)"; do
   flag=${bad%%|*}
   # shellcheck disable=SC2086  # flag is an option and its value
   expect_error "refused: $flag" "${bad#*|}" "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" $flag --steps 1

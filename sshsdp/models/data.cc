@@ -1,7 +1,13 @@
 // Synthetic Markov token source and token-file readers (see data.h).
 #include "sshsdp/models/data.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -9,6 +15,9 @@
 #include <numeric>
 
 #include "sshsdp/base/error.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "token files (nanoGPT .bin, llm.c) are little-endian uint16 read in place");
 
 namespace sshsdp {
 namespace {
@@ -162,45 +171,75 @@ TokenFile::TokenFile(const std::string& path, int vocab, int seq_len, uint64_t s
     : path_(path), vocab_(vocab), seq_len_(seq_len), seed_(seed) {
   SSHSDP_CHECK(vocab > 0 && vocab <= 65536 && seq_len > 0, ConfigError,
                "TokenFile '{}': vocab {} (1..65536) or seq_len {} invalid", path, vocab, seq_len);
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  SSHSDP_CHECK(in.good(), IoError, "token file '{}': cannot open ({})", path, std::strerror(errno));
-  const int64_t size = static_cast<int64_t>(in.tellg());
-  in.seekg(0);
+  struct stat st {};
+  SSHSDP_CHECK(::stat(path.c_str(), &st) == 0, IoError, "token file '{}': cannot open: {}", path,
+               std::strerror(errno));
+  SSHSDP_CHECK(S_ISREG(st.st_mode), IoError,
+               "token file '{}': not a regular file ({}); --data takes a uint16 token file", path,
+               S_ISDIR(st.st_mode)    ? "a directory"
+               : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                      : "a device or socket");
+  const int64_t size = static_cast<int64_t>(st.st_size);
   SSHSDP_CHECK(size % 2 == 0, IoError,
                "token file '{}': odd byte size {} (uint16 tokens need an even size)", path, size);
+  SSHSDP_CHECK(size > 0, IoError, "token file '{}': empty", path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  SSHSDP_CHECK(fd >= 0, IoError, "token file '{}': cannot open: {}", path, std::strerror(errno));
+  void* map = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ, MAP_PRIVATE, fd, 0);
+  const int map_errno = errno;
+  ::close(fd);
+  SSHSDP_CHECK(map != MAP_FAILED, IoError, "token file '{}': cannot map {} bytes: {}", path, size,
+               std::strerror(map_errno));
+  map_ = map;
+  map_bytes_ = static_cast<size_t>(size);
+  try {
+    Validate();
+  } catch (...) {
+    ::munmap(map_, map_bytes_);  // the destructor does not run for a throwing constructor
+    throw;
+  }
+}
+
+void TokenFile::Validate() {
+  const std::string& path = path_;
+  const int64_t size = static_cast<int64_t>(map_bytes_);
+  const int seq_len = seq_len_;
+  const char* bytes = static_cast<const char*>(map_);
 
   int64_t data_offset = 0;
   int64_t count = size / 2;
   const int64_t header_bytes = kLlmcHeaderInts * 4;
-  if (size >= 4) {
-    int32_t magic = 0;
-    in.read(reinterpret_cast<char*>(&magic), 4);
-    in.seekg(0);
-    if (magic == kLlmcMagic) {
-      SSHSDP_CHECK(size >= header_bytes, IoError,
-                   "token file '{}': llm.c magic {} but only {} bytes (header is {} bytes)", path,
-                   kLlmcMagic, size, header_bytes);
-      std::vector<int32_t> header(kLlmcHeaderInts);
-      in.read(reinterpret_cast<char*>(header.data()), header_bytes);
-      SSHSDP_CHECK(header[1] == kLlmcVersion, IoError,
-                   "token file '{}': llm.c version {} unsupported (expected {})", path, header[1],
-                   kLlmcVersion);
-      const int64_t payload = (size - header_bytes) / 2;
-      SSHSDP_CHECK(header[2] >= 0 && header[2] == payload, IoError,
-                   "token file '{}': header count mismatch: header says {} tokens, file holds {}",
-                   path, header[2], payload);
-      llmc_ = true;
-      data_offset = header_bytes;
-      count = payload;
-    }
+  int32_t header[3] = {0, 0, 0};
+  if (size >= 12) std::memcpy(header, bytes, sizeof(header));
+  if (header[0] == kLlmcMagic) {
+    SSHSDP_CHECK(size >= header_bytes, IoError,
+                 "token file '{}': llm.c magic {} but only {} bytes (header is {} bytes)", path,
+                 kLlmcMagic, size, header_bytes);
+    SSHSDP_CHECK(header[1] == kLlmcVersion, IoError,
+                 "token file '{}': llm.c version {} unsupported (expected {})", path, header[1],
+                 kLlmcVersion);
+    const int64_t payload = (size - header_bytes) / 2;
+    SSHSDP_CHECK(header[2] >= 0 && header[2] == payload, IoError,
+                 "token file '{}': header count mismatch: header says {} tokens, file holds {}",
+                 path, header[2], payload);
+    llmc_ = true;
+    data_offset = header_bytes;
+    count = payload;
+  } else {
+    // An llm.c header whose magic is damaged (version and token count still match) would
+    // otherwise read as tokens and fail as "outside the vocabulary".
+    SSHSDP_CHECK(!(size >= header_bytes && header[1] == kLlmcVersion &&
+                   header[2] == (size - header_bytes) / 2),
+                 IoError,
+                 "token file '{}': looks like an llm.c file (version {}, {} tokens) whose magic "
+                 "is damaged: {} at byte 0 instead of {}; re-create the file",
+                 path, header[1], header[2], header[0], kLlmcMagic);
   }
   SSHSDP_CHECK(count >= static_cast<int64_t>(seq_len) + 1, IoError,
                "token file '{}': {} tokens, fewer than seq_len + 1 = {}", path, count,
                static_cast<int64_t>(seq_len) + 1);
-  tokens_.resize(count);
-  in.seekg(data_offset);
-  in.read(reinterpret_cast<char*>(tokens_.data()), count * 2);
-  SSHSDP_CHECK(in.good(), IoError, "token file '{}': read of {} tokens failed", path, count);
+  tokens_ = reinterpret_cast<const uint16_t*>(bytes + data_offset);
+  count_ = count;
   for (int64_t i = 0; i < count; ++i) {
     SSHSDP_CHECK(tokens_[i] < vocab_, IoError,
                  "token file '{}': token {} at position {} is outside the vocabulary of {}", path,
@@ -208,11 +247,15 @@ TokenFile::TokenFile(const std::string& path, int vocab, int seq_len, uint64_t s
   }
 }
 
+TokenFile::~TokenFile() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+}
+
 void TokenFile::Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const {
   SSHSDP_CHECK(index >= 0 && T >= 1 && T <= seq_len_, ConfigError,
                "TokenFile '{}': sample index {} T {} invalid (seq_len {})", path_, index, T,
                seq_len_);
-  const uint64_t windows = static_cast<uint64_t>(tokens_.size()) - static_cast<uint64_t>(T);
+  const uint64_t windows = static_cast<uint64_t>(count_) - static_cast<uint64_t>(T);
   Stream rng = SampleStream(seed_, index);
   const int64_t pos = static_cast<int64_t>(rng.Next() % windows);
   for (int t = 0; t < T; ++t) {

@@ -75,15 +75,20 @@ class SyntheticTokens final : public TokenSource {
 
 class TokenFile final : public TokenSource {
  public:
-  // Reads and validates the whole file. Samples are windows at positions drawn from
-  // (seed, index).
+  // Maps the file read-only (ranks on one machine share its pages instead of each holding a
+  // copy) and validates every token. Samples are windows at positions drawn from (seed,
+  // index). IoError for a directory, FIFO or other non-regular file, with the OS's reason
+  // for an unreadable one.
   TokenFile(const std::string& path, int vocab, int seq_len, uint64_t seed = 0);
+  ~TokenFile() override;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
 
   int vocab() const override { return vocab_; }
   int max_seq_len() const override { return seq_len_; }
   void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const override;
 
-  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t num_tokens() const { return count_; }
   bool is_llmc_format() const { return llmc_; }
   const std::string& path() const { return path_; }
 
@@ -91,8 +96,13 @@ class TokenFile final : public TokenSource {
   std::string path_;
   int vocab_, seq_len_;
   uint64_t seed_;
+  void Validate();  // header, size and every token of the mapped file
+
   bool llmc_ = false;
-  std::vector<uint16_t> tokens_;
+  void* map_ = nullptr;  // the whole file, mapped read-only
+  size_t map_bytes_ = 0;
+  const uint16_t* tokens_ = nullptr;  // into map_, past the llm.c header if any
+  int64_t count_ = 0;
 };
 
 // Writes tokens as a raw nanoGPT .bin (llmc=false) or an llm.c file (llmc=true). Throws

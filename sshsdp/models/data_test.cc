@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -199,8 +200,23 @@ TEST_F(TokenFileTest, MalformedFilesThrowIoErrorNamingTheFile) {
   ExpectIoError(few, 256, 8, "fewer than seq_len + 1");
   WriteTokenFile(few, std::vector<uint16_t>(8, 1), true);
   ExpectIoError(few, 256, 8, "fewer than seq_len + 1");
-  // Missing file.
-  ExpectIoError(Path("missing.bin"), 256, 8, "cannot open");
+  // Missing file: the OS's reason.
+  ExpectIoError(Path("missing.bin"), 256, 8, "cannot open: No such file or directory");
+  // A damaged llm.c magic is named as such, not reported as an out-of-vocabulary token.
+  std::string magic_bad = Path("magic.bin");
+  WriteTokenFile(magic_bad, tokens, true);
+  {
+    std::fstream f(magic_bad, std::ios::binary | std::ios::in | std::ios::out);
+    int32_t m = kLlmcMagic + 1;
+    f.write(reinterpret_cast<const char*>(&m), 4);
+  }
+  ExpectIoError(magic_bad, 256, 8, "looks like an llm.c file (version 1, 100 tokens) whose magic");
+  // A directory and a FIFO (reading one would block) are refused by kind.
+  ExpectIoError(dir_.string(), 256, 8, "not a regular file (a directory)");
+  const std::string fifo = Path("fifo.bin");
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  ExpectIoError(fifo, 256, 8, "not a regular file (a FIFO)");
+  std::remove(fifo.c_str());
 }
 
 }  // namespace
