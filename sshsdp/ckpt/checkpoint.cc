@@ -302,11 +302,13 @@ ojson BuildManifest(Engine& engine, const std::vector<Engine::Zero1Field>& field
       while (e < fields.size() && fields[e].group == f0.group) ++e;
       ShardChain chain(f0.layout->list, f0.chain->topology(), r);
       for (const Fragment& fr : chain.Fragments(Shard::kZero1)) {
+        const FragmentSpan s = SpanOf(*f0.pieces, fr);  // dim-0 pieces: offset, padding cut
+        if (s.length == 0) continue;
         ojson offs;
         for (size_t j = k; j < e; ++j)
-          offs[fields[j].field] = plans[i].offsets[j] + fr.shard_offset * 4;
-        shards[f0.layout->update[fr.member].name].push_back(
-            {{"file", i}, {"range", {fr.tensor_begin, fr.tensor_end()}}, {"offsets", offs}});
+          offs[fields[j].field] = plans[i].offsets[j] + s.shard_offset * 4;
+        shards[f0.layout->update[s.update].name].push_back(
+            {{"file", i}, {"range", {s.begin, s.end()}}, {"offsets", offs}});
       }
       k = e;
     }
@@ -941,25 +943,26 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
           for (const Engine::Zero1Field& f : fields) {
             std::memset(f.data, 0, f.chunk.size() * 4);  // tail padding stays zero
             for (const Fragment& fr : f.chain->Fragments(Shard::kZero1)) {
-              const CheckpointTensor& t = *by_name.at(f.layout->update[fr.member].name);
+              const FragmentSpan sp = SpanOf(*f.pieces, fr);  // dim-0 padding stays zero
+              if (sp.length == 0) continue;
+              const CheckpointTensor& t = *by_name.at(f.layout->update[sp.update].name);
               auto it =
-                  std::upper_bound(t.shards.begin(), t.shards.end(), fr.tensor_begin,
+                  std::upper_bound(t.shards.begin(), t.shards.end(), sp.begin,
                                    [](uint64_t v, const CheckpointShard& s) { return v < s.end; });
               uint64_t covered = 0;
-              for (; it != t.shards.end() && it->begin < fr.tensor_end(); ++it) {
-                const uint64_t lo = std::max<uint64_t>(it->begin, fr.tensor_begin);
-                const uint64_t hi = std::min<uint64_t>(it->end, fr.tensor_end());
+              for (; it != t.shards.end() && it->begin < sp.end(); ++it) {
+                const uint64_t lo = std::max<uint64_t>(it->begin, sp.begin);
+                const uint64_t hi = std::min<uint64_t>(it->end, sp.end());
                 if (!files[it->file])
                   files[it->file] = std::make_unique<InFile>(m.FilePath(it->file));
-                files[it->file]->ReadAt(f.data + fr.shard_offset + (lo - fr.tensor_begin),
-                                        (hi - lo) * 4,
+                files[it->file]->ReadAt(f.data + sp.shard_offset + (lo - sp.begin), (hi - lo) * 4,
                                         it->offsets.at(f.field) + (lo - it->begin) * 4);
                 covered += hi - lo;
                 res.bytes_read += (hi - lo) * 4;
               }
-              SSHSDP_CHECK(covered == fr.length, IoError,
+              SSHSDP_CHECK(covered == sp.length, IoError,
                            "{}: tensor '{}' elements [{}, {}) are not fully in the checkpoint",
-                           m.ManifestPath(), t.name, fr.tensor_begin, fr.tensor_end());
+                           m.ManifestPath(), t.name, sp.begin, sp.end());
             }
           }
         }));

@@ -591,13 +591,12 @@ void Engine::InitWeights(uint64_t seed) {
     RuntimeGroup& g = *gp;
     std::memset(g.main_z1, 0, g.z1.size() * 4);
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-      const MemberPiece& pc = g.pieces[f.member];
-      if (f.tensor_begin >= pc.valid) continue;  // dim-0 padding stays zero
-      const UpdateParam& u = g.layout.update[pc.update];
+      const FragmentSpan s = SpanOf(g.pieces, f);
+      if (s.length == 0) continue;  // dim-0 padding stays zero
+      const UpdateParam& u = g.layout.update[s.update];
       UpdatePart part{u.name, u.shape, 0, u.kind, u.init};
-      FillInit(part, seed, static_cast<int64_t>(pc.offset + f.tensor_begin),
-               static_cast<int64_t>(std::min(f.length, pc.valid - f.tensor_begin)),
-               g.main_z1 + f.shard_offset);
+      FillInit(part, seed, static_cast<int64_t>(s.begin), static_cast<int64_t>(s.length),
+               g.main_z1 + s.shard_offset);
     }
     std::memset(g.m, 0, g.z1.size() * 8);
   }
@@ -866,11 +865,10 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
                    it->second.size(), NumElements(u.shape), ShapeString(u.shape));
     }
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-      const MemberPiece& pc = g.pieces[f.member];
-      if (f.tensor_begin >= pc.valid) continue;  // dim-0 padding
-      const std::vector<float>& src = weights.at(g.layout.update[pc.update].name);
-      std::memcpy(g.main_z1 + f.shard_offset, src.data() + pc.offset + f.tensor_begin,
-                  std::min(f.length, pc.valid - f.tensor_begin) * 4);
+      const FragmentSpan s = SpanOf(g.pieces, f);
+      if (s.length == 0) continue;  // dim-0 padding
+      const std::vector<float>& src = weights.at(g.layout.update[s.update].name);
+      std::memcpy(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
     }
     std::memset(g.m, 0, g.z1.size() * 8);
   }
@@ -1024,9 +1022,9 @@ std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
     const int gi = g.layout.group;
-    out.push_back({"main", gi, g.main_z1, g.z1, &g.layout, g.chain.get()});
-    out.push_back({"m", gi, g.m, g.z1, &g.layout, g.chain.get()});
-    out.push_back({"v", gi, g.v, g.z1, &g.layout, g.chain.get()});
+    out.push_back({"main", gi, g.main_z1, g.z1, &g.layout, g.chain.get(), &g.pieces});
+    out.push_back({"m", gi, g.m, g.z1, &g.layout, g.chain.get(), &g.pieces});
+    out.push_back({"v", gi, g.v, g.z1, &g.layout, g.chain.get(), &g.pieces});
   }
   return out;
 }

@@ -204,6 +204,7 @@ class Engine {
     Range chunk;
     const GroupLayout* layout = nullptr;
     const ShardChain* chain = nullptr;
+    const std::vector<MemberPiece>* pieces = nullptr;  // member -> update parameter (SpanOf)
   };
   std::vector<Zero1Field> Zero1Fields();
   // After the ZeRO-1 state was overwritten (checkpoint load): sets the optimizer step and

@@ -17,9 +17,11 @@
 //   L.list.member(qkv.first_member).offset;          // == qkv.offset
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/layout/tensor_list.h"
 #include "sshsdp/params/model.h"
 
@@ -38,6 +40,24 @@ struct MemberPiece {
   size_t offset = 0;
   size_t valid = 0;
 };
+
+// The update-parameter elements a shard fragment holds: `length` elements of update
+// parameter `update` from element `begin`, stored from `shard_offset` of the shard. length 0:
+// the fragment is dim-0 padding only. The one mapping from buffer fragments to update
+// parameters (init, load, gather, checkpoints all use it).
+struct FragmentSpan {
+  int update = 0;
+  size_t begin = 0;
+  size_t length = 0;
+  size_t shard_offset = 0;
+  size_t end() const { return begin + length; }
+};
+inline FragmentSpan SpanOf(const std::vector<MemberPiece>& pieces, const Fragment& f) {
+  const MemberPiece& pc = pieces.at(static_cast<size_t>(f.member));
+  if (f.tensor_begin >= pc.valid) return {pc.update, pc.offset + pc.valid, 0, f.shard_offset};
+  return {pc.update, pc.offset + f.tensor_begin, std::min(f.length, pc.valid - f.tensor_begin),
+          f.shard_offset};
+}
 
 struct UpdateParam {
   std::string name;
