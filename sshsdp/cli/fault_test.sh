@@ -126,6 +126,12 @@ finish_run
     --resume "$tmp/ck_roll/step_00000010" >/dev/null 2>&1 &&
   "$bin" ckpt inspect "$tmp/ck_roll" | grep -q "^checkpoint $tmp/ck_roll/step_00000015 "
 check "after a roll-back into the same --ckpt-dir, latest is the last save (15), not step 20" $?
+"${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 5 --save-every 5 --ckpt-dir "$tmp/ck_m" \
+  --metrics "$tmp/m.jsonl" >/dev/null 2>&1 &&
+  "${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 8 --resume "$tmp/ck_m" \
+    --metrics "$tmp/m.jsonl" >/dev/null 2>&1 &&
+  [ "$(wc -l <"$tmp/m.jsonl")" -eq 8 ] && [ "$(tail -1 "$tmp/m.jsonl" | sed 's/.*"step":\([0-9]*\).*/\1/')" -eq 8 ]
+check "a resumed run appends to its --metrics file (5 + 3 lines)" $?
 
 expect_error "a negative --comm-timeout is refused" "--comm-timeout must be a number of seconds >= 0" \
   "${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 1 --comm-timeout -1
