@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -24,6 +25,9 @@
 #include "sshsdp/ckpt/crc32.h"
 #include "sshsdp/ckpt/posix_file.h"
 #include "sshsdp/layout/shard_chain.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "rank files hold little-endian fp32 fields, written and read as they are in memory");
 
 namespace sshsdp {
 

@@ -120,8 +120,8 @@ static int Bench(int argc, char** argv) {
   for (int s = 0; s < warmup + steps; ++s)
     for (Variant& v : vs) {
       StepStats st = v.engine->Step(batch_fn(s));
-      double t[1] = {st.seconds};
-      world->AllReduce(t, 1, DType::kF32);  // (sum; ratios are unaffected)
+      float t[1] = {static_cast<float>(st.seconds)};  // an fp32 buffer for an fp32 reduction
+      world->AllReduce(t, 1, DType::kF32);            // (sum; ratios are unaffected)
       if (s >= warmup) {
         v.secs.push_back(t[0] / W);
         v.prep.push_back(st.time.cast);

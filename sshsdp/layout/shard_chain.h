@@ -57,6 +57,11 @@ class ShardChain {
   // `list` must be finalized with padded_numel() a multiple of so (and so of sg, sw):
   // throws LayoutError otherwise. Keeps a reference to `list` and a copy of `topo`.
   ShardChain(const TensorList& list, const Topology& topo, int rank);
+  // Not copyable: a copy would hold the same reference to `list` and could outlive it.
+  // Movable (into containers); the moved-from chain is not used again.
+  ShardChain(const ShardChain&) = delete;
+  ShardChain& operator=(const ShardChain&) = delete;
+  ShardChain(ShardChain&&) noexcept = default;
 
   const TensorList& list() const { return list_; }
   const Topology& topology() const { return topo_; }
