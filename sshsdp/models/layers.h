@@ -31,8 +31,13 @@ void RmsNormBackward(const float* dy, const float* x, const float* g, const floa
 // ---- GELU, tanh approximation. ----
 inline constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2/π)
 // tanh(z) = 1 − 2/(e^{2z} + 1): one expf instead of libm's slower tanhf; saturates correctly
-// (e^{2z} = inf gives 1, e^{2z} = 0 gives −1). Absolute error a few fp32 ulps of 1.
+// (e^{2z} = inf gives 1, e^{2z} = 0 gives −1). Absolute error a few fp32 ulps of 1. The
+// scalar reference the vectorised GELU below is tested against.
 inline float FastTanh(float z) { return 1.0f - 2.0f / (std::exp(2.0f * z) + 1.0f); }
+// GELU forward/backward run a branch-free polynomial e^x (range reduction by ln 2, degree-6
+// polynomial, exponent built in the bits; |z| clamped to 10, where tanh is ±1 in fp32) that
+// the compiler vectorises, built for AVX-512, AVX2 and the baseline ISA and picked at load
+// time. Within 2e-7 absolute of FastTanh over the fp32 range (layers_test).
 void GeluForward(const float* x, float* y, int64_t n);
 // dx = dy · gelu'(x), in place on dy.
 void GeluBackwardInPlace(const float* x, float* dy, int64_t n);

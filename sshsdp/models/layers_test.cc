@@ -1,0 +1,72 @@
+// The vectorised GELU forward/backward against the scalar reference (FastTanh, libm expf) and
+// against double precision, over a sweep of the fp32 range (odd lengths, so the vector loops'
+// remainders run too), with saturation, zeros, and NaN kept NaN.
+#include "sshsdp/models/layers.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace sshsdp::layers {
+namespace {
+
+double GeluRef(double v) {
+  return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+}
+double GeluGradRef(double v) {
+  const double u = 0.7978845608028654 * (v + 0.044715 * v * v * v);
+  const double t = std::tanh(u);
+  return 0.5 * (1.0 + t) +
+         0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * v * v);
+}
+
+std::vector<float> Sweep() {
+  std::vector<float> x;
+  for (float v = -12.0f; v <= 12.0f; v += 0.00731f) x.push_back(v);
+  for (float v : {0.0f, -0.0f, 1e-30f, -1e-30f, 30.0f, -30.0f, 1e4f, -1e4f}) x.push_back(v);
+  x.push_back(0.5f);  // odd length
+  return x;
+}
+
+TEST(Gelu, VectorisedMatchesTheScalarReferenceAndDoublePrecision) {
+  const std::vector<float> x = Sweep();
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(x.size()), dy(x.size(), 1.0f);
+  GeluForward(x.data(), y.data(), n);
+  GeluBackwardInPlace(x.data(), dy.data(), n);
+  double worst_fwd = 0, worst_bwd = 0, ref_fwd = 0, ref_bwd = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float v = x[i];
+    if (std::abs(v) > 1e3f) {  // saturated: identity for large v, 0 for very negative v
+      EXPECT_EQ(y[i], v > 0 ? v : 0.0f) << v;
+      EXPECT_EQ(dy[i], v > 0 ? 1.0f : 0.0f) << v;
+      continue;
+    }
+    // The scalar reference of the same formula (libm expf).
+    const float ref = 0.5f * v * (1.0f + FastTanh(kGeluC * (v + 0.044715f * v * v * v)));
+    const double scale = 1.0 + std::abs(static_cast<double>(v));
+    EXPECT_NEAR(y[i], ref, 3e-7 * scale) << "x = " << v;
+    worst_fwd = std::max(worst_fwd, std::abs(y[i] - GeluRef(v)) / scale);
+    worst_bwd = std::max(worst_bwd, std::abs(dy[i] - GeluGradRef(v)) / scale);
+    // The scalar reference's own error, for the bound below.
+    const float t = FastTanh(kGeluC * (v + 0.044715f * v * v * v));
+    const float dref =
+        0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
+    ref_fwd = std::max(ref_fwd, std::abs(ref - GeluRef(v)) / scale);
+    ref_bwd = std::max(ref_bwd, std::abs(dref - GeluGradRef(v)) / scale);
+  }
+  // No less accurate than the scalar reference (both are fp32 evaluations of the formula).
+  EXPECT_LT(worst_fwd, 2 * ref_fwd + 1e-7) << "reference " << ref_fwd;
+  EXPECT_LT(worst_bwd, 2 * ref_bwd + 1e-7) << "reference " << ref_bwd;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  float yn = 0, dn = 1;
+  GeluForward(&nan, &yn, 1);
+  GeluBackwardInPlace(&nan, &dn, 1);
+  EXPECT_TRUE(std::isnan(yn));
+  EXPECT_TRUE(std::isnan(dn));
+}
+
+}  // namespace
+}  // namespace sshsdp::layers
