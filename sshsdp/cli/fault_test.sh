@@ -95,11 +95,12 @@ finish_run
 saved=$(ls "$tmp/ck_one" 2>/dev/null | grep -c '^step_')
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$saved" -eq 1 ] && "$bin" ckpt inspect "$tmp/ck_one" >/dev/null 2>&1
 check "SIGTERM to one rank stops every rank after the same step (one verified checkpoint)" $?
-# Steps of ~0.5 s, so the second signal arrives while the first one's step still runs.
-start_run "$tmp/ck_twice" 2 --model small --batch-size 16
+# Step 5 lasts 3 s more on rank 0 (--fault 0:5:sleep): both signals arrive inside it.
+start_run "$tmp/ck_twice" 2 --model tiny --fault 0:5:sleep
+for _ in $(seq 1 120); do grep -q "step     4/" "$tmp/sig.out" && break; sleep 0.1; done
 ranks=$(pgrep -P "$mp")
 kill -TERM $ranks
-sleep 0.05
+sleep 0.5
 kill -TERM $ranks
 finish_run
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -q "checkpoint saved" "$tmp/sig.err"

@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
@@ -164,7 +165,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "last before the watchdog names what it waited for and ends the job (0: never)")
       ->capture_default_str();
   app.add_option("--fault", o.fault,
-                 "tests only: RANK:STEP throws on that rank inside that step's first microbatch")
+                 "tests only: RANK:STEP throws on that rank inside that step's first microbatch; "
+                 "RANK:STEP:sleep makes that step 3 s longer there instead")
       ->group("");
   app.add_option("--ckpt-fault", o.ckpt_fault,
                  "tests only: RANK:PHASE[:STEP] kills a rank during a save")
@@ -316,6 +318,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     InstallStopHandlers();
     int fault_rank = -1;
     int64_t fault_step = -1;
+    bool fault_sleep = o.fault.size() > 6 && o.fault.compare(o.fault.size() - 6, 6, ":sleep") == 0;
     if (!o.fault.empty()) {
       SSHSDP_CHECK(std::sscanf(o.fault.c_str(), "%d:%ld", &fault_rank, &fault_step) == 2,
                    ConfigError, "--fault must be RANK:STEP, got '{}'", o.fault);
@@ -523,8 +526,14 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     const int M = cfg.microbatches, B = cfg.batch_size;
     int64_t cur = 0;
     BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
-      SSHSDP_CHECK(!(rank == fault_rank && cur + 1 == fault_step && mb == 0), CommError,
-                   "--fault {}: injected failure on rank {} in step {}", o.fault, rank, fault_step);
+      if (rank == fault_rank && cur + 1 == fault_step && mb == 0) {
+        if (fault_sleep) {  // a long step (signal tests), not a failure
+          std::this_thread::sleep_for(std::chrono::seconds(3));
+        } else {
+          throw CommError(fmt::format("--fault {}: injected failure on rank {} in step {}", o.fault,
+                                      rank, fault_step));
+        }
+      }
       data->Batch(SampleIndex(cur, mb, M, rank, W, 0, B), B, T, tok, tgt);
     };
     double ema = 0;

@@ -53,15 +53,13 @@ void RmsNormBackward(const float* dy, const float* x, const float* g, const floa
 
 namespace {
 
-// tanh(z) for the vectorised loops: z clamped to [-10, 10] (where tanh rounds to ±1 exactly),
-// e^{2z} = 2^n · p(r) with n = round(2z / ln 2), r = 2z − n·ln 2 (two-constant Cody–Waite),
-// p the degree-6 Taylor polynomial of e^r on |r| <= ln2/2 (relative error < 3e-8), and 2^n
-// written into the exponent bits. No calls, no branches: `omp simd` vectorises it. A NaN z
-// stays NaN (the clamp keeps it, and so does every step after).
-inline float TanhVec(float z) {
-  z = std::min(std::max(z, -10.0f), 10.0f);  // std::max(NaN, c) is NaN: NaN stays NaN
-  const float x = 2.0f * z;
-  const float kMagic = 12582912.0f;  // 1.5·2^23: adding it rounds to an integer
+// e^x for the vectorised loops: x clamped to [-87, 88] (normal fp32 results), e^x = 2^n · p(r)
+// with n = round(x / ln 2), r = x − n·ln 2 (two-constant Cody–Waite), p the degree-6 Taylor
+// polynomial of e^r on |r| <= ln2/2 (relative error < 3e-8), and 2^n written into the
+// exponent bits. No calls, no branches: `omp simd` vectorises it. NaN stays NaN.
+inline float ExpVec(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);  // std::max(NaN, c) is NaN: NaN stays NaN
+  const float kMagic = 12582912.0f;          // 1.5·2^23: adding it rounds to an integer
   const float fn = (x * 1.44269504088896341f + kMagic) - kMagic;
   const float r = (x - fn * 0.693145751953125f) - fn * 1.428606765330187e-06f;
   float p = 1.0f / 720.0f;
@@ -74,7 +72,13 @@ inline float TanhVec(float z) {
   const int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, 4);
-  return 1.0f - 2.0f / (p * scale + 1.0f);
+  return p * scale;
+}
+
+// tanh(z) = 1 − 2/(e^{2z} + 1), z clamped to [-10, 10] (where tanh rounds to ±1 exactly).
+inline float TanhVec(float z) {
+  z = std::min(std::max(z, -10.0f), 10.0f);
+  return 1.0f - 2.0f / (ExpVec(2.0f * z) + 1.0f);
 }
 
 }  // namespace
@@ -232,19 +236,31 @@ void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int
   scatter(dwpe, seq_len, [](int, int t) { return static_cast<int64_t>(t); });
 }
 
-double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
-                                  int64_t rows, int64_t V) {
+// One vectorised exp per logit (ExpVec): e = e^{z - max} is stored and summed in the same
+// pass, then scaled by 1/Σe; the log-sum-exp and the loss are formed in double.
+SSHSDP_ACT_CLONES double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets,
+                                                    float* losses, int64_t rows, int64_t V) {
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     float* p = logits + r * V;
-    float mx = *std::max_element(p, p + V);
-    double sum = 0.0;
-    for (int64_t v = 0; v < V; ++v) sum += std::exp(static_cast<double>(p[v] - mx));
-    const double lse = mx + std::log(sum);
-    const double loss = lse - p[targets[r]];
+    float mx = p[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, p[v]);
+    const float target_logit = p[targets[r]];
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t v = 0; v < V; ++v) {
+      const float e = ExpVec(p[v] - mx);
+      p[v] = e;
+      sum += e;
+    }
+    const double lse = mx + std::log(static_cast<double>(sum));
+    const double loss = lse - target_logit;
     losses[r] = static_cast<float>(loss);
     total += loss;
-    for (int64_t v = 0; v < V; ++v) p[v] = static_cast<float>(std::exp(p[v] - lse));
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t v = 0; v < V; ++v) p[v] *= inv;
   }
   return total;
 }

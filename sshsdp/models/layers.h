@@ -73,8 +73,9 @@ void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int
                        bool accumulate, std::vector<float>& scratch);
 
 // ---- Softmax cross-entropy over [rows, V] logits. ----
-// In place: logits become probabilities, losses[r] = lse − logit[target] (sums in double);
-// returns Σ losses.
+// In place: logits become probabilities, losses[r] = lse − logit[target]; returns Σ losses.
+// One vectorised fp32 exp per logit (the same polynomial as GELU's), the log-sum-exp in
+// double; within 1e-6 of a double-precision evaluation (layers_test).
 double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
                                   int64_t rows, int64_t V);
 // dlogits = scale · (probs − onehot(target)), overwritten.

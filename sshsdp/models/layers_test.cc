@@ -1,12 +1,14 @@
 // The vectorised GELU forward/backward against the scalar reference (FastTanh, libm expf) and
 // against double precision, over a sweep of the fp32 range (odd lengths, so the vector loops'
-// remainders run too), with saturation, zeros, and NaN kept NaN.
+// remainders run too), with saturation, zeros, and NaN kept NaN; the softmax cross-entropy
+// against a double-precision evaluation on odd vocabularies.
 #include "sshsdp/models/layers.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <limits>
+#include <random>
 #include <vector>
 
 namespace sshsdp::layers {
@@ -66,6 +68,40 @@ TEST(Gelu, VectorisedMatchesTheScalarReferenceAndDoublePrecision) {
   GeluBackwardInPlace(&nan, &dn, 1);
   EXPECT_TRUE(std::isnan(yn));
   EXPECT_TRUE(std::isnan(dn));
+}
+
+TEST(SoftmaxCrossEntropy, MatchesDoublePrecisionOnOddVocabularies) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.0f, 4.0f);
+  for (int64_t V : {1, 7, 61, 257, 1031}) {
+    const int64_t rows = 5;
+    std::vector<float> logits(rows * V);
+    for (float& z : logits) z = d(rng);
+    logits[3] = 80.0f;  // a dominant logit: other probabilities underflow towards 0
+    std::vector<int32_t> targets(rows);
+    for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % V);
+    std::vector<float> p = logits, losses(rows);
+    const double total =
+        SoftmaxCrossEntropyForward(p.data(), targets.data(), losses.data(), rows, V);
+    double want_total = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* z = logits.data() + r * V;
+      double mx = z[0], sum = 0;
+      for (int64_t v = 0; v < V; ++v) mx = std::max(mx, static_cast<double>(z[v]));
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(z[v] - mx);
+      const double lse = mx + std::log(sum);
+      const double loss = lse - z[targets[r]];
+      want_total += loss;
+      EXPECT_NEAR(losses[r], loss, 1e-5 * (1 + std::abs(loss))) << "V=" << V << " row " << r;
+      double psum = 0;
+      for (int64_t v = 0; v < V; ++v) {
+        EXPECT_NEAR(p[r * V + v], std::exp(z[v] - lse), 1e-6) << "V=" << V << " v=" << v;
+        psum += p[r * V + v];
+      }
+      EXPECT_NEAR(psum, 1.0, 1e-5);
+    }
+    EXPECT_NEAR(total, want_total, 1e-5 * (1 + std::abs(want_total)));
+  }
 }
 
 }  // namespace
