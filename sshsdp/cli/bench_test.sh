@@ -9,13 +9,8 @@ set -u
 bin=$1
 shift
 mpirun=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-check() {
-  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fails=$((fails + 1)); echo "FAIL $1"; fi
-}
+# shellcheck source=testing/check.sh
+. "$(dirname "$0")/testing/check.sh"
 small=(--model tiny --layers 1 --seq-len 16 --microbatches 2 --warmup 1 --steps 2)
 
 timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1,2 \
@@ -109,5 +104,4 @@ rc=$?
 [ $rc -ne 0 ] && grep -q "megatron-fsdp" "$tmp/out"
 check "unknown preset fails naming the presets" $?
 
-echo "$pass passed, $fails failed"
-[ $fails -eq 0 ]
+finish_checks

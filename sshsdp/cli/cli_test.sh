@@ -12,17 +12,13 @@ set -u
 bin=$1
 shift
 mpirun=("$@")
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-check() {  # check NAME CONDITION-EXIT-CODE
-  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fails=$((fails + 1)); echo "FAIL $1"; fi
-}
+# shellcheck source=testing/check.sh
+. "$(dirname "$0")/testing/check.sh"
 
 out=$("$bin" train --help 2>&1); rc=$?
 [ $rc -eq 0 ] && for f in --model --sw --sg --so --ranks-per-node --microbatches --batch-size \
-  --steps --lr --weight-dtype --seed --data --metrics --save-weights --init-weights; do
+  --steps --lr --weight-dtype --seed --data --metrics --save-weights --init-weights \
+  --gemm-peak --comm-timeout --on-nonfinite; do
   grep -q -- "$f" <<<"$out" || { echo "help lacks $f"; rc=1; }
 done
 check "train --help lists every option" $rc
@@ -30,19 +26,6 @@ check "train --help lists every option" $rc
 "$bin" >/dev/null 2>&1; rc=$?
 check "no subcommand is an error" $([ $rc -ne 0 ] && echo 0 || echo 1)
 
-# expect_error NAME NEEDLE CMD...: must exit non-zero within 60 s, stderr containing NEEDLE.
-expect_error() {
-  local name=$1 needle=$2
-  shift 2
-  timeout 60 "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -qF -- "$needle" "$tmp/err"; then
-    echo "  rc=$rc; stderr:"; sed 's/^/  | /' "$tmp/err" | head -20
-    check "$name" 1
-  else
-    check "$name" 0
-  fi
-}
 tiny=(train --model tiny --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch-size 2)
 expect_error "layout not dividing the world is refused before any collective" "so=3 must divide the world size 2" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --so 3 --steps 1
@@ -160,5 +143,4 @@ timeout 60 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 2 --log-every 1 --ge
   ! grep -E "MFU [0-9]{3,}\.[0-9]% \|" "$tmp/pin.out"
 check "--gemm-peak pins the peak; MFU above 100% carries the warning" $?
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish_checks

@@ -16,13 +16,9 @@ set -u
 bin=$1
 shift
 mpirun=("$@")
-tmp=$(mktemp -d)
-trap 'pkill -9 -f "$tmp/marker" 2>/dev/null; rm -rf "$tmp"' EXIT
-fails=0
-pass=0
-check() {
-  if [ "$2" -eq 0 ]; then pass=$((pass + 1)); echo "ok   $1"; else fails=$((fails + 1)); echo "FAIL $1"; fi
-}
+# shellcheck source=testing/check.sh
+. "$(dirname "$0")/testing/check.sh"
+trap 'pkill -9 -f "$tmp/marker" 2>/dev/null; rm -rf "$tmp"' EXIT  # runs left behind, too
 
 # --- watchdog: SIGSTOP one rank of four -------------------------------------------------
 timeout=4
@@ -106,14 +102,6 @@ finish_run
 [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && ! grep -q "checkpoint saved" "$tmp/sig.err"
 check "a second signal ends the run at once (no checkpoint)" $?
 
-expect_error() {
-  local name=$1 needle=$2
-  shift 2
-  timeout 60 "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qF -- "$needle" "$tmp/err"
-  check "$name" $?
-}
 # --- one job per --ckpt-dir; "latest" is the last completed save ------------------------
 start_run "$tmp/ck_lock" 2
 expect_error "a second job on the same --ckpt-dir is refused, naming the holder" \
@@ -137,5 +125,4 @@ check "a resumed run appends to its --metrics file (5 + 3 lines)" $?
 expect_error "a negative --comm-timeout is refused" "--comm-timeout must be a number of seconds >= 0" \
   "${mpirun[@]}" -np 2 "$bin" train --model tiny --steps 1 --comm-timeout -1
 
-echo "$pass passed, $fails failed"
-[ "$fails" -eq 0 ]
+finish_checks

@@ -18,31 +18,15 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/testing/gemm_data.h"
 
 namespace sshsdp::kernels {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<bf16> r(v.size());
-  FloatToBf16(v.data(), r.data(), v.size());
-  return r;
-}
-
-std::vector<float> Widened(const std::vector<bf16>& v) {
-  std::vector<float> r(v.size());
-  Bf16ToFloat(v.data(), r.data(), v.size());
-  return r;
-}
-
-std::vector<float> RoundedToBf16(const std::vector<float>& v) { return Widened(ToBf16(v)); }
+using testing::Random;
+using testing::RoundedToBf16;
+using testing::ToBf16;
+using testing::Widened;
 
 // Bitwise equality of two fp32 arrays (NaN patterns included).
 void ExpectBitEqual(const std::vector<float>& got, const std::vector<float>& want,

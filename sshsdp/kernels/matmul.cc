@@ -337,6 +337,19 @@ const void* Bf16Activation(State& s, std::vector<bf16>& narrow, std::vector<floa
   return wide.data();
 }
 
+// The operands of a linear layer's product with weight w [n, k] in *ab (fp32 or bf16): for
+// bf16, the fp32 activation `act` (act_n elements) as the product consumes it, and on the
+// widened path the weight widened too, with *ab then fp32. fp32 operands pass unchanged.
+void LinearOperands(State& s, const float* act, int64_t act_n, int64_t n, int64_t k, const void** a,
+                    const void** w, DType* ab) {
+  if (*ab != DType::kBF16) return;
+  *a = Bf16Activation(s, s.scratch_a, s.wide_a, act, act_n);
+  if (PathLocked(s) == Bf16GemmPath::kWidened) {
+    *w = WidenInto(s.wide_b, *w, n, k, k);
+    *ab = DType::kF32;
+  }
+}
+
 }  // namespace
 
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
@@ -362,13 +375,7 @@ void LinearForward(const float* x, const void* w, DType w_dtype, float* y, int64
   std::lock_guard<std::mutex> lock(s.mu);
   const void* a = x;
   DType ab = w_dtype;
-  if (w_dtype == DType::kBF16) {
-    a = Bf16Activation(s, s.scratch_a, s.wide_a, x, m * k);
-    if (PathLocked(s) == Bf16GemmPath::kWidened) {
-      w = WidenInto(s.wide_b, w, n, k, k);
-      ab = DType::kF32;
-    }
-  }
+  LinearOperands(s, x, m * k, n, k, &a, &w, &ab);
   GemmLocked(s, DenseKey(false, true, m, n, k, ab, DType::kF32, false, 1), a, w, y);
 }
 
@@ -378,13 +385,7 @@ void LinearBackwardData(const float* dy, const void* w, DType w_dtype, float* dx
   std::lock_guard<std::mutex> lock(s.mu);
   const void* a = dy;
   DType ab = w_dtype;
-  if (w_dtype == DType::kBF16) {
-    a = Bf16Activation(s, s.scratch_a, s.wide_a, dy, m * n);
-    if (PathLocked(s) == Bf16GemmPath::kWidened) {
-      w = WidenInto(s.wide_b, w, n, k, k);
-      ab = DType::kF32;
-    }
-  }
+  LinearOperands(s, dy, m * n, n, k, &a, &w, &ab);
   GemmLocked(s, DenseKey(false, false, m, k, n, ab, DType::kF32, accumulate, 1), a, w, dx);
 }
 

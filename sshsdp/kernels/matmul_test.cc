@@ -13,35 +13,20 @@
 #include <vector>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/testing/gemm_data.h"
 
 namespace sshsdp::kernels {
 namespace {
+
+using testing::Random;
+using testing::RoundedToBf16;
+using testing::ToBf16;
 
 struct Shape {
   int64_t m, n, k;
 };
 
 const Shape kShapes[] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {64, 48, 80}, {130, 7, 257}};
-
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
-std::vector<float> RoundedToBf16(const std::vector<float>& v) {
-  std::vector<float> r(v.size());
-  for (size_t i = 0; i < v.size(); ++i) r[i] = RoundToBf16(v[i]);
-  return r;
-}
-
-std::vector<bf16> ToBf16(const std::vector<float>& v) {
-  std::vector<bf16> r(v.size());
-  FloatToBf16(v.data(), r.data(), v.size());
-  return r;
-}
 
 // Naive C = op(A)·op(B) in double; also returns Σ|a·b| per element (the error scale).
 struct Ref {
