@@ -604,6 +604,42 @@ void Engine::InitWeights(uint64_t seed) {
   PrepareAndGatherWeights();
 }
 
+void Engine::SetModelBatch(const int32_t* tokens, const int32_t* targets) {
+  model_.SetBatch(tokens, targets, cfg_.batch_size, cfg_.seq_len);
+  if (activation_bytes_ != static_cast<uint64_t>(model_.ActivationBytes())) {
+    // The model owns its activation arena; account it with the rest of the rank's memory.
+    memory_.Free("activations", activation_bytes_);
+    activation_bytes_ = static_cast<uint64_t>(model_.ActivationBytes());
+    memory_.Allocate("activations", activation_bytes_);
+  }
+}
+
+double Engine::Evaluate(const BatchFn& batch, int batches) {
+  SSHSDP_CHECK(batches >= 1, ConfigError, "Evaluate: need at least one batch per rank, got {}",
+               batches);
+  SSHSDP_CHECK(cfg_.seq_len > 0, ConfigError,
+               "sequence length must be set (EngineConfig::seq_len)");
+  const int n = static_cast<int>(groups_.size());
+  std::vector<int32_t> tokens(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
+      targets(tokens.size());
+  double loss_sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    batch(i, tokens.data(), targets.data());
+    SetModelBatch(tokens.data(), targets.data());
+    for (int g = 0; g < n; ++g) {
+      StartGather(g);
+      if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
+      WaitGather(g);
+      model_.Forward(g, views_direct_ ? WeightViews(g) : RuntimeWeights(g));
+      ReleaseGather(g);  // no backward follows: every layer is released, the last included
+    }
+    loss_sum += model_.Loss();
+  }
+  float red = static_cast<float>(loss_sum);  // as Step's loss: an fp32 sum over ranks
+  world_.AllReduce(&red, 1, DType::kF32);
+  return red / (static_cast<double>(batches) * world_.size());
+}
+
 StepStats Engine::Step(const BatchFn& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   const int n = static_cast<int>(groups_.size());
@@ -625,13 +661,7 @@ StepStats Engine::Step(const BatchFn& batch) {
   double loss_sum = 0;
   for (int mb = 0; mb < M; ++mb) {
     batch(mb, tokens.data(), targets.data());
-    model_.SetBatch(tokens.data(), targets.data(), B, T);
-    if (activation_bytes_ != static_cast<uint64_t>(model_.ActivationBytes())) {
-      // The model owns its activation arena; account it with the rest of the rank's memory.
-      memory_.Free("activations", activation_bytes_);
-      activation_bytes_ = static_cast<uint64_t>(model_.ActivationBytes());
-      memory_.Allocate("activations", activation_bytes_);
-    }
+    SetModelBatch(tokens.data(), targets.data());
     // Forward, layer by layer, prefetching the next layer's weights.
     for (int g = 0; g < n; ++g) {
       StartGather(g);

@@ -183,6 +183,12 @@ class Engine {
   // One optimizer step over cfg.microbatches microbatches. Collective.
   StepStats Step(const BatchFn& batch);
 
+  // Validation: the mean loss of `batches` microbatches per rank (batch(i, ...) fills the
+  // i-th), averaged over every rank's. Forward only, through the sharded weights gathered as
+  // in training (prefetch included); no gradient, no reduce-scatter, no optimizer state or step
+  // touched, so training after it is bit-identical to training without it. Collective.
+  double Evaluate(const BatchFn& batch, int batches);
+
   // Consolidated fp32 main weights of every update parameter, by name (collective; every
   // rank receives all). For tests, safetensors export and reports.
   std::map<std::string, std::vector<float>> GatherMainWeights();
@@ -256,6 +262,7 @@ class Engine {
   void PrepareAndGatherWeights();  // G + outer all-gather
   void SetUpDirectPath();          // comm_path = direct: direct communicators, registered slots
   void BuildUpdate();              // optimizers, units, plans of the structured update
+  void SetModelBatch(const int32_t* tokens, const int32_t* targets);  // + activation accounting
   // Redundancy paths (redundancy.h): runtime weight views of a gathered group (③ copy-out,
   // ① pack), gradient targets for backward (④ per-parameter tensors, packed gradients of
   // non-contiguous runtime parameters), and their completion (④ copy into G′, zero fill).

@@ -169,8 +169,9 @@ void SyntheticTokens::Sample(int64_t index, int T, int32_t* tokens, int32_t* tar
 
 TokenFile::TokenFile(const std::string& path, int vocab, int seq_len, uint64_t seed)
     : path_(path), vocab_(vocab), seq_len_(seq_len), seed_(seed) {
-  SSHSDP_CHECK(vocab > 0 && vocab <= 65536 && seq_len > 0, ConfigError,
-               "TokenFile '{}': vocab {} (1..65536) or seq_len {} invalid", path, vocab, seq_len);
+  SSHSDP_CHECK(vocab >= 0 && vocab <= 65536 && seq_len > 0, ConfigError,
+               "TokenFile '{}': vocab {} (1..65536; 0: from the data) or seq_len {} invalid", path,
+               vocab, seq_len);
   struct stat st {};
   SSHSDP_CHECK(::stat(path.c_str(), &st) == 0, IoError, "token file '{}': cannot open: {}", path,
                std::strerror(errno));
@@ -240,11 +241,24 @@ void TokenFile::Validate() {
                static_cast<int64_t>(seq_len) + 1);
   tokens_ = reinterpret_cast<const uint16_t*>(bytes + data_offset);
   count_ = count;
+  uint16_t max_token = 0;
+#pragma omp simd reduction(max : max_token)
+  for (int64_t i = 0; i < count; ++i) max_token = std::max(max_token, tokens_[i]);
+  max_token_ = max_token;
+  if (vocab_ == 0) vocab_ = InferVocab(max_token_);
+  if (max_token_ < vocab_) return;
   for (int64_t i = 0; i < count; ++i) {
     SSHSDP_CHECK(tokens_[i] < vocab_, IoError,
-                 "token file '{}': token {} at position {} is outside the vocabulary of {}", path,
-                 tokens_[i], i, vocab_);
+                 "token file '{}': token {} at position {} is outside the vocabulary of {} (the "
+                 "file's largest token is {}; pass --vocab-size for its tokenizer)",
+                 path, tokens_[i], i, vocab_, max_token_);
   }
+}
+
+int TokenFile::InferVocab(int max_token) {
+  if (max_token < 256) return 256;                  // bytes
+  if (max_token < kGpt2Vocab) return kGpt2Vocab;    // GPT-2's BPE (nanoGPT, llm.c files)
+  return max_token + 1;
 }
 
 TokenFile::~TokenFile() {

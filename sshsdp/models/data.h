@@ -76,7 +76,8 @@ class SyntheticTokens final : public TokenSource {
 class TokenFile final : public TokenSource {
  public:
   // Maps the file read-only (ranks on one machine share its pages instead of each holding a
-  // copy) and validates every token. Samples are windows at positions drawn from (seed,
+  // copy) and validates every token against `vocab`; vocab 0 takes it from the data
+  // (InferVocab of the largest token). Samples are windows at positions drawn from (seed,
   // index). IoError for a directory, FIFO or other non-regular file, with the OS's reason
   // for an unreadable one.
   TokenFile(const std::string& path, int vocab, int seq_len, uint64_t seed = 0);
@@ -89,6 +90,10 @@ class TokenFile final : public TokenSource {
   void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const override;
 
   int64_t num_tokens() const { return count_; }
+  int max_token() const { return max_token_; }
+  // The vocabulary a file whose largest token is max_token was most likely made with: 256
+  // (bytes) below 256, GPT-2's 50,257 below that, else max_token + 1. --vocab-size overrides.
+  static int InferVocab(int max_token);
   bool is_llmc_format() const { return llmc_; }
   const std::string& path() const { return path_; }
 
@@ -99,6 +104,7 @@ class TokenFile final : public TokenSource {
   void Validate();  // header, size and every token of the mapped file
 
   bool llmc_ = false;
+  int max_token_ = 0;
   void* map_ = nullptr;  // the whole file, mapped read-only
   size_t map_bytes_ = 0;
   const uint16_t* tokens_ = nullptr;  // into map_, past the llm.c header if any
@@ -109,6 +115,7 @@ class TokenFile final : public TokenSource {
 // IoError if the file cannot be written.
 void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens, bool llmc);
 
+inline constexpr int kGpt2Vocab = 50257;
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
 inline constexpr int kLlmcHeaderInts = 256;

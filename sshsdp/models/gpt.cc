@@ -60,11 +60,14 @@ GptConfig GptConfig::Preset(std::string_view name) {
 }
 
 void GptConfig::Validate() const {
-  SSHSDP_CHECK(vocab > 0 && seq_len > 0 && d_model > 0 && n_head > 0 && n_layer > 0 && ff() > 0,
+  SSHSDP_CHECK(vocab > 0 && seq_len > 0 && d_model > 0 && n_head > 0 && n_layer > 0 && ff() > 0 &&
+                   vocab_multiple > 0,
                ConfigError,
                "GPT config sizes must be positive: vocab={} seq_len={} d_model={} n_head={} "
-               "n_layer={} d_ff={}",
-               vocab, seq_len, d_model, n_head, n_layer, ff());
+               "n_layer={} d_ff={} vocab_multiple={}",
+               vocab, seq_len, d_model, n_head, n_layer, ff(), vocab_multiple);
+  SSHSDP_CHECK(vocab <= (1 << 24), ConfigError,
+               "GPT config: vocab {} is larger than 16,777,216 tokens", vocab);
   SSHSDP_CHECK(d_model % n_head == 0, ConfigError,
                "GPT config: d_model {} is not divisible by n_head {}", d_model, n_head);
 }
@@ -79,16 +82,18 @@ Gpt::Gpt(const GptConfig& config) : c_(config) {
 std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
   SSHSDP_CHECK(g >= 0 && g < num_groups(), PlanError, "GPT has groups 0..{}, asked for {}",
                num_groups() - 1, g);
-  const int64_t V = c_.vocab, d = c_.d_model, ff = c_.ff();
+  const int64_t V = c_.vocab, Vp = c_.padded_vocab(), d = c_.d_model, ff = c_.ff();
   const float std = 0.02f;
   const float proj_std = std / std::sqrt(2.0f * c_.n_layer);  // GPT-2 residual scaling
+  InitSpec table = Normal(std);
+  if (Vp > V) table.zero_from = V * d;  // padded vocabulary rows start (and stay) zero
   if (g == 0) {
-    return {Single("wte", {V, d}, UpdateKind::kEmbedding, Normal(std)),
+    return {Single("wte", {Vp, d}, UpdateKind::kEmbedding, table),
             Single("wpe", {c_.seq_len, d}, UpdateKind::kEmbedding, Normal(std))};
   }
   if (g == num_groups() - 1) {
     return {Single("lnf.g", {d}, UpdateKind::kVector, kOnes),
-            Single("lm_head", {V, d}, UpdateKind::kEmbedding, Normal(std))};
+            Single("lm_head", {Vp, d}, UpdateKind::kEmbedding, table)};
   }
   const std::string p = fmt::format("blocks.{}.", g - 1);
   const int64_t dh = c_.head_dim();
@@ -130,7 +135,7 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
   B_ = B, T_ = T;
 
   // Arena: one allocation, each tensor 64-byte aligned.
-  const int64_t L = c_.n_layer, d = c_.d_model, ff = c_.ff(), V = c_.vocab, H = c_.n_head;
+  const int64_t L = c_.n_layer, d = c_.d_model, ff = c_.ff(), V = c_.padded_vocab(), H = c_.n_head;
   float** slots[] = {
       &acts_.residual, &acts_.ln1,     &acts_.ln1_rstd, &acts_.qkv,  &acts_.att,      &acts_.atty,
       &acts_.res_mid,  &acts_.ln2,     &acts_.ln2_rstd, &acts_.fch,  &acts_.fch_gelu, &acts_.lnf,
@@ -285,17 +290,17 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
 }
 
 void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
-  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.vocab;
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
   RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
   LinearForward(acts_.lnf, View(w[1]), acts_.probs, BT, V, d);
-  loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, V) /
+  loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, c_.vocab, V) /
           static_cast<double>(BT);
 }
 
 void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                        bool acc) {
-  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.vocab;
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
   SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V,
                               static_cast<float>(grad_scale_ / static_cast<double>(BT)));
@@ -403,12 +408,13 @@ void Gpt::QkvBackward(const float* ln1, const std::vector<TensorRef>& w,
 }
 
 void Gpt::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
-  EmbeddingBackward(acts_.dres, tokens_.data(), B_, T_, c_.d_model, grad[0], c_.vocab, grad[1],
+  EmbeddingBackward(acts_.dres, tokens_.data(), B_, T_, c_.d_model, grad[0], c_.padded_vocab(), grad[1],
                     c_.seq_len, acc, table_scratch_);
 }
 
 double Gpt::FlopsPerToken() const {
-  const double d = c_.d_model, ff = c_.ff(), L = c_.n_layer, V = c_.vocab;
+  // The LM-head GEMM runs over the padded vocabulary (llm.c counts it the same way).
+  const double d = c_.d_model, ff = c_.ff(), L = c_.n_layer, V = c_.padded_vocab();
   const double n_gemm = L * (3 * d * d + d * d + 2 * d * ff) + V * d;
   const double T = T_ > 0 ? T_ : c_.seq_len;
   return 6.0 * n_gemm + 12.0 * L * d * T;

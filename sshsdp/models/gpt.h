@@ -1,12 +1,13 @@
 // Reference dense GPT with a manual forward and backward, written against runtime-parameter
 // views (model.h): it never sees shards, communicators or optimizer state.
 //
-// Pre-norm GPT over bytes by default: token embedding wte [V,d] + learned positions
+// Pre-norm GPT over bytes by default: token embedding wte [Vp,d] (Vp = padded vocabulary) + learned positions
 // wpe [seq_len,d]; per block RMSNorm → causal multi-head attention with ONE packed QKV
 // runtime parameter [3d,d] (update parts: every head's Q, then every head's K, then every
 // head's V, [d_head,d] each, so per-head Muon sees each head as its own matrix) → output
 // projection [d,d] → residual; RMSNorm → fc1 [d_ff,d] → GELU (tanh) → fc2 [d,d_ff] →
-// residual. Final RMSNorm, untied LM head [V,d], mean cross-entropy. No biases.
+// residual. Final RMSNorm, untied LM head [Vp,d], mean cross-entropy over the V real logits.
+// No biases.
 //
 //   Gpt model(GptConfig::Preset("small"));
 //   model.GroupParams(1)[1].parts[2].name;   // "blocks.0.attn.q.h2"
@@ -37,7 +38,12 @@
 namespace sshsdp {
 
 struct GptConfig {
-  int vocab = 256;  // bytes
+  // Vocabulary: 256 (bytes, the built-in data's) or the tokenizer's (50,257 for GPT-2). The
+  // embedding and LM-head tables have padded_vocab() rows, llm.c style (50,257 -> 50,304):
+  // padded logits take no probability mass, padded rows start at zero, get zero gradients
+  // and stay zero.
+  int vocab = 256;
+  int vocab_multiple = 128;  // padded_vocab() rounds vocab up to a multiple of this
   int seq_len = 64;
   int d_model = 64;
   int n_head = 4;
@@ -51,6 +57,7 @@ struct GptConfig {
   // "base" (d=256, L=6, H=8, T=256). Throws ConfigError naming the presets otherwise.
   static GptConfig Preset(std::string_view name);
   int ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
+  int padded_vocab() const { return (vocab + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
   int head_dim() const { return d_model / n_head; }
   // Throws ConfigError on non-positive sizes or d_model not divisible by n_head.
   void Validate() const;
@@ -79,8 +86,9 @@ class Gpt final : public Model {
   // Not with packed_qkv = false (per-part runtime weights).
   bool ConsumesMx() const override { return c_.packed_qkv; }
 
-  // Logits' softmax of the last forward, [B*T, V] (for tests and sampling).
-  const float* probs() const { return acts_.probs; }
+  // Logits' softmax of the last forward, [B*T, padded_vocab()] (padded columns 0).
+  const float* Probs() const override { return acts_.probs; }
+  int64_t ProbsStride() const override { return c_.padded_vocab(); }
 
  private:
   // Pointers into the arena; per-layer tensors are stacked [L, ...].

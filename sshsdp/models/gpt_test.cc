@@ -328,6 +328,59 @@ TEST(Gpt, PresetsAndFlops) {
   EXPECT_EQ(GptConfig::Preset("base").n_head, 8);
 }
 
+// A GPT-2-style padded vocabulary (llm.c's 50,257 -> 50,304, here 40 -> 64): the tables
+// have padded rows that start at zero, the padded logits take no probability mass (the loss
+// does not depend on those rows at all), and their gradients are exactly zero.
+TEST(Gpt, PaddedVocabularyRowsStayZeroAndTakeNoGradient) {
+  GptConfig c = TinyConfig();
+  c.vocab = 40;
+  c.vocab_multiple = 64;
+  EXPECT_EQ(c.padded_vocab(), 64);
+  EXPECT_EQ(GptConfig{}.padded_vocab(), 256);  // bytes: no padding
+  GptConfig gpt2;
+  gpt2.vocab = 50257;
+  EXPECT_EQ(gpt2.padded_vocab(), 50304);
+  Gpt m(c);
+  const int64_t d = c.d_model, V = c.vocab, Vp = 64;
+  const RuntimeParamSpec wte = m.GroupParams(0)[0], head = m.GroupParams(c.n_layer + 1)[1];
+  ASSERT_EQ(wte.shape, (std::vector<int64_t>{Vp, d}));
+  ASSERT_EQ(head.shape, (std::vector<int64_t>{Vp, d}));
+  DenseParams p(m);
+  p.Init(3);
+  for (const auto& [g, i] : {std::pair{0, 0}, std::pair{c.n_layer + 1, 1}}) {
+    const std::vector<float>& t = p.master(g, i);
+    for (int64_t k = V * d; k < Vp * d; ++k)
+      ASSERT_EQ(t[k], 0.0f) << "padded row " << k / d << " initialised";
+    EXPECT_NE(t[(V - 1) * d], 0.0f);  // the last real row is drawn
+  }
+  Batch b = RandomBatch(2, 7, 40, 9);
+  const double loss = RunForward(m, p, b);
+  const float* probs = m.Probs();
+  ASSERT_EQ(m.ProbsStride(), Vp);
+  for (int r = 0; r < 14; ++r) {
+    double sum = 0;
+    for (int64_t v = 0; v < Vp; ++v) {
+      if (v >= V) {
+        ASSERT_EQ(probs[r * Vp + v], 0.0f);
+      }
+      sum += probs[r * Vp + v];
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-5);
+  }
+  // Large values in the padded LM-head rows change nothing.
+  for (int64_t k = V * d; k < Vp * d; ++k) p.master(c.n_layer + 1, 1)[k] = 3.0f;
+  p.SyncWeights();
+  EXPECT_EQ(RunForward(m, p, b), loss);
+  RunBackward(m, p, GradWrite::kOverwrite);
+  for (const auto& [g, i] : {std::pair{0, 0}, std::pair{c.n_layer + 1, 1}}) {
+    const std::vector<float> grad = p.GradAsFloat(g, i);
+    for (int64_t k = V * d; k < Vp * d; ++k) ASSERT_EQ(grad[k], 0.0f) << "gradient of row " << k / d;
+  }
+  // The batch check names the real vocabulary.
+  b.tokens[3] = 40;
+  EXPECT_THROW(m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T), ConfigError);
+}
+
 TEST(Gpt, FillInitIsIndependentOfSharding) {
   UpdatePart part{"blocks.0.attn.q.h1",
                   {64, 32},

@@ -239,10 +239,12 @@ void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int
 // One vectorised exp per logit (ExpVec): e = e^{z - max} is stored and summed in the same
 // pass, then scaled by 1/Σe; the log-sum-exp and the loss are formed in double.
 SSHSDP_ACT_CLONES double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets,
-                                                    float* losses, int64_t rows, int64_t V) {
+                                                    float* losses, int64_t rows, int64_t V,
+                                                    int64_t ld) {
   double total = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
-    float* p = logits + r * V;
+    float* p = logits + r * ld;
+    for (int64_t v = V; v < ld; ++v) p[v] = 0.0f;  // padded vocabulary: no mass
     float mx = p[0];
 #pragma omp simd reduction(max : mx)
     for (int64_t v = 0; v < V; ++v) mx = std::max(mx, p[v]);
@@ -266,11 +268,11 @@ SSHSDP_ACT_CLONES double SoftmaxCrossEntropyForward(float* logits, const int32_t
 }
 
 void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
-                                 int64_t rows, int64_t V, float scale) {
+                                 int64_t rows, int64_t ld, float scale) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* p = probs + r * V;
-    float* dl = dlogits + r * V;
-    for (int64_t v = 0; v < V; ++v) dl[v] = p[v] * scale;
+    const float* p = probs + r * ld;
+    float* dl = dlogits + r * ld;
+    for (int64_t v = 0; v < ld; ++v) dl[v] = p[v] * scale;
     dl[targets[r]] -= scale;
   }
 }

@@ -72,15 +72,17 @@ void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int
                        const TensorRef& dwte, int64_t vocab, const TensorRef& dwpe, int64_t seq_len,
                        bool accumulate, std::vector<float>& scratch);
 
-// ---- Softmax cross-entropy over [rows, V] logits. ----
+// ---- Softmax cross-entropy over [rows, ld] logits, the first V columns real. ----
 // In place: logits become probabilities, losses[r] = lse − logit[target]; returns Σ losses.
-// One vectorised fp32 exp per logit (the same polynomial as GELU's), the log-sum-exp in
-// double; within 1e-6 of a double-precision evaluation (layers_test).
+// Columns V..ld-1 (a vocabulary padded to a GEMM-friendly width, gpt.h) take no probability
+// mass: they become 0 and never enter the sum. One vectorised fp32 exp per logit (the same
+// polynomial as GELU's), the log-sum-exp in double; within 1e-6 of a double-precision
+// evaluation (layers_test).
 double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
-                                  int64_t rows, int64_t V);
-// dlogits = scale · (probs − onehot(target)), overwritten.
+                                  int64_t rows, int64_t V, int64_t ld);
+// dlogits = scale · (probs − onehot(target)) over [rows, ld], overwritten (padded columns 0).
 void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
-                                 int64_t rows, int64_t V, float scale);
+                                 int64_t rows, int64_t ld, float scale);
 
 // ---- Runtime-parameter spec helpers. ----
 // A runtime parameter that is a single update part of the same name.

@@ -82,7 +82,7 @@ TEST(SoftmaxCrossEntropy, MatchesDoublePrecisionOnOddVocabularies) {
     for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % V);
     std::vector<float> p = logits, losses(rows);
     const double total =
-        SoftmaxCrossEntropyForward(p.data(), targets.data(), losses.data(), rows, V);
+        SoftmaxCrossEntropyForward(p.data(), targets.data(), losses.data(), rows, V, V);
     double want_total = 0;
     for (int64_t r = 0; r < rows; ++r) {
       const float* z = logits.data() + r * V;
@@ -101,6 +101,39 @@ TEST(SoftmaxCrossEntropy, MatchesDoublePrecisionOnOddVocabularies) {
       EXPECT_NEAR(psum, 1.0, 1e-5);
     }
     EXPECT_NEAR(total, want_total, 1e-5 * (1 + std::abs(want_total)));
+  }
+}
+
+// A vocabulary padded to ld columns (gpt.h): the padded logits, however large, take no
+// probability mass and get zero gradient; the real columns are exactly the unpadded result.
+TEST(SoftmaxCrossEntropy, PaddedColumnsTakeNoMass) {
+  const int64_t rows = 5, V = 257, ld = 384;
+  std::vector<float> dense(rows * V), padded(rows * ld, 1e4f);
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    targets[r] = static_cast<int32_t>((r * 91) % V);
+    for (int64_t v = 0; v < V; ++v)
+      dense[r * V + v] = padded[r * ld + v] = static_cast<float>(std::sin(0.37 * (r * V + v)) * 4);
+  }
+  std::vector<float> l_dense(rows), l_padded(rows);
+  const double t_dense =
+      SoftmaxCrossEntropyForward(dense.data(), targets.data(), l_dense.data(), rows, V, V);
+  const double t_padded =
+      SoftmaxCrossEntropyForward(padded.data(), targets.data(), l_padded.data(), rows, V, ld);
+  EXPECT_EQ(t_dense, t_padded);
+  std::vector<float> d_dense(rows * V), d_padded(rows * ld, 7.0f);
+  SoftmaxCrossEntropyBackward(dense.data(), targets.data(), d_dense.data(), rows, V, 0.5f);
+  SoftmaxCrossEntropyBackward(padded.data(), targets.data(), d_padded.data(), rows, ld, 0.5f);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(l_dense[r], l_padded[r]);
+    for (int64_t v = 0; v < V; ++v) {
+      ASSERT_EQ(dense[r * V + v], padded[r * ld + v]) << r << "," << v;
+      ASSERT_EQ(d_dense[r * V + v], d_padded[r * ld + v]) << r << "," << v;
+    }
+    for (int64_t v = V; v < ld; ++v) {
+      ASSERT_EQ(padded[r * ld + v], 0.0f) << "padded probability " << r << "," << v;
+      ASSERT_EQ(d_padded[r * ld + v], 0.0f) << "padded gradient " << r << "," << v;
+    }
   }
 }
 

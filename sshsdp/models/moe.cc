@@ -307,7 +307,7 @@ void MoeGpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int 
   B_ = B, T_ = T;
 
   // Arena layout: every tensor 64-byte aligned in one float and one int32 allocation.
-  const int64_t L = tc.n_layer, d = tc.d_model, ff = tc.ff(), V = tc.vocab, H = tc.n_head;
+  const int64_t L = tc.n_layer, d = tc.d_model, ff = tc.ff(), V = tc.padded_vocab(), H = tc.n_head;
   const int64_t E = c_.n_expert, k = c_.top_k, f = c_.expert_ff(), fs = c_.shared_ff();
   const int64_t Nk = N * k;
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
@@ -546,7 +546,7 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
       break;
     case Role::kEmbed:
       layers::EmbeddingBackward(dres_, tokens_.data(), B_, T_, c_.trunk.d_model, grad[0],
-                                c_.trunk.vocab, grad[1], c_.trunk.seq_len, acc, table_scratch_);
+                                c_.trunk.padded_vocab(), grad[1], c_.trunk.seq_len, acc, table_scratch_);
       break;
     case Role::kDense:
     case Role::kMoe:
@@ -726,16 +726,18 @@ void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
 }
 
 void MoeGpt::ForwardHead(const std::vector<TensorRef>& w) {
-  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, V = c_.trunk.vocab;
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model,
+                V = c_.trunk.padded_vocab();
   RmsNormForward(res_[c_.trunk.n_layer], Gain(w[0]), lnf_, lnf_rstd_, N, d);
   LinearForward(lnf_, w[1].data, w[1].dtype, probs_, N, V, d);
-  ce_ = layers::SoftmaxCrossEntropyForward(probs_, targets_.data(), losses_, N, V) /
+  ce_ = layers::SoftmaxCrossEntropyForward(probs_, targets_.data(), losses_, N, c_.trunk.vocab, V) /
         static_cast<double>(N);
 }
 
 void MoeGpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                           bool acc) {
-  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, V = c_.trunk.vocab;
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model,
+                V = c_.trunk.padded_vocab();
   layers::SoftmaxCrossEntropyBackward(probs_, targets_.data(), dlogits_, N, V,
                                       static_cast<float>(grad_scale_ / static_cast<double>(N)));
   LinearBackwardWeight(dlogits_, lnf_, w[1].dtype, grad[1].data, grad[1].dtype, N, V, d, acc);
@@ -936,7 +938,7 @@ void MoeGpt::BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, boo
 
 double MoeGpt::FlopsPerToken() const {
   const GptConfig& tc = c_.trunk;
-  const double d = tc.d_model, ff = tc.ff(), L = tc.n_layer, V = tc.vocab;
+  const double d = tc.d_model, ff = tc.ff(), L = tc.n_layer, V = tc.padded_vocab();
   const double mats = c_.expert_mlp == ExpertMlp::kSwiGLU ? 3 : 2;
   double n_active = V * d;  // LM head
   for (int l = 0; l < tc.n_layer; ++l) {

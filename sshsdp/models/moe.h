@@ -133,6 +133,8 @@ class MoeGpt final : public Model {
   void Forward(int g, const std::vector<TensorRef>& w) override;
   // Mean cross-entropy plus the auxiliary losses of all MoE blocks.
   double Loss() const override;
+  const float* Probs() const override { return probs_; }
+  int64_t ProbsStride() const override { return c_.trunk.padded_vocab(); }
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
   // 6·N_active + 12·L·d·T, N_active = GEMM weights one token uses: attention, dense MLPs,

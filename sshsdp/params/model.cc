@@ -97,7 +97,12 @@ void FillInit(const UpdatePart& part, uint64_t seed, int64_t begin, int64_t coun
       break;
   }
   const uint64_t key = SplitMix64(seed ^ HashName(part.name));
+  const int64_t zero_from = part.init.zero_from;
   for (int64_t i = 0; i < count; ++i) {
+    if (zero_from >= 0 && begin + i >= zero_from) {
+      out[i] = 0.0f;
+      continue;
+    }
     uint64_t h = SplitMix64(key + static_cast<uint64_t>(begin + i) * 0xD1B54A32D192ED03ull);
     double u1 = (static_cast<double>(h >> 32) + 0.5) / 4294967296.0;
     double u2 = (static_cast<double>(h & 0xFFFFFFFFu) + 0.5) / 4294967296.0;

@@ -46,6 +46,10 @@ struct InitSpec {
   enum class Kind { kZeros, kOnes, kNormal };
   Kind kind = Kind::kZeros;
   float std = 0.0f;  // kNormal only
+  // kNormal: elements at or past this index are zero (the padded vocabulary rows of an
+  // embedding / LM-head table: they never take probability mass, get zero gradients and stay
+  // zero under AdamW). -1: every element is drawn.
+  int64_t zero_from = -1;
 };
 
 // One update parameter viewed inside a runtime parameter: `shape` elements (row-major)
@@ -121,6 +125,11 @@ class Model {
   virtual int64_t ActivationBytes() const = 0;
   // Total number of parameters.
   int64_t NumParams() const;
+  // Softmax of the last forward's logits, [B·T, ProbsStride()] row-major (padded vocabulary
+  // columns are 0), valid after the last group's Forward: what `sshsdp generate` samples
+  // from. nullptr when the model keeps none.
+  virtual const float* Probs() const { return nullptr; }
+  virtual int64_t ProbsStride() const { return 0; }
   // Whether Forward/Backward accept MXFP8 weight views (TensorRef with e4m3 codes + scales).
   // The engine refuses --weight-dtype mxfp8 for models that do not.
   virtual bool ConsumesMx() const { return false; }

@@ -52,7 +52,7 @@ std::string Describe(int W, const Layout& l);
 // MPI_COMM_WORLD's size.
 int WorldSize();
 
-// The test GPT: vocab 61, T = 8, d = 24, 3 heads, 2 layers — odd sizes make buffers and
+// The test GPT: vocab 61 (unpadded), T = 8, d = 24, 3 heads, 2 layers — odd sizes make buffers and
 // shards uneven and cut heads of the packed QKV across shards.
 GptConfig TestGpt();
 // A MoE model on the test GPT's trunk: 4 experts of width 20, top-2.
