@@ -81,29 +81,4 @@ int RunCkpt(const CkptOptions& o) {
   }
 }
 
-nlohmann::json GptModelJson(const GptConfig& c) {
-  return {{"type", "gpt"},        {"vocab", c.vocab},   {"seq_len", c.seq_len},
-          {"d_model", c.d_model}, {"n_head", c.n_head}, {"n_layer", c.n_layer},
-          {"d_ff", c.ff()}};
-}
-
-nlohmann::json MoeModelJson(const MoeConfig& c) {
-  nlohmann::json j = GptModelJson(c.trunk);
-  std::vector<int> moe_layers;
-  for (int l = 0; l < c.trunk.n_layer; ++l)
-    if (c.IsMoeLayer(l)) moe_layers.push_back(l);
-  j["type"] = "moe-gpt";
-  j["n_expert"] = c.n_expert;
-  j["top_k"] = c.top_k;
-  j["d_expert"] = c.expert_ff();
-  j["moe_layers"] = moe_layers;
-  j["gating"] = GatingName(c.gating);
-  j["renormalize"] = c.renormalize;
-  j["expert_mlp"] = ExpertMlpName(c.expert_mlp);
-  j["d_shared"] = c.shared_expert ? c.shared_ff() : 0;
-  // Experts in their own runtime groups (mxfp8) change the groups a checkpoint is cut into.
-  if (c.expert_group) j["expert_group"] = true;
-  return j;
-}
-
 }  // namespace sshsdp

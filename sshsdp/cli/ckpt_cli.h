@@ -1,5 +1,4 @@
-// `sshsdp ckpt`: inspect, verify and export sharded checkpoints in one process (no mpirun),
-// and the GPT model description that `sshsdp train` stores in (and checks against) them.
+// `sshsdp ckpt`: inspect, verify and export sharded checkpoints in one process (no mpirun).
 //
 //   sshsdp ckpt inspect out/ckpt                 # latest checkpoint: step, layout, model,
 //                                                # tensors, files; verifies every checksum
@@ -27,9 +26,5 @@ struct CkptOptions {
 void AddCkptCommands(CLI::App& ckpt, CkptOptions& o);
 // Returns the exit code: 0, or 1 after printing the error (naming the file and problem).
 int RunCkpt(const CkptOptions& o);
-
-// Architecture keys of a GPT / MoE GPT: a checkpoint loads only into an equal config.
-nlohmann::json GptModelJson(const GptConfig& c);
-nlohmann::json MoeModelJson(const MoeConfig& c);
 
 }  // namespace sshsdp

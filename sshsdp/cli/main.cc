@@ -1,39 +1,133 @@
 // sshsdp: command-line entry point. `sshsdp train` trains a reference model on real MPI
-// ranks (launch it with mpirun); `sshsdp ckpt` inspects and exports checkpoints in one
+// ranks (launch it with mpirun or srun --mpi=pmix); `sshsdp generate` samples from a
+// checkpoint or weights file, `sshsdp ckpt` inspects and exports checkpoints, both in one
 // process; `sshsdp bench` compares framework presets in one job; `sshsdp --help` lists the
 // commands.
+//
+// `train --resume DIR` takes every option it is not given (on the command line or in
+// --config) from the options the checkpoint recorded (run_config.h), so `--resume DIR` alone
+// continues the run as it was launched.
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/cli/bench.h"
 #include "sshsdp/cli/ckpt_cli.h"
+#include "sshsdp/cli/generate.h"
+#include "sshsdp/cli/run_config.h"
 #include "sshsdp/cli/train.h"
 
-int main(int argc, char** argv) {
-  CLI::App app{
-      "sshsdp: sharded data-parallel training with runtime/update parameter decoupling.\n"
-      "Launch multi-rank runs with mpirun, e.g.\n"
-      "  mpirun -np 4 sshsdp train --model tiny --sw 2 --sg 2 --so 4 --steps 100"};
-  app.require_subcommand(1);
-  // A later flag overrides an earlier one (scripts/run.sh passes defaults the user may override).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+namespace {
+
+struct Commands {
   sshsdp::TrainOptions train;
-  CLI::App* t = app.add_subcommand("train", "train a reference model (run under mpirun)");
-  sshsdp::AddTrainOptions(*t, train);
   sshsdp::CkptOptions ckpt;
-  CLI::App* c = app.add_subcommand(
-      "ckpt", "inspect, verify and export sharded checkpoints (one process, no mpirun)");
-  sshsdp::AddCkptCommands(*c, ckpt);
   sshsdp::BenchOptions bench;
-  CLI::App* b = app.add_subcommand(
+  sshsdp::GenerateOptions generate;
+  CLI::App *t = nullptr, *c = nullptr, *b = nullptr, *g = nullptr;
+};
+
+std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
+  auto app = std::make_unique<CLI::App>(
+      "sshsdp: sharded data-parallel training with runtime/update parameter decoupling.\n"
+      "Launch multi-rank runs with mpirun (or srun --mpi=pmix), e.g.\n"
+      "  mpirun -np 4 sshsdp train --model tiny --steps 100    (fully sharded over 4 ranks)");
+  app->require_subcommand(1);
+  // A later flag overrides an earlier one (scripts/run.sh passes defaults the user may
+  // override; a resume puts the checkpoint's options before the user's).
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  cmd.t = app->add_subcommand("train", "train a reference model (run under mpirun)");
+  sshsdp::AddTrainOptions(*cmd.t, cmd.train);
+  cmd.g = app->add_subcommand(
+      "generate", "sample text from a checkpoint or safetensors file (one process, no mpirun)");
+  sshsdp::AddGenerateOptions(*cmd.g, cmd.generate);
+  cmd.c = app->add_subcommand(
+      "ckpt", "inspect, verify and export sharded checkpoints (one process, no mpirun)");
+  sshsdp::AddCkptCommands(*cmd.c, cmd.ckpt);
+  cmd.b = app->add_subcommand(
       "bench", "compare framework presets (fsdp2, megatron-fsdp, vescale-fsdp, sshsdp) in one job");
-  sshsdp::AddBenchOptions(*b, bench);
-  CLI11_PARSE(app, argc, argv);
-  if (b->parsed()) return sshsdp::RunBench(argc, argv, bench);
-  if (t->parsed()) {
-    train.layout_given =
-        t->count("--sw") + t->count("--sg") + t->count("--so") + t->count("--ranks-per-node") > 0;
-    return sshsdp::RunTrain(argc, argv, train);
+  sshsdp::AddBenchOptions(*cmd.b, cmd.bench);
+  return app;
+}
+
+// Parses `user` (argv[1..]) with `prefix` inserted right after "train": later arguments win.
+bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
+           const std::vector<std::string>& user, const std::vector<std::string>& prefix,
+           int* exit_code) {
+  cmd = std::make_unique<Commands>();
+  app = MakeApp(*cmd);
+  std::vector<std::string> args;
+  size_t i = 0;
+  while (i < user.size() && user[i] != "train") args.push_back(user[i++]);
+  if (i < user.size()) args.push_back(user[i++]);
+  args.insert(args.end(), prefix.begin(), prefix.end());
+  args.insert(args.end(), user.begin() + static_cast<std::ptrdiff_t>(i), user.end());
+  std::reverse(args.begin(), args.end());  // CLI11 takes a reversed vector
+  try {
+    app->parse(args);
+  } catch (const CLI::ParseError& e) {
+    *exit_code = app->exit(e);
+    return false;
   }
-  if (c->parsed()) return sshsdp::RunCkpt(ckpt);
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<std::string> user(argv + 1, argv + argc);
+  std::unique_ptr<Commands> cmd;
+  std::unique_ptr<CLI::App> app;
+  int rc = 0;
+  if (!Parse(cmd, app, user, {}, &rc)) return rc;
+  if (cmd->t->parsed() && (!cmd->train.config.empty() || !cmd->train.resume.empty())) {
+    // Precedence: command line > --config > the checkpoint's record > defaults.
+    try {
+      std::vector<std::string> from_config;
+      if (!cmd->train.config.empty()) {
+        from_config = sshsdp::ConfigFileArgs(*cmd->t, cmd->train.config);
+        if (!Parse(cmd, app, user, from_config, &rc)) return rc;
+      }
+      if (!cmd->train.resume.empty()) {
+        const sshsdp::Manifest m =
+            sshsdp::ReadManifest(sshsdp::ResolveCheckpoint(cmd->train.resume));
+        const auto it = m.meta.run.find("config");
+        std::vector<std::string> restored;
+        if (it != m.meta.run.end() && it->is_string())
+          restored = sshsdp::RestoredArgs(*cmd->t, it->get<std::string>());
+        std::vector<std::string> prefix = restored;
+        prefix.insert(prefix.end(), from_config.begin(), from_config.end());
+        if (!Parse(cmd, app, user, prefix, &rc)) return rc;
+        // The progress note names the restored options that are not at their defaults.
+        for (const std::string& a : restored) {
+          const size_t eq = a.find('=');
+          const CLI::Option* opt = cmd->t->get_option(a.substr(0, eq));
+          const std::string value = a.substr(eq + 1), def = opt->get_default_str();
+          if (value != def && !(def.empty() && value == "false")) cmd->train.restored.push_back(a);
+        }
+      }
+    } catch (const sshsdp::Error& e) {
+      fmt::print(stderr, "sshsdp train: error: {}\n", e.what());
+      return 1;
+    }
+  }
+  if (cmd->b->parsed()) return sshsdp::RunBench(argc, argv, cmd->bench);
+  if (cmd->g->parsed()) return sshsdp::RunGenerate(cmd->generate);
+  if (cmd->t->parsed()) {
+    CLI::App& t = *cmd->t;
+    if (cmd->train.dump_config) {
+      fmt::print("{}", sshsdp::RecordedConfig(t));
+      return 0;
+    }
+    cmd->train.layout_given =
+        t.count("--sw") + t.count("--sg") + t.count("--so") + t.count("--ranks-per-node") > 0;
+    cmd->train.recorded_config = sshsdp::RecordedConfig(t);
+    return sshsdp::RunTrain(argc, argv, cmd->train);
+  }
+  if (cmd->c->parsed()) return sshsdp::RunCkpt(cmd->ckpt);
   return 0;
 }

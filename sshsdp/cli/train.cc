@@ -24,6 +24,9 @@
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/cli/ckpt_cli.h"
 #include "sshsdp/cli/gemm_peak.h"
+#include "sshsdp/cli/launcher.h"
+#include "sshsdp/cli/model_config.h"
+#include "sshsdp/cli/run_config.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
@@ -31,156 +34,9 @@
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/models/moe.h"
+#include "sshsdp/update/lr_schedule.h"
 
 namespace sshsdp {
-
-void AddTrainOptions(CLI::App& app, TrainOptions& o) {
-  app.add_option("--model", o.model,
-                 "model preset: tiny | small | base (dense GPT), moe-tiny | moe-small (MoE GPT: "
-                 "packed experts, each expert matrix its own update parameter; router and norms "
-                 "use AdamW)")
-      ->capture_default_str();
-  app.add_option("--layers", o.layers, "override the preset's number of blocks (0: the preset's)");
-  app.add_option("--d-model", o.d_model, "override the preset's width (0: the preset's)");
-  app.add_option("--heads", o.heads, "override the preset's attention heads (0: the preset's)");
-  app.add_option("--experts", o.experts,
-                 "MoE presets: experts per MoE block (moe-tiny 4, moe-small 8)");
-  app.add_option("--top-k", o.top_k, "MoE presets: experts each token is routed to (default 2)");
-  app.add_option("--moe-every", o.moe_every,
-                 "MoE presets: every Nth block is MoE, the others dense (1: all, the default; 2: "
-                 "blocks 1, 3, ...)");
-  app.add_option("--gating", o.gating,
-                 "MoE presets: router gating softmax | sigmoid; top-k gates renormalized to sum 1 "
-                 "(default softmax)");
-  app.add_option("--aux-loss-weight", o.aux_loss_weight,
-                 "MoE presets: weight of the Switch load-balancing loss E*sum_e f_e*P_e, added to "
-                 "the reported loss (default 0.01; 0: off)");
-  app.add_flag("--shared-expert", o.shared_expert,
-               "MoE presets: add an always-on shared expert to every MoE block");
-  app.add_option("--expert-mlp", o.expert_mlp,
-                 "MoE presets: expert MLP swiglu | gelu (default swiglu)");
-  app.add_option("--d-expert", o.d_expert,
-                 "MoE presets: hidden width of each expert (moe-tiny 128, moe-small 256)");
-  app.add_option("--seq-len", o.seq_len,
-                 "tokens per sample, at most the preset's context (tiny 64, small 128, base 256; "
-                 "0: the preset's)");
-  app.add_option("--sw", o.sw, "ZeRO-3 (weight) shard degree")->capture_default_str();
-  app.add_option("--sg", o.sg, "ZeRO-2 (gradient) shard degree, a multiple of sw")
-      ->capture_default_str();
-  app.add_option("--so", o.so,
-                 "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world "
-                 "(0, the default: world size; less gives HSDP replicas)");
-  app.add_option("--ranks-per-node", o.ranks_per_node,
-                 "ranks per (possibly simulated) node (0, the default: the whole world)");
-  app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
-      ->capture_default_str();
-  app.add_option("--batch-size", o.batch_size, "samples per microbatch per rank")
-      ->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
-  app.add_option("--warmup", o.warmup, "linear learning-rate warm-up steps")->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
-  app.add_option("--weight-decay", o.weight_decay,
-                 "decoupled weight decay (matrices and embeddings; not norm gains)")
-      ->capture_default_str();
-  app.add_option("--clip", o.clip, "global gradient-norm clipping (0: off)")->capture_default_str();
-  app.add_option("--on-nonfinite", o.on_nonfinite,
-                 "a step whose loss or gradient norm is NaN/Inf: stop (exit non-zero naming the "
-                 "step; nothing is applied or saved) | skip (leave weights and optimizer state "
-                 "as they were and go on)")
-      ->capture_default_str();
-  app.add_option("--optimizer", o.optimizer,
-                 "adamw | muon (Muon for matrices, in units of --muon-unit, with AdamW for norm "
-                 "gains, embeddings and the LM head; split units move point to point)")
-      ->capture_default_str();
-  app.add_option("--muon-unit", o.muon_unit,
-                 "Muon update unit: head (every update parameter: each Q/K/V head, each "
-                 "expert, each other matrix) | matrix (every runtime parameter: QKV as one "
-                 "[3d, d] matrix)")
-      ->capture_default_str();
-  app.add_option("--muon-lr", o.muon_lr, "Muon learning rate (warm-up as --lr)")
-      ->capture_default_str();
-  app.add_option("--muon-momentum", o.muon_momentum, "Muon momentum mu (m = mu*m + g)")
-      ->capture_default_str();
-  app.add_flag("--muon-nesterov,!--no-muon-nesterov", o.muon_nesterov,
-               "Nesterov input to Newton-Schulz, on by default (u = g + mu*m; "
-               "--no-muon-nesterov: u = m)")
-      ->capture_default_str();
-  app.add_option("--muon-scale", o.muon_scale,
-                 "Muon update scale: reference (sqrt(max(1, rows/cols))) | rms "
-                 "(0.2*sqrt(max(rows, cols)), matches AdamW's update RMS)")
-      ->capture_default_str();
-  app.add_option("--muon-weight-decay", o.muon_weight_decay,
-                 "Muon decoupled weight decay (w = w*(1 - lr*wd) - lr*update)")
-      ->capture_default_str();
-  app.add_option("--muon-ns-steps", o.muon_ns_steps, "Newton-Schulz iterations (quintic)")
-      ->capture_default_str();
-  app.add_option("--weight-dtype", o.weight_dtype,
-                 "runtime weight dtype: bf16 | fp32 | mxfp8 (E4M3 + UE8M0 32x32 blocks for "
-                 "transformer blocks; embedding and LM head stay bf16; MoE presets: the expert "
-                 "weights only, in their own runtime groups; router, attention, dense blocks bf16)")
-      ->capture_default_str();
-  app.add_option("--scale-layout", o.scale_layout,
-                 "MXFP8 scale layout of packed runtime weights: row_major | block_row_major | "
-                 "deepgemm_mn_major | cublas_swizzle")
-      ->capture_default_str();
-  app.add_option("--reduce", o.reduce,
-                 "gradient reduction precision: fp32 | bf16+fp32 | bf16sr (bf16 partials with "
-                 "stochastic rounding)")
-      ->capture_default_str();
-  app.add_option("--sr-seed", o.sr_seed, "seed of bf16sr stochastic rounding")
-      ->capture_default_str();
-  app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
-      ->capture_default_str();
-  app.add_option("--data", o.data,
-                 "'synthetic' (built-in Markov source with a known optimal loss) or a uint16 "
-                 "token file (nanoGPT .bin or llm.c format)")
-      ->capture_default_str();
-  app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")
-      ->capture_default_str();
-  app.add_option("--gemm-peak", o.gemm_peak,
-                 "MFU denominator in GFLOP/s per rank (0: measure it at start-up with all ranks "
-                 "multiplying at once, on the GEMM path of --weight-dtype)")
-      ->capture_default_str();
-  app.add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to this file");
-  app.add_option("--save-weights", o.save_weights,
-                 "write final consolidated fp32 main weights as safetensors");
-  app.add_option("--init-weights", o.init_weights,
-                 "start from weights in this safetensors file instead of the seeded init");
-  app.add_option("--save-every", o.save_every,
-                 "save a sharded checkpoint every N steps into --ckpt-dir (0: never)")
-      ->capture_default_str();
-  app.add_option("--ckpt-dir", o.ckpt_dir,
-                 "checkpoint root: step_<N>/ directories, each a manifest + one file per rank");
-  app.add_option("--keep", o.keep, "keep the last K checkpoints in --ckpt-dir (0: all)")
-      ->capture_default_str();
-  app.add_option("--resume", o.resume,
-                 "resume from a checkpoint root (its latest complete checkpoint) or step "
-                 "directory, at this run's layout (without --sw/--sg/--so/--ranks-per-node: "
-                 "the saved layout); --steps counts from 0");
-  app.add_option("--comm-timeout", o.comm_timeout,
-                 "seconds a blocking wait (collective, exchange, barrier, direct-path poll) may "
-                 "last before the watchdog names what it waited for and ends the job (0: never)")
-      ->capture_default_str();
-  app.add_option("--fault", o.fault,
-                 "tests only: RANK:STEP throws on that rank inside that step's first microbatch; "
-                 "RANK:STEP:sleep makes that step 3 s longer there instead")
-      ->group("");
-  app.add_option("--ckpt-fault", o.ckpt_fault,
-                 "tests only: RANK:PHASE[:STEP] kills a rank during a save")
-      ->group("");
-  app.add_flag("--no-prefetch", o.no_prefetch, "do not prefetch the next layer's all-gather");
-  app.add_flag("--keep-gathered", o.keep_gathered,
-               "keep gathered weights from forward for backward (no reshard after forward)");
-  app.add_option("--comm-path", o.comm_path,
-                 "per-microbatch all-gather / reduce-scatter: collective (ring collectives) | "
-                 "direct (ZeroSM: registered windows, one-sided transfers, inter-node-first "
-                 "all-gather, node-local reduction first; needs ZeRO-3/ZeRO-2 groups spread "
-                 "evenly over --ranks-per-node nodes)")
-      ->capture_default_str();
-}
 
 namespace {
 
@@ -189,8 +45,6 @@ double PeakRssMiB() {
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
 }
-
-bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
 
 // SIGTERM (what Slurm sends before preemption) and SIGINT: the first asks the training loop
 // to stop after the current step (checkpoint when --ckpt-dir is set, exit 128 + signal); a
@@ -213,90 +67,13 @@ void InstallStopHandlers() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
-// ConfigError unless `path` (if given) can be created or replaced: its directory exists and is
-// writable, and it is not itself a directory.
-void CheckWritableOutput(const char* flag, const std::string& path) {
-  if (path.empty()) return;
-  namespace fs = std::filesystem;
-  const fs::path p(path);
-  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
-  std::error_code ec;
-  SSHSDP_CHECK(!fs::is_directory(p, ec), ConfigError, "{} {}: is a directory; name a file", flag,
-               path);
-  SSHSDP_CHECK(fs::is_directory(dir, ec), ConfigError,
-               "{} {}: directory '{}' does not exist (create it first)", flag, path, dir.string());
-  SSHSDP_CHECK(access(dir.c_str(), W_OK) == 0, ConfigError,
-               "{} {}: directory '{}' is not "
-               "writable: {}",
-               flag, path, dir.string(), std::strerror(errno));
-}
-
-// The MoE configuration of an MoE preset: its trunk with the GPT overrides, then the MoE
-// flags. ConfigError for MoE flags on a dense preset.
-MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
-  if (!IsMoePreset(o.model)) {
-    constexpr int kUnset = TrainOptions::kUnset;
-    SSHSDP_CHECK(o.experts == kUnset && o.top_k == kUnset && o.moe_every == kUnset &&
-                     o.d_expert == kUnset && o.gating.empty() && o.expert_mlp.empty() &&
-                     std::isnan(o.aux_loss_weight) && !o.shared_expert,
-                 ConfigError,
-                 "--experts/--top-k/--moe-every/--d-expert/--gating/--expert-mlp/"
-                 "--aux-loss-weight/--shared-expert apply to MoE presets (moe-tiny, moe-small), "
-                 "not '{}'",
-                 o.model);
-    return {};
-  }
-  MoeConfig c = MoeConfig::Preset(o.model);
-  c.trunk = trunk;
-  if (o.experts != TrainOptions::kUnset) c.n_expert = o.experts;
-  if (o.top_k != TrainOptions::kUnset) c.top_k = o.top_k;
-  if (o.moe_every != TrainOptions::kUnset) c.moe_every = o.moe_every;
-  if (o.d_expert != TrainOptions::kUnset) c.d_expert = o.d_expert;
-  if (!o.gating.empty()) c.gating = ParseGating(o.gating);
-  if (!o.expert_mlp.empty()) c.expert_mlp = ParseExpertMlp(o.expert_mlp);
-  if (!std::isnan(o.aux_loss_weight)) c.aux_loss_weight = o.aux_loss_weight;
-  c.shared_expert = o.shared_expert;
-  // MXFP8: experts in their own runtime groups, the only MX groups (moe.h).
-  c.expert_group = o.weight_dtype == "mxfp8";
-  c.Validate();
-  return c;
-}
-
-// The model a preset names: the dense GPT or the MoE GPT over the same trunk.
-std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk) {
-  if (IsMoePreset(o.model)) return std::make_unique<MoeGpt>(MakeMoeConfig(o, trunk));
-  return std::make_unique<Gpt>(trunk);
-}
-
-std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
-  if (!IsMoePreset(o.model)) return "GPT";
-  const MoeConfig c = MakeMoeConfig(o, trunk);
-  int moe_blocks = 0;
-  for (int l = 0; l < trunk.n_layer; ++l) moe_blocks += c.IsMoeLayer(l);
-  return fmt::format("MoE GPT [{} of {} blocks MoE, E={} top-{} {} {}{} f={}{}, aux {}{}]",
-                     moe_blocks, trunk.n_layer, c.n_expert, c.top_k, GatingName(c.gating),
-                     ExpertMlpName(c.expert_mlp), c.renormalize ? " renorm" : "", c.expert_ff(),
-                     c.shared_expert ? " +shared" : "", c.aux_loss_weight,
-                     c.expert_group ? ", expert groups" : "");
-}
-
-GptConfig MakeGptConfig(const TrainOptions& o) {
-  GptConfig c =
-      IsMoePreset(o.model) ? MoeConfig::Preset(o.model).trunk : GptConfig::Preset(o.model);
-  if (o.layers) c.n_layer = o.layers;
-  if (o.d_model) c.d_model = o.d_model;
-  if (o.heads) c.n_head = o.heads;
-  SSHSDP_CHECK(o.layers >= 0 && o.d_model >= 0 && o.heads >= 0 && o.seq_len >= 0, ConfigError,
-               "--layers, --d-model, --heads and --seq-len must be >= 0 (0: the preset's), got "
-               "{}, {}, {}, {}",
-               o.layers, o.d_model, o.heads, o.seq_len);
-  SSHSDP_CHECK(o.seq_len <= c.seq_len, ConfigError,
-               "--seq-len {} exceeds the '{}' preset's context of {} tokens (its position "
-               "table); use a preset with a longer context (tiny 64, small 128, base 256)",
-               o.seq_len, o.model, c.seq_len);
-  c.Validate();
-  MakeMoeConfig(o, c);  // MoE flags checked before any collective
-  return c;
+// "42 s", "12m05s", "3h07m".
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
 }
 
 }  // namespace
@@ -304,16 +81,34 @@ GptConfig MakeGptConfig(const TrainOptions& o) {
 int RunTrain(int argc, char** argv, const TrainOptions& o) {
   return RunMpiMain(argc, argv, [&]() -> int {
     // Everything below that can be wrong with the input is checked before any collective.
-    const GptConfig gc = MakeGptConfig(o);
-    const int T = o.seq_len ? o.seq_len : gc.seq_len;
-    std::unique_ptr<TokenSource> data;
+    const std::string launch_note = CheckLauncher(WorldSize(), ::getenv);  // torchrun, srun
+    const int T = o.seq_len ? o.seq_len : MakeGptConfig(o, 256).seq_len;
+    SSHSDP_CHECK(o.vocab_size >= 0 && o.vocab_size <= 65536, ConfigError,
+                 "--vocab-size must lie in 1..65536 (uint16 token files; 0: from the data), got {}",
+                 o.vocab_size);
+    // The vocabulary comes from the data (or --vocab-size); bytes for the built-in source.
+    std::unique_ptr<TokenSource> data, val;
     if (o.data == "synthetic")
-      data = std::make_unique<SyntheticTokens>(gc.vocab, o.seed);
+      data = std::make_unique<SyntheticTokens>(o.vocab_size ? o.vocab_size : 256, o.seed);
     else
-      data = std::make_unique<TokenFile>(o.data, gc.vocab, T, o.seed);
+      data = std::make_unique<TokenFile>(o.data, o.vocab_size, T, o.seed);
+    const GptConfig gc = MakeGptConfig(o, data->vocab());
+    SSHSDP_CHECK(o.eval_every >= 0 && o.eval_tokens >= 1, ConfigError,
+                 "--eval-every must be >= 0 and --eval-tokens >= 1, got {} and {}", o.eval_every,
+                 o.eval_tokens);
+    if (!o.val_data.empty()) {
+      // The same vocabulary as the training data: a token beyond it is refused by name.
+      val = std::make_unique<TokenFile>(o.val_data, data->vocab(), T, o.seed + 1);
+    }
+    SSHSDP_CHECK(o.eval_every == 0 || val || o.data == "synthetic", ConfigError,
+                 "--eval-every {} needs --val-data FILE (a held-out token file) when training on "
+                 "{}",
+                 o.eval_every, o.data);
+    SSHSDP_CHECK(o.val_data.empty() || o.eval_every > 0, ConfigError,
+                 "--val-data {} is read only with --eval-every N (validation every N steps)",
+                 o.val_data);
     SSHSDP_CHECK(o.steps >= 0, ConfigError, "--steps must be >= 0, got {}", o.steps);
     SSHSDP_CHECK(o.log_every >= 1, ConfigError, "--log-every must be >= 1, got {}", o.log_every);
-    SSHSDP_CHECK(o.warmup >= 0, ConfigError, "--warmup must be >= 0 steps, got {}", o.warmup);
     SetCommTimeout(o.comm_timeout);  // ConfigError for a bad value; watches every wait below
     InstallStopHandlers();
     int fault_rank = -1;
@@ -335,8 +130,6 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // SSHSDP_BF16_GEMM fails here, before any collective.
     if (o.weight_dtype != "fp32") kernels::ActiveBf16GemmPath();
     EngineConfig cfg;
-    cfg.sw = o.sw;
-    cfg.sg = o.sg;
     cfg.ranks_per_node = o.ranks_per_node;
     cfg.microbatches = o.microbatches;
     cfg.batch_size = o.batch_size;
@@ -367,9 +160,24 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.muon.ns_steps = o.muon_ns_steps;
     cfg.on_nonfinite = ParseNonFinitePolicy(o.on_nonfinite);
     ValidateEngineConfig(cfg);  // hyperparameter ranges, before any collective
+    LrSchedule schedule;
+    schedule.kind = LrSchedule::Parse(o.lr_schedule);
+    schedule.warmup = o.warmup;
+    schedule.total = o.steps;
+    schedule.decay = o.decay_steps;
+    const float lr_min = o.lr_min < 0 ? o.lr / 10 : o.lr_min;
+    SSHSDP_CHECK(lr_min <= o.lr, ConfigError, "--lr-min {} exceeds --lr {}", lr_min, o.lr);
+    schedule.min_ratio = o.lr > 0 ? lr_min / o.lr : 0.0;
+    schedule.Validate();
 
     const int world_size = WorldSize();
+    // Unset degrees: so = W, sg = sw if given else so, sw = sg — fully sharded without any.
+    SSHSDP_CHECK(o.sw >= 0 && o.sg >= 0 && o.so >= 0, ConfigError,
+                 "--sw, --sg and --so must be >= 1 (or left out), got {}, {}, {}", o.sw, o.sg,
+                 o.so);
     cfg.so = o.so ? o.so : world_size;
+    cfg.sg = o.sg ? o.sg : o.sw ? o.sw : cfg.so;
+    cfg.sw = o.sw ? o.sw : cfg.sg;
     SSHSDP_CHECK(o.save_every >= 0 && o.keep >= 0, ConfigError,
                  "--save-every and --keep must be >= 0, got {} and {}", o.save_every, o.keep);
     SSHSDP_CHECK(o.save_every == 0 || !o.ckpt_dir.empty(), ConfigError,
@@ -391,6 +199,13 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     if (!o.resume.empty()) {
       resume_dir = ResolveCheckpoint(o.resume);  // IoError naming the path when there is none
       const Manifest saved_manifest = ReadManifest(resume_dir);
+      // Another data source would continue on data the run never saw at a position that
+      // means nothing there: refused unless asked for.
+      const std::string saved_data = saved_manifest.meta.run.value("data", o.data);
+      SSHSDP_CHECK(saved_data == o.data || o.allow_data_change, ConfigError,
+                   "--resume {}: the checkpoint trained on --data {}, this run names --data {}; "
+                   "leave --data out to continue on the same data, or pass --allow-data-change",
+                   resume_dir, saved_data, o.data);
       // Another model is refused here, before any collective (LoadCheckpoint checks it again,
       // agreed over the ranks). MoE: --weight-dtype mxfp8 splits the groups (expert_group).
       const std::vector<std::string> diffs = JsonDifferences(saved_manifest.meta.model, model_json);
@@ -433,6 +248,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
     Engine engine(model, *world, cfg);
+    const int M = cfg.microbatches, B = cfg.batch_size;
+    if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);
     // What a checkpoint records about this run.
     auto num = [](float v) { return std::stod(fmt::format("{}", v)); };  // 0.9f -> 0.9
     const nlohmann::json run_json = {{"preset", o.model},
@@ -454,8 +271,20 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                      {"beta2", num(o.beta2)},
                                      {"eps", num(o.eps)},
                                      {"weight_decay", num(o.weight_decay)},
-                                     {"clip", num(o.clip)}};
+                                     {"clip", num(o.clip)},
+                                     {"lr_schedule", o.lr_schedule},
+                                     {"lr_min", num(lr_min)},
+                                     {"steps", o.steps},
+                                     {"vocab", gc.vocab},
+                                     {"config", o.recorded_config}};
+    const auto notes_of = [](nlohmann::json j) {  // the record itself is not a difference
+      j.erase("config");
+      return j;
+    };
     int64_t start = 0;
+    // Global samples read before this run's first step: a resume continues from the sample
+    // it stopped at, whatever its world size, batch size or microbatches are now.
+    int64_t first_sample = 0;
     if (!resume_dir.empty()) {
       LoadResult lr = LoadCheckpoint(engine, *world, resume_dir, model_json);  // collective
       // The data position is the loop's step: ahead of the optimizer step by the steps that
@@ -464,12 +293,29 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       SSHSDP_CHECK(start >= lr.manifest.step, ConfigError,
                    "{}: data position {} is behind the optimizer step {}",
                    lr.manifest.ManifestPath(), start, lr.manifest.step);
+      // Checkpoints before the sample count existed: their steps all had the saved shape.
+      const int64_t saved_samples_per_step =
+          static_cast<int64_t>(lr.manifest.meta.run.value("microbatches", 1)) *
+          lr.manifest.meta.run.value("batch_size", 1) * lr.manifest.layout.world;
+      first_sample = lr.manifest.meta.scalars.value("data_samples", start * saved_samples_per_step);
       if (rank == 0) {
         fmt::print("resumed from {} at step {} ({} bytes read on rank 0 in {:.3f} s)\n",
                    lr.manifest.dir, start, lr.bytes_read, lr.seconds);
-        for (const std::string& d : JsonDifferences(lr.manifest.meta.run, run_json))
+        for (const std::string& d :
+             JsonDifferences(notes_of(lr.manifest.meta.run), notes_of(run_json)))
           lr.notes.push_back("run option " + d);
         lr.notes.insert(lr.notes.end(), resume_notes.begin(), resume_notes.end());
+        if (!o.restored.empty())
+          lr.notes.push_back(
+              fmt::format("options from the checkpoint: {}", fmt::join(o.restored, " ")));
+        if (first_sample != start * static_cast<int64_t>(M * W * B))
+          lr.notes.push_back(fmt::format("continuing at global sample {} ({} samples per step now)",
+                                         first_sample, M * W * B));
+        if (start >= o.steps)
+          lr.notes.push_back(fmt::format(
+              "the checkpoint is at step {} and --steps is {}: nothing to train (pass a larger "
+              "--steps to continue)",
+              start, o.steps));
         for (const std::string& n : lr.notes) fmt::print("  note: {}\n", n);
         std::fflush(stdout);
       }
@@ -497,8 +343,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
           "batch {}x{}x{} per rank{}\n"
           "GEMM: {} | {} | CPU ISA {}\n",
           o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
-          model.NumParams() / 1e6, engine.topology().ToString(), o.weight_dtype, cfg.microbatches,
-          cfg.batch_size, T,
+          model.NumParams() / 1e6,
+          engine.topology().ToString() + (o.layout_given ? ""
+                                          : resume_dir.empty()
+                                              ? " (fully sharded: no --sw/--sg/--so given)"
+                                              : " (the checkpoint's layout)"),
+          o.weight_dtype, cfg.microbatches, cfg.batch_size, T,
           syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
               : fmt::format(" | data: {}", o.data),
           gemm_peak.path, gemm_peak.ToString(), kernels::CpuIsaName());
@@ -523,7 +373,6 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
           sum_cost > 0 ? max_cost / (sum_cost / mp->ranks().size()) : 1.0);
       std::fflush(stdout);
     }
-    const int M = cfg.microbatches, B = cfg.batch_size;
     int64_t cur = 0;
     BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
       if (rank == fault_rank && cur + 1 == fault_step && mb == 0) {
@@ -534,18 +383,33 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                       rank, fault_step));
         }
       }
-      data->Batch(SampleIndex(cur, mb, M, rank, W, 0, B), B, T, tok, tgt);
+      data->Batch(first_sample + SampleIndex(cur - start, mb, M, rank, W, 0, B), B, T, tok, tgt);
     };
+    // Validation: the same samples every time — of --val-data, or of the synthetic source far
+    // beyond any training index.
+    const int val_batches = static_cast<int>(std::min<int64_t>(
+        1 << 20, (o.eval_tokens + int64_t{W} * B * T - 1) / (int64_t{W} * B * T)));
+    const TokenSource& val_source = val ? *val : *data;
+    const int64_t val_base = val ? 0 : int64_t{1} << 40;
+    BatchFn val_batch = [&](int i, int32_t* tok, int32_t* tgt) {
+      val_source.Batch(val_base + SampleIndex(0, i, val_batches, rank, W, 0, B), B, T, tok, tgt);
+    };
+    const auto loop_t0 = std::chrono::steady_clock::now();
     double ema = 0;
     int64_t skipped = 0;  // steps left out under --on-nonfinite skip
     for (cur = start; cur < o.steps; ++cur) {
-      float lr = o.lr;
-      if (o.warmup > 0 && cur < o.warmup) lr = o.lr * static_cast<float>(cur + 1) / o.warmup;
+      const double factor = schedule.Factor(cur);
+      const float lr = static_cast<float>(o.lr * factor);
       engine.SetLearningRate(lr);
-      engine.SetMuonLearningRate(o.warmup > 0 && cur < o.warmup
-                                     ? o.muon_lr * static_cast<float>(cur + 1) / o.warmup
-                                     : o.muon_lr);
+      engine.SetMuonLearningRate(static_cast<float>(o.muon_lr * factor));
       StepStats st = engine.Step(batch);
+      double val_loss = std::nan("");
+      double val_seconds = 0;
+      if (o.eval_every > 0 && ((cur + 1) % o.eval_every == 0 || cur + 1 == o.steps)) {
+        const auto v0 = std::chrono::steady_clock::now();
+        val_loss = engine.Evaluate(val_batch, val_batches);  // collective
+        val_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - v0).count();
+      }
       // Slowest rank's time and largest memory decide the figures.
       // With them, the signal this rank received (SIGTERM / SIGINT; 0: none), so every rank
       // stops after the same step.
@@ -574,12 +438,21 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               "norm {}); weights and optimizer state unchanged ({} skipped so far)\n",
               cur + 1, o.steps, st.loss, st.grad_norm, skipped);
           std::fflush(stdout);
-        } else if ((cur + 1) % o.log_every == 0 || cur == 0 || cur + 1 == o.steps) {
+        } else if ((cur + 1) % o.log_every == 0 || cur == 0 || cur + 1 == o.steps ||
+                   !std::isnan(val_loss)) {
+          const double elapsed =
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - loop_t0).count();
+          const double eta = elapsed / static_cast<double>(cur + 1 - start) *
+                             static_cast<double>(o.steps - cur - 1);
           fmt::print(
-              "step {:>5}/{} | loss {:.4f} (ema {:.4f}) | norm {:.3f} | lr {:.2e} | {:.0f} tok/s | "
-              "MFU {} | mem {:.1f} MiB accounted, {:.0f} MiB peak RSS | {:.0f} ms\n",
-              cur + 1, o.steps, st.loss, ema, st.grad_norm, lr, tps, FormatMfu(mfu), acc, rss,
-              1000 * secs);
+              "step {:>5}/{} | loss {:.4f} (ema {:.4f}){} | norm {:.3f} | lr {:.2e} | {:.0f} tok/s "
+              "| MFU {} | mem {:.1f} MiB accounted, {:.0f} MiB peak RSS | {:.0f} ms | elapsed {} "
+              "ETA {}\n",
+              cur + 1, o.steps, st.loss, ema,
+              std::isnan(val_loss) ? ""
+                                   : fmt::format(" | val {:.4f} ({:.1f} s)", val_loss, val_seconds),
+              st.grad_norm, lr, tps, FormatMfu(mfu), acc, rss, 1000 * secs, FormatDuration(elapsed),
+              FormatDuration(eta));
           std::fflush(stdout);
         }
         if (metrics.is_open()) {
@@ -604,6 +477,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"gathers", st.counters.gathers},
               {"update_p2p_bytes", st.counters.update_p2p.total()}};
           if (st.skipped) j["skipped"] = true;
+          if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
           metrics << j.dump() << "\n";
           metrics.flush();
           SSHSDP_CHECK(metrics.good(), IoError,
@@ -627,7 +501,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
             // step lags it by skipped steps); the seed fixes the data source
             // and the initial weights. sr_seed + the step fix the bf16sr
             // rounding stream.
-            {{"data_position", cur + 1}, {"seed", o.seed}, {"sr_seed", engine.config().sr_seed}}};
+            {{"data_position", cur + 1},
+             {"data_samples", first_sample + (cur + 1 - start) * int64_t{M} * W * B},
+             {"seed", o.seed},
+             {"sr_seed", engine.config().sr_seed}}};
         SaveResult s = SaveCheckpoint(engine, *world, o.ckpt_dir, meta, {o.keep, o.ckpt_fault});
         if (rank == 0) {
           fmt::print("saved {} ({} files, {} bytes, {:.3f} s){}\n", s.dir, s.files, s.bytes,
@@ -659,7 +536,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
         for (const UpdateParam& u : engine.UpdateParams()) t[u.name] = {u.shape, w.at(u.name)};
         WriteSafetensors(o.save_weights, t,
                          {{"format", "sshsdp"},
-                          {"model", o.model},
+                          {"preset", o.model},
+                          {"model", model_json.dump()},
                           {"steps", std::to_string(o.steps)},
                           {"layout", engine.topology().ToString()}});
         fmt::print("wrote {} ({} update parameters)\n", o.save_weights, t.size());

@@ -68,8 +68,8 @@ TEST(EngineEvaluate, EqualsOneProcessEvaluation) {
       testing::ParityRun run(Case(l, v, testing::Reference::kOneRank));
       const EngineConfig& cfg = run.cfg();
       auto evaluate = [&] {
-        const double dist = run.engine().Evaluate(
-            ValBatch(3, W, run.rank(), cfg.batch_size, cfg.seq_len), 3);
+        const double dist =
+            run.engine().Evaluate(ValBatch(3, W, run.rank(), cfg.batch_size, cfg.seq_len), 3);
         const double ref =
             run.ref().Evaluate(ValBatch(3 * W, 1, 0, cfg.batch_size, cfg.seq_len), 3 * W);
         EXPECT_TRUE(std::isfinite(dist));

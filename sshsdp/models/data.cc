@@ -256,8 +256,8 @@ void TokenFile::Validate() {
 }
 
 int TokenFile::InferVocab(int max_token) {
-  if (max_token < 256) return 256;                  // bytes
-  if (max_token < kGpt2Vocab) return kGpt2Vocab;    // GPT-2's BPE (nanoGPT, llm.c files)
+  if (max_token < 256) return 256;                // bytes
+  if (max_token < kGpt2Vocab) return kGpt2Vocab;  // GPT-2's BPE (nanoGPT, llm.c files)
   return max_token + 1;
 }
 

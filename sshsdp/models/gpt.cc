@@ -408,8 +408,8 @@ void Gpt::QkvBackward(const float* ln1, const std::vector<TensorRef>& w,
 }
 
 void Gpt::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
-  EmbeddingBackward(acts_.dres, tokens_.data(), B_, T_, c_.d_model, grad[0], c_.padded_vocab(), grad[1],
-                    c_.seq_len, acc, table_scratch_);
+  EmbeddingBackward(acts_.dres, tokens_.data(), B_, T_, c_.d_model, grad[0], c_.padded_vocab(),
+                    grad[1], c_.seq_len, acc, table_scratch_);
 }
 
 double Gpt::FlopsPerToken() const {

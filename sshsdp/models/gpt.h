@@ -1,8 +1,8 @@
 // Reference dense GPT with a manual forward and backward, written against runtime-parameter
 // views (model.h): it never sees shards, communicators or optimizer state.
 //
-// Pre-norm GPT over bytes by default: token embedding wte [Vp,d] (Vp = padded vocabulary) + learned positions
-// wpe [seq_len,d]; per block RMSNorm → causal multi-head attention with ONE packed QKV
+// Pre-norm GPT over bytes by default: token embedding wte [Vp,d] (Vp = padded vocabulary) + learned
+// positions wpe [seq_len,d]; per block RMSNorm → causal multi-head attention with ONE packed QKV
 // runtime parameter [3d,d] (update parts: every head's Q, then every head's K, then every
 // head's V, [d_head,d] each, so per-head Muon sees each head as its own matrix) → output
 // projection [d,d] → residual; RMSNorm → fc1 [d_ff,d] → GELU (tanh) → fc2 [d,d_ff] →
@@ -57,7 +57,9 @@ struct GptConfig {
   // "base" (d=256, L=6, H=8, T=256). Throws ConfigError naming the presets otherwise.
   static GptConfig Preset(std::string_view name);
   int ff() const { return d_ff > 0 ? d_ff : 4 * d_model; }
-  int padded_vocab() const { return (vocab + vocab_multiple - 1) / vocab_multiple * vocab_multiple; }
+  int padded_vocab() const {
+    return (vocab + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
+  }
   int head_dim() const { return d_model / n_head; }
   // Throws ConfigError on non-positive sizes or d_model not divisible by n_head.
   void Validate() const;

@@ -374,7 +374,8 @@ TEST(Gpt, PaddedVocabularyRowsStayZeroAndTakeNoGradient) {
   RunBackward(m, p, GradWrite::kOverwrite);
   for (const auto& [g, i] : {std::pair{0, 0}, std::pair{c.n_layer + 1, 1}}) {
     const std::vector<float> grad = p.GradAsFloat(g, i);
-    for (int64_t k = V * d; k < Vp * d; ++k) ASSERT_EQ(grad[k], 0.0f) << "gradient of row " << k / d;
+    for (int64_t k = V * d; k < Vp * d; ++k)
+      ASSERT_EQ(grad[k], 0.0f) << "gradient of row " << k / d;
   }
   // The batch check names the real vocabulary.
   b.tokens[3] = 40;

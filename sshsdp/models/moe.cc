@@ -546,7 +546,8 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
       break;
     case Role::kEmbed:
       layers::EmbeddingBackward(dres_, tokens_.data(), B_, T_, c_.trunk.d_model, grad[0],
-                                c_.trunk.padded_vocab(), grad[1], c_.trunk.seq_len, acc, table_scratch_);
+                                c_.trunk.padded_vocab(), grad[1], c_.trunk.seq_len, acc,
+                                table_scratch_);
       break;
     case Role::kDense:
     case Role::kMoe:

@@ -121,7 +121,7 @@ if [ "$section" = resume ]; then
   resume_case w2_fp32_sr 2 "--sw 2 --sg 2 --so 2 --weight-dtype fp32 $sr ${sr:+--sr-seed 7}" \
     "--sw 2 --sg 2 --so 2 --weight-dtype fp32 $sr"
   if [ -n "$sr" ]; then
-    grep -q "checkpoint's --sr-seed 7" "$tmp/w2_fp32_sr/b.log"
+    grep -qE "checkpoint's --sr-seed 7|options from the checkpoint: .*--sr-seed=7" "$tmp/w2_fp32_sr/b.log"
     check "bf16sr: the stochastic-rounding seed is restored from the checkpoint" $?
   fi
   resume_case w4_bf16_bf16fp32 4 "--sw 2 --sg 2 --so 4 $bf" "--sw 2 --sg 2 --so 4 $bf"

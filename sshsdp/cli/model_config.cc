@@ -1,0 +1,165 @@
+// Model configurations from command-line options and from model JSON (model_config.h).
+#include "sshsdp/cli/model_config.h"
+
+#include <cmath>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp {
+
+bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
+
+// The MoE configuration of an MoE preset: its trunk with the GPT overrides, then the MoE
+// flags. ConfigError for MoE flags on a dense preset.
+MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
+  if (!IsMoePreset(o.model)) {
+    constexpr int kUnset = TrainOptions::kUnset;
+    SSHSDP_CHECK(o.experts == kUnset && o.top_k == kUnset && o.moe_every == kUnset &&
+                     o.d_expert == kUnset && o.gating.empty() && o.expert_mlp.empty() &&
+                     std::isnan(o.aux_loss_weight) && !o.shared_expert,
+                 ConfigError,
+                 "--experts/--top-k/--moe-every/--d-expert/--gating/--expert-mlp/"
+                 "--aux-loss-weight/--shared-expert apply to MoE presets (moe-tiny, moe-small), "
+                 "not '{}'",
+                 o.model);
+    return {};
+  }
+  MoeConfig c = MoeConfig::Preset(o.model);
+  c.trunk = trunk;
+  if (o.experts != TrainOptions::kUnset) c.n_expert = o.experts;
+  if (o.top_k != TrainOptions::kUnset) c.top_k = o.top_k;
+  if (o.moe_every != TrainOptions::kUnset) c.moe_every = o.moe_every;
+  if (o.d_expert != TrainOptions::kUnset) c.d_expert = o.d_expert;
+  if (!o.gating.empty()) c.gating = ParseGating(o.gating);
+  if (!o.expert_mlp.empty()) c.expert_mlp = ParseExpertMlp(o.expert_mlp);
+  if (!std::isnan(o.aux_loss_weight)) c.aux_loss_weight = o.aux_loss_weight;
+  c.shared_expert = o.shared_expert;
+  // MXFP8: experts in their own runtime groups, the only MX groups (moe.h).
+  c.expert_group = o.weight_dtype == "mxfp8";
+  c.Validate();
+  return c;
+}
+
+// The model a preset names: the dense GPT or the MoE GPT over the same trunk.
+std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk) {
+  if (IsMoePreset(o.model)) return std::make_unique<MoeGpt>(MakeMoeConfig(o, trunk));
+  return std::make_unique<Gpt>(trunk);
+}
+
+std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
+  if (!IsMoePreset(o.model)) return "GPT";
+  const MoeConfig c = MakeMoeConfig(o, trunk);
+  int moe_blocks = 0;
+  for (int l = 0; l < trunk.n_layer; ++l) moe_blocks += c.IsMoeLayer(l);
+  return fmt::format("MoE GPT [{} of {} blocks MoE, E={} top-{} {} {}{} f={}{}, aux {}{}]",
+                     moe_blocks, trunk.n_layer, c.n_expert, c.top_k, GatingName(c.gating),
+                     ExpertMlpName(c.expert_mlp), c.renormalize ? " renorm" : "", c.expert_ff(),
+                     c.shared_expert ? " +shared" : "", c.aux_loss_weight,
+                     c.expert_group ? ", expert groups" : "");
+}
+
+GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
+  GptConfig c =
+      IsMoePreset(o.model) ? MoeConfig::Preset(o.model).trunk : GptConfig::Preset(o.model);
+  c.vocab = vocab;
+  if (o.layers) c.n_layer = o.layers;
+  if (o.d_model) c.d_model = o.d_model;
+  if (o.heads) c.n_head = o.heads;
+  SSHSDP_CHECK(o.layers >= 0 && o.d_model >= 0 && o.heads >= 0 && o.seq_len >= 0, ConfigError,
+               "--layers, --d-model, --heads and --seq-len must be >= 0 (0: the preset's), got "
+               "{}, {}, {}, {}",
+               o.layers, o.d_model, o.heads, o.seq_len);
+  SSHSDP_CHECK(o.seq_len <= c.seq_len, ConfigError,
+               "--seq-len {} exceeds the '{}' preset's context of {} tokens (its position "
+               "table); use a preset with a longer context (tiny 64, small 128, base 256)",
+               o.seq_len, o.model, c.seq_len);
+  c.Validate();
+  MakeMoeConfig(o, c);  // MoE flags checked before any collective
+  return c;
+}
+
+nlohmann::json GptModelJson(const GptConfig& c) {
+  nlohmann::json j = {{"type", "gpt"},        {"vocab", c.vocab},   {"seq_len", c.seq_len},
+                      {"d_model", c.d_model}, {"n_head", c.n_head}, {"n_layer", c.n_layer},
+                      {"d_ff", c.ff()}};
+  // Only a padded vocabulary records its table rows (checkpoints from before padding existed
+  // have none and load as unpadded).
+  if (c.padded_vocab() != c.vocab) j["padded_vocab"] = c.padded_vocab();
+  return j;
+}
+
+nlohmann::json MoeModelJson(const MoeConfig& c) {
+  nlohmann::json j = GptModelJson(c.trunk);
+  std::vector<int> moe_layers;
+  for (int l = 0; l < c.trunk.n_layer; ++l)
+    if (c.IsMoeLayer(l)) moe_layers.push_back(l);
+  j["type"] = "moe-gpt";
+  j["n_expert"] = c.n_expert;
+  j["top_k"] = c.top_k;
+  j["d_expert"] = c.expert_ff();
+  j["moe_layers"] = moe_layers;
+  j["gating"] = GatingName(c.gating);
+  j["renormalize"] = c.renormalize;
+  j["expert_mlp"] = ExpertMlpName(c.expert_mlp);
+  j["d_shared"] = c.shared_expert ? c.shared_ff() : 0;
+  // Experts in their own runtime groups (mxfp8) change the groups a checkpoint is cut into.
+  if (c.expert_group) j["expert_group"] = true;
+  return j;
+}
+
+namespace {
+
+template <class T>
+T Key(const nlohmann::json& j, const char* key) {
+  SSHSDP_CHECK(j.contains(key), ConfigError, "model description {} lacks '{}'", j.dump(), key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw ConfigError(
+        fmt::format("model description: '{}' is {} ({})", key, j.at(key).dump(), e.what()));
+  }
+}
+
+GptConfig GptFromJson(const nlohmann::json& j) {
+  GptConfig c;
+  c.vocab = Key<int>(j, "vocab");
+  c.seq_len = Key<int>(j, "seq_len");
+  c.d_model = Key<int>(j, "d_model");
+  c.n_head = Key<int>(j, "n_head");
+  c.n_layer = Key<int>(j, "n_layer");
+  c.d_ff = Key<int>(j, "d_ff");
+  c.vocab_multiple = 1;  // unpadded unless the description says otherwise
+  if (j.contains("padded_vocab")) {
+    c.vocab_multiple = GptConfig{}.vocab_multiple;
+    SSHSDP_CHECK(c.padded_vocab() == Key<int>(j, "padded_vocab"), ConfigError,
+                 "model description: padded_vocab {} is not vocab {} rounded up to {}",
+                 j.at("padded_vocab").dump(), c.vocab, c.vocab_multiple);
+  }
+  c.Validate();
+  return c;
+}
+
+}  // namespace
+
+std::unique_ptr<Model> ModelFromJson(const nlohmann::json& j) {
+  const std::string type = Key<std::string>(j, "type");
+  if (type == "gpt") return std::make_unique<Gpt>(GptFromJson(j));
+  SSHSDP_CHECK(type == "moe-gpt", ConfigError,
+               "model description: type '{}' is neither gpt nor moe-gpt", type);
+  MoeConfig c;
+  c.trunk = GptFromJson(j);
+  c.n_expert = Key<int>(j, "n_expert");
+  c.top_k = Key<int>(j, "top_k");
+  c.d_expert = Key<int>(j, "d_expert");
+  c.moe_layers = Key<std::vector<int>>(j, "moe_layers");
+  c.gating = ParseGating(Key<std::string>(j, "gating"));
+  c.renormalize = Key<bool>(j, "renormalize");
+  c.expert_mlp = ParseExpertMlp(Key<std::string>(j, "expert_mlp"));
+  c.d_shared = Key<int>(j, "d_shared");
+  c.shared_expert = c.d_shared > 0;
+  c.expert_group = j.value("expert_group", false);
+  c.Validate();
+  return std::make_unique<MoeGpt>(c);
+}
+
+}  // namespace sshsdp

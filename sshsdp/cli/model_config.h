@@ -1,0 +1,41 @@
+// The models `sshsdp train`, `generate` and `ckpt` build: a preset with the command line's
+// overrides, and the architecture a checkpoint or weights file records (its model JSON), in
+// both directions, so a checkpoint can be loaded or sampled from without repeating the flags.
+//
+//   GptConfig gc = MakeGptConfig(options, /*vocab=*/data->vocab());
+//   std::unique_ptr<Model> m = MakeModel(options, gc);
+//   nlohmann::json j = IsMoePreset(options.model) ? MoeModelJson(MakeMoeConfig(options, gc))
+//                                                 : GptModelJson(gc);
+//   std::unique_ptr<Model> same = ModelFromJson(j);   // the same architecture
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "sshsdp/cli/train.h"
+#include "sshsdp/models/gpt.h"
+#include "sshsdp/models/moe.h"
+
+namespace sshsdp {
+
+bool IsMoePreset(const std::string& name);
+// The preset's trunk with --layers/--d-model/--heads/--seq-len applied and `vocab` tokens
+// (padded to the GEMM multiple, gpt.h). ConfigError for bad sizes.
+GptConfig MakeGptConfig(const TrainOptions& o, int vocab);
+// The MoE configuration of an MoE preset: its trunk, then the MoE flags. ConfigError for MoE
+// flags on a dense preset.
+MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk);
+// The dense GPT or the MoE GPT a preset names.
+std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk);
+// "GPT" or the MoE summary of the progress header.
+std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk);
+
+// Architecture keys of a GPT / MoE GPT: a checkpoint loads only into an equal config.
+nlohmann::json GptModelJson(const GptConfig& c);
+nlohmann::json MoeModelJson(const MoeConfig& c);
+// The model a model JSON describes (its inverse). ConfigError naming the key that is missing
+// or wrong.
+std::unique_ptr<Model> ModelFromJson(const nlohmann::json& j);
+
+}  // namespace sshsdp

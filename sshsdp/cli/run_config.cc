@@ -1,0 +1,105 @@
+// Recorded and restored run options (run_config.h).
+#include "sshsdp/cli/run_config.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp {
+
+std::string RecordedConfig(const CLI::App& train) { return train.config_to_str(true, false); }
+
+namespace {
+
+// "--name=value" arguments of TOML items (top level or [train]); `unknown` is called for a key
+// that names no option of `train` and returns whether to skip it.
+std::vector<std::string> ItemArgs(const CLI::App& train, const std::vector<CLI::ConfigItem>& items,
+                                  const std::function<bool(const CLI::ConfigItem&)>& keep,
+                                  const std::function<void(const std::string&)>& unknown) {
+  std::vector<std::string> args;
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // section markers
+    if (!(item.parents.empty() || (item.parents.size() == 1 && item.parents[0] == "train"))) {
+      unknown(item.fullname());
+      continue;
+    }
+    const CLI::Option* opt = nullptr;
+    try {
+      opt = train.get_option("--" + item.name);
+    } catch (const CLI::OptionNotFound&) {
+      unknown(item.name);
+      continue;
+    }
+    if (!opt->get_configurable() || !keep(item)) continue;
+    if (std::all_of(item.inputs.begin(), item.inputs.end(),
+                    [](const std::string& v) { return v.empty(); }))
+      continue;  // no value (an option whose default is "unset")
+    for (const std::string& v : item.inputs) args.push_back("--" + item.name + "=" + v);
+  }
+  return args;
+}
+
+}  // namespace
+
+std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string& path) {
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(path);
+  } catch (const CLI::Error& e) {
+    throw ConfigError(fmt::format("--config {}: not a readable TOML file: {}", path, e.what()));
+  }
+  return ItemArgs(
+      train, items, [](const CLI::ConfigItem&) { return true; },
+      [&](const std::string& key) {
+        throw ConfigError(fmt::format(
+            "--config {}: '{}' is not an option of sshsdp train (see sshsdp train --help; "
+            "--dump-config writes a valid file)",
+            path, key));
+      });
+}
+
+std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml) {
+  static const std::set<std::string> kLaunchOnly = {
+      "resume", "config", "dump-config", "init-weights",   "fault", "ckpt-fault",
+      "sw",     "sg",     "so",          "ranks-per-node", "help"};
+  std::istringstream in(recorded_toml);
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_config(in);
+  } catch (const CLI::Error& e) {
+    throw ConfigError(
+        fmt::format("the checkpoint's recorded options are not readable: {}", e.what()));
+  }
+  return ItemArgs(
+      train, items,
+      [&](const CLI::ConfigItem& item) {
+        // Given now (command line or --config): the user's value wins.
+        return !kLaunchOnly.count(item.name) && train.get_option("--" + item.name)->count() == 0;
+      },
+      [](const std::string&) {});  // an option this version no longer has
+}
+
+void CheckWritableOutput(const char* flag, const std::string& path) {
+  if (path.empty()) return;
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  std::error_code ec;
+  SSHSDP_CHECK(!fs::is_directory(p, ec), ConfigError, "{} {}: is a directory; name a file", flag,
+               path);
+  SSHSDP_CHECK(fs::is_directory(dir, ec), ConfigError,
+               "{} {}: directory '{}' does not exist (create it first)", flag, path, dir.string());
+  SSHSDP_CHECK(access(dir.c_str(), W_OK) == 0, ConfigError,
+               "{} {}: directory '{}' is not writable: {}", flag, path, dir.string(),
+               std::strerror(errno));
+}
+
+}  // namespace sshsdp

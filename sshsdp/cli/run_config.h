@@ -1,0 +1,40 @@
+// How a `sshsdp train` run is configured beyond its flags: the options it records in a
+// checkpoint (a TOML text of every option not at its default, what --config reads), the
+// options a --resume restores from that record, and the checks of output paths.
+//
+//   std::string recorded = RecordedConfig(*train_cmd);      // stored in the checkpoint
+//   std::vector<std::string> args = RestoredArgs(*train_cmd, saved_toml);
+//   // parse again with args before the user's: what the user gave wins (TakeLast)
+//
+// Precedence, lowest first: defaults, the checkpoint's record (--resume), the --config file,
+// the command line. (CLI11 2.1 reads config files for the top-level app only, so --config is
+// turned into arguments here as well.)
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+namespace sshsdp {
+
+// The options of `train` as a --config file: every option with a value (given, or with a
+// default), in TOML.
+std::string RecordedConfig(const CLI::App& train);
+
+// The options a resumed run takes from the checkpoint's record: those `train` was not given
+// (on the command line or in --config), as "--name=value" arguments, except the ones that
+// belong to this launch, not to the run: --resume, --config, --dump-config, --init-weights,
+// the fault injections, and the layout (--sw/--sg/--so/--ranks-per-node: a resume without
+// them continues at the saved layout when it fits the world, see train.cc).
+std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml);
+
+// The options of a --config TOML file as "--name=value" arguments (keys at the top level or
+// under [train]). ConfigError naming the file and key for an unreadable file or a key that
+// is no option of `train`.
+std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string& path);
+
+// ConfigError unless `path` (if given) can be created or replaced: its directory exists and is
+// writable, and it is not itself a directory.
+void CheckWritableOutput(const char* flag, const std::string& path);
+
+}  // namespace sshsdp

@@ -1,0 +1,198 @@
+// `sshsdp train`'s options (train.h): every flag, its help text and default.
+#include <CLI/CLI.hpp>
+
+#include "sshsdp/cli/train.h"
+
+namespace sshsdp {
+
+void AddTrainOptions(CLI::App& app, TrainOptions& o) {
+  app.add_option("--config", o.config,
+                 "read options from this TOML file (keys: option names without the dashes, "
+                 "e.g. model = \"small\", batch-size = 8, optionally under [train]); flags on "
+                 "the command line win; --dump-config writes one")
+      ->check(CLI::ExistingFile)
+      ->configurable(false);
+  app.add_flag("--dump-config", o.dump_config,
+               "print the effective options as a --config file and exit (no training)")
+      ->configurable(false);
+  app.add_option("--model", o.model,
+                 "model preset: tiny | small | base (dense GPT), moe-tiny | moe-small (MoE GPT: "
+                 "packed experts, each expert matrix its own update parameter; router and norms "
+                 "use AdamW)")
+      ->capture_default_str();
+  app.add_option("--layers", o.layers, "override the preset's number of blocks (0: the preset's)");
+  app.add_option("--d-model", o.d_model, "override the preset's width (0: the preset's)");
+  app.add_option("--heads", o.heads, "override the preset's attention heads (0: the preset's)");
+  app.add_option("--experts", o.experts,
+                 "MoE presets: experts per MoE block (moe-tiny 4, moe-small 8)");
+  app.add_option("--top-k", o.top_k, "MoE presets: experts each token is routed to (default 2)");
+  app.add_option("--moe-every", o.moe_every,
+                 "MoE presets: every Nth block is MoE, the others dense (1: all, the default; 2: "
+                 "blocks 1, 3, ...)");
+  app.add_option("--gating", o.gating,
+                 "MoE presets: router gating softmax | sigmoid; top-k gates renormalized to sum 1 "
+                 "(default softmax)");
+  app.add_option("--aux-loss-weight", o.aux_loss_weight,
+                 "MoE presets: weight of the Switch load-balancing loss E*sum_e f_e*P_e, added to "
+                 "the reported loss (default 0.01; 0: off)");
+  app.add_flag("--shared-expert", o.shared_expert,
+               "MoE presets: add an always-on shared expert to every MoE block");
+  app.add_option("--expert-mlp", o.expert_mlp,
+                 "MoE presets: expert MLP swiglu | gelu (default swiglu)");
+  app.add_option("--d-expert", o.d_expert,
+                 "MoE presets: hidden width of each expert (moe-tiny 128, moe-small 256)");
+  app.add_option("--seq-len", o.seq_len,
+                 "tokens per sample, at most the preset's context (tiny 64, small 128, base 256; "
+                 "0: the preset's)");
+  app.add_option("--sw", o.sw,
+                 "ZeRO-3 (weight) shard degree (default: --sg); without any degree the run is "
+                 "fully sharded, sw = sg = so = world size (what fully_shard does)");
+  app.add_option("--sg", o.sg,
+                 "ZeRO-2 (gradient) shard degree, a multiple of sw (default: --sw "
+                 "if given, else --so)");
+  app.add_option("--so", o.so,
+                 "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world "
+                 "(default: world size; less gives HSDP replicas)");
+  app.add_option("--ranks-per-node", o.ranks_per_node,
+                 "ranks per (possibly simulated) node (0, the default: the whole world)");
+  app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "samples per microbatch per rank")
+      ->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--warmup", o.warmup, "linear learning-rate warm-up steps")->capture_default_str();
+  app.add_option("--lr-schedule", o.lr_schedule,
+                 "after warm-up: constant | cosine (decay to --lr-min at the last step) | wsd "
+                 "(warm-up, stable, then linear decay to --lr-min over --decay-steps); Muon's "
+                 "learning rate follows the same multiplier")
+      ->capture_default_str();
+  app.add_option("--lr-min", o.lr_min,
+                 "AdamW learning rate at the end of a cosine / wsd schedule (Muon ends at the "
+                 "same fraction of --muon-lr; default: --lr / 10)");
+  app.add_option("--decay-steps", o.decay_steps,
+                 "wsd: steps of the final decay (0, the default: 20% of --steps)")
+      ->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--beta1", o.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", o.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--eps", o.eps, "AdamW epsilon")->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay,
+                 "decoupled weight decay (matrices and embeddings; not norm gains)")
+      ->capture_default_str();
+  app.add_option("--clip", o.clip, "global gradient-norm clipping (0: off)")->capture_default_str();
+  app.add_option("--on-nonfinite", o.on_nonfinite,
+                 "a step whose loss or gradient norm is NaN/Inf: stop (exit non-zero naming the "
+                 "step; nothing is applied or saved) | skip (leave weights and optimizer state "
+                 "as they were and go on)")
+      ->capture_default_str();
+  app.add_option("--optimizer", o.optimizer,
+                 "adamw | muon (Muon for matrices, in units of --muon-unit, with AdamW for norm "
+                 "gains, embeddings and the LM head; split units move point to point)")
+      ->capture_default_str();
+  app.add_option("--muon-unit", o.muon_unit,
+                 "Muon update unit: head (every update parameter: each Q/K/V head, each "
+                 "expert, each other matrix) | matrix (every runtime parameter: QKV as one "
+                 "[3d, d] matrix)")
+      ->capture_default_str();
+  app.add_option("--muon-lr", o.muon_lr, "Muon learning rate (warm-up as --lr)")
+      ->capture_default_str();
+  app.add_option("--muon-momentum", o.muon_momentum, "Muon momentum mu (m = mu*m + g)")
+      ->capture_default_str();
+  app.add_flag("--muon-nesterov,!--no-muon-nesterov", o.muon_nesterov,
+               "Nesterov input to Newton-Schulz, on by default (u = g + mu*m; "
+               "--no-muon-nesterov: u = m)")
+      ->default_str("true");
+  app.add_option("--muon-scale", o.muon_scale,
+                 "Muon update scale: reference (sqrt(max(1, rows/cols))) | rms "
+                 "(0.2*sqrt(max(rows, cols)), matches AdamW's update RMS)")
+      ->capture_default_str();
+  app.add_option("--muon-weight-decay", o.muon_weight_decay,
+                 "Muon decoupled weight decay (w = w*(1 - lr*wd) - lr*update)")
+      ->capture_default_str();
+  app.add_option("--muon-ns-steps", o.muon_ns_steps, "Newton-Schulz iterations (quintic)")
+      ->capture_default_str();
+  app.add_option("--weight-dtype", o.weight_dtype,
+                 "runtime weight dtype: bf16 | fp32 | mxfp8 (E4M3 + UE8M0 32x32 blocks for "
+                 "transformer blocks; embedding and LM head stay bf16; MoE presets: the expert "
+                 "weights only, in their own runtime groups; router, attention, dense blocks bf16)")
+      ->capture_default_str();
+  app.add_option("--scale-layout", o.scale_layout,
+                 "MXFP8 scale layout of packed runtime weights: row_major | block_row_major | "
+                 "deepgemm_mn_major | cublas_swizzle")
+      ->capture_default_str();
+  app.add_option("--reduce", o.reduce,
+                 "gradient reduction precision: fp32 | bf16+fp32 | bf16sr (bf16 partials with "
+                 "stochastic rounding)")
+      ->capture_default_str();
+  app.add_option("--sr-seed", o.sr_seed, "seed of bf16sr stochastic rounding")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
+      ->capture_default_str();
+  app.add_option("--data", o.data,
+                 "'synthetic' (built-in Markov source over bytes with a known optimal loss) or a "
+                 "uint16 token file (nanoGPT .bin or llm.c format)")
+      ->capture_default_str();
+  app.add_option("--vocab-size", o.vocab_size,
+                 "tokenizer vocabulary of --data (0, the default: from the data: 256 if every "
+                 "token is a byte, GPT-2's 50257 if every token is below it, else the largest "
+                 "token + 1); tables are padded to a multiple of 128 rows")
+      ->capture_default_str();
+  app.add_option("--val-data", o.val_data,
+                 "validation token file (same format and vocabulary as --data); with synthetic "
+                 "data and no --val-data, held-out samples of the same source");
+  app.add_option("--eval-every", o.eval_every,
+                 "validation loss every N steps and after the last (0, the default: never)")
+      ->capture_default_str();
+  app.add_option("--eval-tokens", o.eval_tokens,
+                 "tokens per validation (over all ranks; rounded up to whole batches; the same "
+                 "samples every time)")
+      ->capture_default_str();
+  app.add_flag("--allow-data-change", o.allow_data_change,
+               "--resume with a --data other than the checkpoint's (default: refused)");
+  app.add_option("--log-every", o.log_every, "progress line every N steps (rank 0)")
+      ->capture_default_str();
+  app.add_option("--gemm-peak", o.gemm_peak,
+                 "MFU denominator in GFLOP/s per rank (0: measure it at start-up with all ranks "
+                 "multiplying at once, on the GEMM path of --weight-dtype)")
+      ->capture_default_str();
+  app.add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to this file");
+  app.add_option("--save-weights", o.save_weights,
+                 "write final consolidated fp32 main weights as safetensors");
+  app.add_option("--init-weights", o.init_weights,
+                 "start from weights in this safetensors file instead of the seeded init");
+  app.add_option("--save-every", o.save_every,
+                 "save a sharded checkpoint every N steps into --ckpt-dir (0: never)")
+      ->capture_default_str();
+  app.add_option("--ckpt-dir", o.ckpt_dir,
+                 "checkpoint root: step_<N>/ directories, each a manifest + one file per rank");
+  app.add_option("--keep", o.keep, "keep the last K checkpoints in --ckpt-dir (0: all)")
+      ->capture_default_str();
+  app.add_option("--resume", o.resume,
+                 "resume from a checkpoint root (its latest complete checkpoint) or step "
+                 "directory, at this run's layout (without --sw/--sg/--so/--ranks-per-node: "
+                 "the saved layout); --steps counts from 0");
+  app.add_option("--comm-timeout", o.comm_timeout,
+                 "seconds a blocking wait (collective, exchange, barrier, direct-path poll) may "
+                 "last before the watchdog names what it waited for and ends the job (0: never)")
+      ->capture_default_str();
+  app.add_option("--fault", o.fault,
+                 "tests only: RANK:STEP throws on that rank inside that step's first microbatch; "
+                 "RANK:STEP:sleep makes that step 3 s longer there instead")
+      ->group("")
+      ->configurable(false);
+  app.add_option("--ckpt-fault", o.ckpt_fault,
+                 "tests only: RANK:PHASE[:STEP] kills a rank during a save")
+      ->group("")
+      ->configurable(false);
+  app.add_flag("--no-prefetch", o.no_prefetch, "do not prefetch the next layer's all-gather");
+  app.add_flag("--keep-gathered", o.keep_gathered,
+               "keep gathered weights from forward for backward (no reshard after forward)");
+  app.add_option("--comm-path", o.comm_path,
+                 "per-microbatch all-gather / reduce-scatter: collective (ring collectives) | "
+                 "direct (ZeroSM: registered windows, one-sided transfers, inter-node-first "
+                 "all-gather, node-local reduction first; needs ZeRO-3/ZeRO-2 groups spread "
+                 "evenly over --ranks-per-node nodes)")
+      ->capture_default_str();
+}
+
+}  // namespace sshsdp
