@@ -10,6 +10,7 @@ PKGS=(
   libgtest-dev libgmock-dev           # unit and multi-rank tests
   libbenchmark-dev                    # micro-benchmarks
   libcli11-dev nlohmann-json3-dev libfmt-dev   # CLI, JSON metrics/manifests, formatting
+  python3 python3-matplotlib          # scripts/plot_metrics.py (training curves, bench plots)
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -339,10 +339,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     if (rank == 0) {
       const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());
       fmt::print(
-          "sshsdp train: {} | {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
+          "sshsdp train: {} | {} d={} L={} H={} T={} V={}{} params={:.2f}M | {} | weights {} | "
           "batch {}x{}x{} per rank{}\n"
           "GEMM: {} | {} | CPU ISA {}\n",
           o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
+          gc.padded_vocab() != gc.vocab ? fmt::format(" (tables padded to {})", gc.padded_vocab())
+                                        : "",
           model.NumParams() / 1e6,
           engine.topology().ToString() + (o.layout_given ? ""
                                           : resume_dir.empty()
