@@ -18,10 +18,18 @@ mpirun=("$@")
 out=$("$bin" train --help 2>&1); rc=$?
 [ $rc -eq 0 ] && for f in --model --sw --sg --so --ranks-per-node --microbatches --batch-size \
   --steps --lr --weight-dtype --seed --data --metrics --save-weights --init-weights \
-  --gemm-peak --comm-timeout --on-nonfinite; do
+  --gemm-peak --comm-timeout --on-nonfinite --config --dump-config --vocab-size --val-data \
+  --eval-every --eval-tokens --lr-schedule --lr-min --decay-steps --allow-data-change; do
   grep -q -- "$f" <<<"$out" || { echo "help lacks $f"; rc=1; }
 done
 check "train --help lists every option" $rc
+grep -q -- "--muon-nesterov,--no-muon-nesterov{false}=true" <<<"$out"
+check "train --help shows --muon-nesterov on by default" $?
+out=$("$bin" generate --help 2>&1); rc=$?
+for f in --ckpt --weights --prompt --prompt-tokens --tokens --temperature --top-k --seed; do
+  grep -q -- "$f" <<<"$out" || { echo "generate help lacks $f"; rc=1; }
+done
+check "generate --help lists every option" $rc
 
 "$bin" >/dev/null 2>&1; rc=$?
 check "no subcommand is an error" $([ $rc -ne 0 ] && echo 0 || echo 1)

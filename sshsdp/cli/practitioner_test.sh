@@ -22,23 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/testing/check.sh"
 plot=$here/../../scripts/plot_metrics.py
 
-# GPT-2-sized token ids in llm.c format: an order-1 chain over 300 ids spread up to 50256.
-python3 - "$tmp" <<'PY'
-import random, struct, sys
-d = sys.argv[1]
-ids = sorted(random.Random(0).sample(range(50257), 299)) + [50256]
-nxt = {a: random.Random(a).sample(ids, 3) for a in ids}
-def write(path, n, seed):
-    r = random.Random(seed)
-    t = [ids[0]]
-    while len(t) < n:
-        t.append(nxt[t[-1]][0] if r.random() < 0.7 else r.choice(nxt[t[-1]]))
-    with open(path, "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
-        f.write(struct.pack(f"<{n}H", *t))
-write(f"{d}/train.bin", 200000, 1)
-write(f"{d}/val.bin", 20000, 2)
-PY
+python3 "$here/testing/make_gpt2_tokens.py" "$tmp"  # train.bin, val.bin (GPT-2 ids)
 cat >"$tmp/run.toml" <<TOML
 model = "small"
 seq-len = 64

@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Runs every command of the README's ```sh blocks, scaled down, in a scratch directory.
+
+  scripts/readme_test.py BUILD_DIR MPIRUN [MPIRUN_ARGS...]
+
+Each block runs as one bash script (set -e) in a scratch directory whose build/, scripts/ and
+bench/ point at this checkout, in README order (later blocks use what earlier ones wrote).
+Scaling, so the whole README runs in a couple of minutes on 2 cores:
+  * step counts (--steps, --save-every, --eval-every, --warmup, --eval-tokens, --decay-steps,
+    the same keys in TOML, and step_<N> directory names) are divided by 50;
+  * `sshsdp train` runs a 1-block, d=32 model of the named preset over 16 tokens
+    (appended flags: sshsdp takes the last value of an option); `sshsdp bench` likewise;
+  * mpirun gets the test's launcher arguments (oversubscription, root);
+  * the benchmark binaries get their smallest sizes; optional `[...]` arguments are dropped.
+Blocks that cannot run here are reported, not passed: scripts/test.sh (it is CI itself) and
+the real-PyTorch peer (downloads PyTorch); the sbatch script is checked with bash -n and its
+srun line's options are parsed. The README's data files (out/train.bin, out/val.bin) are
+GPT-2-sized fixtures. Exit status: the number of failed blocks.
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+FACTOR = 50
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+STEP_FLAGS = ["steps", "save-every", "eval-every", "warmup", "eval-tokens", "decay-steps"]
+TRAIN_FAST = "--layers 1 --d-model 32 --heads 2 --seq-len 16 --gemm-peak 10 --log-every 1"
+BENCH_FAST = "--layers 1 --seq-len 16 --warmup 1 --steps 2"
+NOT_RUN = {
+    "scripts/test.sh": "the test command itself (CI runs it)",
+    "bench/peers/run_fsdp2_peer.sh": "installs PyTorch into a virtual environment (CI has no "
+                                     "budget for it; bench_test checks the peer's inputs)",
+}
+
+
+def blocks(readme):
+    out, cur = [], None
+    for line in open(readme):
+        if cur is None and line.startswith("```sh"):
+            cur = []
+        elif cur is not None and line.startswith("```"):
+            out.append("".join(cur))
+            cur = None
+        elif cur is not None:
+            cur.append(line)
+    return out
+
+
+def scale(n, minimum):
+    return str(max(minimum, int(n) // FACTOR))
+
+
+def transform(text, mpirun, build):
+    # Step counts, in flags, TOML keys and step directory names.
+    for f in STEP_FLAGS:
+        minimum = 0 if f == "warmup" else 1
+        text = re.sub(rf"--{f}(=| )(\d+)", lambda m: f"--{f}{m.group(1)}{scale(m.group(2), minimum)}", text)
+        text = re.sub(rf"^{f} = (\d+)$", lambda m: f"{f} = {scale(m.group(1), minimum)}", text,
+                      flags=re.M)
+    text = re.sub(r"step_(\d{8})", lambda m: f"step_{int(m.group(1)) // FACTOR:08d}", text)
+    text = re.sub(r" \[[^\]]*\]", "", text)  # optional arguments
+    lines = []
+    for line in text.replace("\\\n", " ").split("\n"):
+        code = line.split(" #")[0].rstrip() if not line.lstrip().startswith("#") else line
+        if re.search(r"\bsshsdp (train)\b", code) and "--dump-config" not in code:
+            code += " " + TRAIN_FAST
+        if re.search(r"\bsshsdp bench\b", code):
+            code += " " + BENCH_FAST
+        code = re.sub(r"\bmodels_gpt_bench small 4 15\b", "models_gpt_bench tiny 1 2", code)
+        code = re.sub(r"\bmodels_layers_bench\b(.*)$", r"models_layers_bench 4096", code)
+        code = re.sub(r"\bmx_bench\b", "mx_bench --d 32 --layers 1 --steps 2 --warmup 1", code)
+        code = re.sub(r"\bupdate_bench\b", "update_bench --layers 1 --seq-len 16 --warmup 1", code)
+        code = re.sub(r"\bcomm_bench\b(?!_)", "comm_bench --max-bytes 65536 --iters 2 --warmup 1",
+                      code)
+        code = re.sub(r"^bench/precision_ablation\.sh", "STEPS=3 RANKS=2 bench/precision_ablation.sh"
+                      " --layers 1 --d-model 32 --heads 2 --seq-len 16 --gemm-peak 10", code)
+        # run.sh works in its own checkout (cd to it): the real path, this build directory.
+        code = re.sub(r"^scripts/run\.sh", f"BUILD_DIR={build} {REPO}/scripts/run.sh "
+                      "--steps 2 " + TRAIN_FAST, code)
+        code = re.sub(r"(^|\s)mpirun\b", lambda m: m.group(1) + mpirun, code)
+        lines.append(code)
+    return "\n".join(lines)
+
+
+def main():
+    build, mpirun = os.path.abspath(sys.argv[1]), " ".join(sys.argv[2:])
+    fails = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in ("scripts", "bench"):
+            os.symlink(os.path.join(REPO, name), os.path.join(tmp, name))
+        os.symlink(build, os.path.join(tmp, "build"))
+        os.makedirs(os.path.join(tmp, "out"))
+        subprocess.run([sys.executable, os.path.join(REPO, "sshsdp/cli/testing/make_gpt2_tokens.py"),
+                        os.path.join(tmp, "out")], check=True)
+        for i, block in enumerate(blocks(os.path.join(REPO, "README.md")), 1):
+            first = next((l for l in block.split("\n") if l.strip() and not l.startswith("# ")), "")
+            if block.startswith("#!"):  # a batch script: syntax, and its options parse
+                script = os.path.join(tmp, f"block{i}.sbatch")
+                open(script, "w").write(block)
+                srun = [l for l in block.split("\n") if l.startswith("srun ")][0]
+                code = (f"bash -n {script} && "
+                        + srun.replace("srun --mpi=pmix ", "") + " --dump-config >/dev/null")
+            else:
+                code = transform(block, mpirun, build)
+                for cmd, why in NOT_RUN.items():
+                    if cmd in code:
+                        print(f"not run  block {i}: {cmd}: {why}")
+                        code = "\n".join(l for l in code.split("\n") if cmd not in l)
+                if not any(l.strip() and not l.lstrip().startswith("#") for l in code.split("\n")):
+                    continue
+            t0 = time.time()
+            r = subprocess.run(["bash", "-e", "-c", code], cwd=tmp, capture_output=True, text=True,
+                               timeout=600)
+            status = "ok  " if r.returncode == 0 else "FAIL"
+            print(f"{status}     block {i} ({time.time() - t0:.0f} s): {first[:90]}")
+            if r.returncode != 0:
+                fails += 1
+                print("  script:\n" + "\n".join("  | " + l for l in code.split("\n")))
+                print("  output:\n" + "\n".join("  | " + l for l in (r.stdout + r.stderr).split("\n")[-25:]))
+    print(f"readme: {fails} failed block(s)")
+    sys.exit(fails)
+
+
+if __name__ == "__main__":
+    main()
