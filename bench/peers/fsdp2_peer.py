@@ -8,8 +8,9 @@ against what a CPU user of FSDP2 actually gets.
 
 It reads what `sshsdp bench --peer-inputs DIR` wrote for one workload (DIR/b<B>):
   init.safetensors  initial fp32 weights under sshsdp's update-parameter names
-                    (blocks.0.attn.q.h2, ...; per-head Q/K/V parts are concatenated, all Q
-                    heads then all K then all V, into the packed [3d, d] QKV weight)
+                    (blocks.0.attn.qkv for the fused model of AdamW runs; per-head parts
+                    blocks.0.attn.q.h2, ... are concatenated, all Q heads then all K then
+                    all V, into the packed [3d, d] QKV weight)
   batches.bin       int32 tokens then targets, [steps, microbatches, ranks, B, T]
   workload.json     model sizes, B, T, microbatches, world, steps, AdamW, clipping, and
                     sshsdp's rows (per-step losses, tokens/s)
@@ -149,8 +150,11 @@ class Gpt(nn.Module):
         for l, b in enumerate(self.blocks):
             p = f"blocks.{l}."
             b.ln1.g.copy_(t(p + "ln1.g"))
-            parts = [t(f"{p}attn.{w_}.h{h}") for w_ in ("q", "k", "v") for h in range(n_head)]
-            b.qkv.weight.copy_(torch.cat(parts, dim=0))
+            if p + "attn.qkv" in w:  # the fused model (AdamW runs): one [3d, d] parameter
+                b.qkv.weight.copy_(t(p + "attn.qkv"))
+            else:
+                parts = [t(f"{p}attn.{w_}.h{h}") for w_ in ("q", "k", "v") for h in range(n_head)]
+                b.qkv.weight.copy_(torch.cat(parts, dim=0))
             b.proj.weight.copy_(t(p + "attn.proj"))
             b.ln2.g.copy_(t(p + "ln2.g"))
             b.fc1.weight.copy_(t(p + "mlp.fc1"))

@@ -116,17 +116,16 @@ GptConfig MakeConfig(const BenchOptions& o) {
   return c;
 }
 
-// packed_runtime = false (vescale-fsdp, PresetPacksRuntimeWeights): the dense GPT with
-// per-part QKV runtime parameters and GEMMs. The MoE model keeps its packed QKV.
-std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk,
-                                 bool packed_runtime = true) {
-  if (!IsMoe(o.model)) {
-    GptConfig c = trunk;
-    c.packed_qkv = packed_runtime;
-    return std::make_unique<Gpt>(c);
-  }
+// The model a configuration's users write (presets.h, PresetQkvModel): one fused QKV
+// parameter, per-head parts of a packed runtime tensor, or per-part runtime parameters and
+// GEMMs (dense GPT only; the MoE model keeps a packed QKV, fused or per head).
+std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk, QkvModel qkv) {
+  GptConfig t = trunk;
+  t.packed_qkv = qkv != QkvModel::kPerPart || IsMoe(o.model);
+  t.fused_qkv = qkv == QkvModel::kFused;
+  if (!IsMoe(o.model)) return std::make_unique<Gpt>(t);
   MoeConfig c = MoeConfig::Preset(o.model);
-  c.trunk = trunk;
+  c.trunk = t;
   c.Validate();
   return std::make_unique<MoeGpt>(c);
 }
@@ -134,7 +133,7 @@ std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk,
 struct Row {
   int batch = 0;
   std::string label;
-  std::string switches, layout;
+  std::string switches, layout, qkv;  // qkv: the model its users write (QkvModelName)
   double median_s = 0, tokens_per_s = 0, mfu = 0, ratio = 0, flops_per_token = 0;
   double rss_mib = 0, accounted_mib = 0;
   std::map<std::string, double> accounted_by_category;  // MiB, rank 0
@@ -155,6 +154,7 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
       {"config", r.label},
       {"redundancies", r.switches},
       {"shard_layout", r.layout},
+      {"qkv_model", r.qkv},
       {"median_step_s", r.median_s},
       {"tokens_per_s", r.tokens_per_s},
       {"ratio_to_sshsdp", r.ratio},
@@ -166,6 +166,7 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
       {"accounted_peak_mib", r.accounted_mib},
       {"accounted_peak_mib_by_category", r.accounted_by_category},
       {"bytes_copied_per_step", r.counters.bytes_copied},
+      {"collective_copy_bytes_per_step", r.counters.collective_copy_bytes},
       {"bytes_copied_weights", c.weight_copy_in + c.weight_copy_out + c.weight_pack},
       {"bytes_copied_grads", c.grad_copy + c.grad_unpack},
       {"copies",
@@ -280,7 +281,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     const double peak = gemm_peak.per_rank;
     const int total_steps = o.warmup + o.steps;
     if (rank == 0) {
-      auto probe = MakeModel(o, gc);
+      auto probe = MakeModel(o, gc, QkvModel::kFused);
       fmt::print(
           "sshsdp bench: {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
           "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
@@ -294,13 +295,13 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     nlohmann::json out = nlohmann::json::array();
     for (int B : o.batch_sizes) {
       std::vector<std::pair<std::string, EngineConfig>> configs;
-      std::vector<bool> packed;  // per configuration: the model packs its runtime weights
+      std::vector<QkvModel> qkv;  // per configuration: the QKV its users write
       EngineConfig wb = base;
       wb.batch_size = B;
       wb.comm_path = ParseCommPath(o.comm_paths.front());
       if (o.ablation) {
         configs = AblationLadder(wb);
-        packed.assign(configs.size(), true);
+        qkv.assign(configs.size(), PresetQkvModel("sshsdp", base.optimizer, base.muon_unit));
       } else {
         for (const std::string& p : presets) {
           for (const std::string& path : o.comm_paths) {
@@ -308,7 +309,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
             ApplyPreset(p, &c);
             c.comm_path = ParseCommPath(path);
             configs.emplace_back(c.comm_path == CommPath::kDirect ? p + "+direct" : p, c);
-            packed.push_back(PresetPacksRuntimeWeights(p));
+            qkv.push_back(PresetQkvModel(p, base.optimizer, base.muon_unit));
           }
         }
       }
@@ -377,7 +378,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       {
         // Prime one-time process costs (GEMM primitive caches, communicator buffers, the
         // allocator's arenas) so they land in the baseline, not in the first row.
-        std::unique_ptr<Model> m = MakeModel(o, gc, packed.front());
+        std::unique_ptr<Model> m = MakeModel(o, gc, qkv.front());
         Engine e(*m, *world, configs.front().second);
         e.InitWeights(o.seed);
         e.Step([&](int mb, int32_t* tok, int32_t* tgt) {
@@ -394,10 +395,11 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         row.label = label;
         row.switches = cfg.redundancies.ToString();
         row.layout = ShardLayoutName(cfg.shard_layout);
+        row.qkv = QkvModelName(qkv[ci]);
         malloc_trim(0);
         ResetPeakRss();
         const double rss0 = CurrentRssMiB();
-        L.model = MakeModel(o, gc, packed[ci]);
+        L.model = MakeModel(o, gc, qkv[ci]);
         L.engine = std::make_unique<Engine>(*L.model, *world, cfg);
         Engine& engine = *L.engine;
         engine.InitWeights(o.seed);
@@ -441,7 +443,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       if (!o.sequential) {
         for (size_t ci = 0; ci < configs.size(); ++ci) {  // rebuild, same warm-up, then time
           Live& L = live[ci];
-          L.model = MakeModel(o, gc, packed[ci]);
+          L.model = MakeModel(o, gc, qkv[ci]);
           L.engine = std::make_unique<Engine>(*L.model, *world, configs[ci].second);
           L.engine->InitWeights(o.seed);
           L.cur = 0;
@@ -489,7 +491,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         // The config column is as wide as its longest label (ablation rungs are long);
         // width counts code points, like fmt's padding of the ①–⑦ labels.
         auto label_of = [](const Row& r) {
-          return fmt::format("{} ({}, {})", r.label, r.switches, r.layout);
+          return fmt::format("{} ({}, {}, {})", r.label, r.switches, r.layout, r.qkv);
         };
         size_t lw = 30;
         for (const Row& r : rows) {

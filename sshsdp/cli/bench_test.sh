@@ -37,14 +37,26 @@ for b in (1, 2):
     # Paired ratios: each row's per-round step ratio against the sshsdp row, named.
     assert s["ratio_to_sshsdp_paired"] == 1 and s["ratio_reference"] == "sshsdp", s
     assert f["ratio_to_sshsdp_paired"] > 0 and f["ratio_reference"] == "sshsdp", f
-    # vescale-fsdp: per-part QKV GEMMs, no packed runtime layout, so no ① and no copies.
+    # vescale-fsdp: no packed runtime layout, so no ① and no copies.
     v = by[(b, "vescale-fsdp")]
     assert v["redundancies"] == "②⑤⑦" and v["bytes_copied_per_step"] == 0, v
+    # AdamW: every framework's model is the one its users write, one fused QKV parameter, so
+    # FSDP2 packs nothing per use (①: 0 bytes) though its switch is on.
+    for r in (s, f, m, v):
+        assert r["qkv_model"] == "fused QKV", r
+    assert f["redundancies"] == "①②③④⑤⑥⑦" and f["copies"]["weight_pack"] == 0, f
+    # Copies inside collectives are counted for every row alike: sshsdp's and Megatron's
+    # out-of-place gathers copy the own shard; FSDP2 / veScale write it first and gather in place.
+    assert s["collective_copy_bytes_per_step"] > 0 and m["collective_copy_bytes_per_step"] > 0
+    assert f["collective_copy_bytes_per_step"] == 0 and v["collective_copy_bytes_per_step"] == 0
     l0 = s["losses"][0]
     for r in (f, m, v):
         assert abs(r["losses"][0] - l0) < 1e-3 * l0, (r["config"], r["losses"][0], l0)
 PY
 check "JSON rows carry the counters and agreeing losses" $?
+"$(dirname "$0")/../../scripts/plot_metrics.py" --bench "$tmp/bench.json" "$tmp/bench.png" >/dev/null &&
+  [ "$(head -c 4 "$tmp/bench.png" | od -An -c | tr -d ' ')" = "211PNG" ]
+check "plot_metrics.py --bench draws the sweep as a PNG" $?
 [ -s "$tmp/peer/b1/init.safetensors" ] && [ -s "$tmp/peer/b2/batches.bin" ] && [ -s "$tmp/peer/b1/workload.json" ]
 check "peer inputs written per workload" $?
 
@@ -88,6 +100,9 @@ assert s['full_tensor_bytes'] == 0 and s['p2p_bytes'] > 0, s
 assert f['p2p_bytes'] == 0 and f['full_tensor_bytes'] > 0 and f['full_tensor_calls'] > 0, f
 assert f['ns_flops_per_rank'] > s['ns_flops_per_rank'] > 0, (s, f)
 assert abs(r['fsdp2']['losses'][0] - r['sshsdp']['losses'][0]) < 1e-3 * r['sshsdp']['losses'][0]
+# Per-head Muon needs per-head parameters: FSDP2's users torch.cat them on every use (①).
+assert r['fsdp2']['qkv_model'] == r['sshsdp']['qkv_model'] == 'packed per-head QKV', r
+assert r['fsdp2']['copies']['weight_pack'] > 0 and r['sshsdp']['bytes_copied_per_step'] == 0
 " || rc=1
 check "Muon: sshsdp p2p units vs fsdp2 full_tensor, update counters in JSON" $rc
 timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --optimizer muon \

@@ -85,6 +85,7 @@ nlohmann::json GptModelJson(const GptConfig& c) {
   // Only a padded vocabulary records its table rows (checkpoints from before padding existed
   // have none and load as unpadded).
   if (c.padded_vocab() != c.vocab) j["padded_vocab"] = c.padded_vocab();
+  if (c.fused_qkv) j["fused_qkv"] = true;  // one attn.qkv update parameter per block
   return j;
 }
 
@@ -135,6 +136,7 @@ GptConfig GptFromJson(const nlohmann::json& j) {
                  "model description: padded_vocab {} is not vocab {} rounded up to {}",
                  j.at("padded_vocab").dump(), c.vocab, c.vocab_multiple);
   }
+  c.fused_qkv = j.value("fused_qkv", false);
   c.Validate();
   return c;
 }

@@ -474,6 +474,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"update_comm_intra_bytes", st.counters.update_comm.intra_node_bytes},
               {"update_comm_inter_bytes", st.counters.update_comm.inter_node_bytes},
               {"bytes_copied", st.counters.bytes_copied},
+              {"collective_copy_bytes", st.counters.collective_copy_bytes},
               {"add_passes", st.counters.add_passes},
               {"weight_preps", st.counters.weight_preps},
               {"gathers", st.counters.gathers},

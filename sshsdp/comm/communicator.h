@@ -35,11 +35,16 @@ struct CommCounters {
   uint64_t intra_node_bytes = 0;
   uint64_t inter_node_bytes = 0;
   uint64_t calls = 0;
+  // Bytes a collective copied inside this process, not sent: an out-of-place all-gather's own
+  // shard into its slot of the output. Not in total(); engines report it next to their own
+  // copies so "bytes copied" compares like with like (StepCounters::collective_copy_bytes).
+  uint64_t local_copy_bytes = 0;
   uint64_t total() const { return intra_node_bytes + inter_node_bytes; }
   CommCounters& operator+=(const CommCounters& o) {
     intra_node_bytes += o.intra_node_bytes;
     inter_node_bytes += o.inter_node_bytes;
     calls += o.calls;
+    local_copy_bytes += o.local_copy_bytes;
     return *this;
   }
 };

@@ -545,7 +545,10 @@ void DirectCommunicator::AllGather(const void* send, void* recv, size_t count, D
   counters_.calls++;
   Rendezvous(d, where, err);
   if (count == 0) return;
-  if (!in_place) std::memcpy(out + static_cast<size_t>(p) * shard, send, shard);
+  if (!in_place) {
+    std::memcpy(out + static_cast<size_t>(p) * shard, send, shard);
+    counters_.local_copy_bytes += shard;
+  }
   if (n == 1) return;
   DoAllGather(static_cast<const char*>(send), out, r, count, e, in_place, s);
 }

@@ -355,7 +355,10 @@ void MpiCommunicator::AllGather(const void* send, void* recv, size_t count, DTyp
                where);
   counters_.calls++;
   if (count == 0) return;
-  if (!in_place) std::memcpy(own, send, count * e);
+  if (!in_place) {
+    std::memcpy(own, send, count * e);
+    counters_.local_copy_bytes += count * e;
+  }
   RingAllGather(static_cast<char*>(recv), Chunks::Even(count).Times(e), "AllGather");
 }
 

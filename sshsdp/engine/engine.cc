@@ -56,7 +56,8 @@ struct Engine::RuntimeGroup {
   void* pg_block = nullptr;  // per-parameter gradients (④) / packed gradients
   size_t pg_bytes = 0;
   std::vector<size_t> pg_offsets;
-  void* rs_tmp = nullptr;  // ⑤ reduce-scatter result before the separate add
+  void* rs_tmp = nullptr;    // ⑤ reduce-scatter result before the separate add
+  void* cast_tmp = nullptr;  // ② + ③: the cast shard before its copy-in (comm thread)
 
   std::vector<TensorRef> Views(const DataNode& root, DType dt) const {
     std::vector<TensorRef> out;
@@ -91,6 +92,7 @@ CommCounters Delta(const CommCounters& after, const CommCounters& before) {
   d.intra_node_bytes = after.intra_node_bytes - before.intra_node_bytes;
   d.inter_node_bytes = after.inter_node_bytes - before.inter_node_bytes;
   d.calls = after.calls - before.calls;
+  d.local_copy_bytes = after.local_copy_bytes - before.local_copy_bytes;
   return d;
 }
 
@@ -435,24 +437,24 @@ void Engine::StartGather(int gi) {
     return;
   }
   // Baselines: this rank's slice of the gather buffer is written first (② cast, ③ copy-in),
-  // then gathered in place.
+  // then gathered in place — on the communication thread, which stands for the side stream
+  // FSDP2 runs its all-gather copy-in on (redundancy.h), so a prefetched layer's cast and
+  // copy-in overlap the current layer's compute. Counted here, deterministically.
   const size_t es = DTypeSize(dt);
   char* slice = static_cast<char*>(dst) + topo_.GroupPosition(Group::kZero3, rank_) * count * es;
-  if (g.sdt != dt) {  // ②: fp32 ZeRO-3 shard cast on every gather
-    void* cast_dst = cfg_.redundancies.weight_copies ? Acquire(count * es) : slice;
-    {
-      ScopedTimer t(&time_.cast);
-      FloatToBf16(static_cast<const float*>(src), static_cast<bf16*>(cast_dst), count);
-    }
+  const bool cast = g.sdt != dt;  // ②: fp32 ZeRO-3 shard cast on every gather
+  void* tmp = nullptr;
+  if (cast) {
     counters_.weight_preps++;
-    if (cast_dst != slice) {
-      copy_meter_.Copy(slice, cast_dst, count * es, &CopyBytes::weight_copy_in);
-      Recycle(cast_dst, count * es);
-    }
-  } else {
-    copy_meter_.Copy(slice, src, count * es, &CopyBytes::weight_copy_in);  // ③ copy-in
+    if (cfg_.redundancies.weight_copies) tmp = g.cast_tmp = Acquire(count * es);
   }
-  g.gather_handle = comm_thread_->Submit([=] { comm->AllGatherInPlace(dst, count, dt); });
+  if (!cast || tmp) copy_meter_.Count(count * es, &CopyBytes::weight_copy_in);  // ③ copy-in
+  g.gather_handle = comm_thread_->Submit([=] {
+    if (cast)
+      FloatToBf16(static_cast<const float*>(src), static_cast<bf16*>(tmp ? tmp : slice), count);
+    if (tmp || !cast) std::memcpy(slice, tmp ? tmp : src, count * es);
+    comm->AllGatherInPlace(dst, count, dt);
+  });
 }
 
 void Engine::WaitGather(int gi) {
@@ -462,6 +464,10 @@ void Engine::WaitGather(int gi) {
   {
     ScopedTimer t(&time_.comm_wait);
     g.gather_handle.Wait();
+  }
+  if (g.cast_tmp) {
+    Recycle(g.cast_tmp, g.z3.size() * DTypeSize(g.wdt));
+    g.cast_tmp = nullptr;
   }
   if (g.f32_block) {  // ② with MXFP8: G and Tw on the gathered layer, every gather
     {
@@ -482,6 +488,10 @@ void Engine::ReleaseGather(int gi) {
   ReleaseRuntimeWeights(gi);
   if (skip_gather_ || !g.gather_started) return;
   g.gather_handle.Wait();
+  if (g.cast_tmp) {  // a prefetched gather released before use
+    Recycle(g.cast_tmp, g.z3.size() * DTypeSize(g.wdt));
+    g.cast_tmp = nullptr;
+  }
   g.w_full->Release();
   if (gather_slots_) {
     gather_slots_->Release(g.gather_block);
@@ -705,16 +715,20 @@ StepStats Engine::Step(const BatchFn& batch) {
         model_.Backward(g, w, grads, mode);
       }
       if (!skip_rs_) {
-        if (!grads_direct_) FinishGrads(g);
+        std::function<void()> copy_in;  // ④ on the communication thread (redundancy.h)
+        if (!grads_direct_) copy_in = FinishGrads(g);
         G.g_full->Release();
         const void* src = G.grad_block;
         void* dst = G.g_z2->data();
         const size_t count = G.z2.size();
         bool acc = mb > 0;
-        if (acc && cfg_.redundancies.separate_add) {  // ⑤: reduce into a temporary
+        float* add_into = nullptr;
+        if (acc && cfg_.redundancies.separate_add) {  // ⑤: reduce into a temporary, then add
           G.rs_tmp = Acquire(count * 4);
+          add_into = G.g_z2->data_as<float>();
           dst = G.rs_tmp;
           acc = false;
+          counters_.add_passes++;
         } else if (acc) {
           counters_.fused_accumulations++;
         }
@@ -727,8 +741,15 @@ StepStats Engine::Step(const BatchFn& batch) {
           ro.sr_key = {cfg_.sr_seed, static_cast<uint64_t>(step_),
                        static_cast<uint32_t>(mb * n + g)};
         }
-        G.rs_handle = comm_thread_->Submit(
-            [=] { comm->ReduceScatterPartials(src, gdt, dst, DType::kF32, count, acc, ro); });
+        // The baselines' gradient side work runs where their frameworks put it: ④ copy-in
+        // before and ⑤'s add after the reduce-scatter, on its (side-stream) thread.
+        G.rs_handle = comm_thread_->Submit([=, copy_in = std::move(copy_in)] {
+          if (copy_in) copy_in();
+          comm->ReduceScatterPartials(src, gdt, dst, DType::kF32, count, acc, ro);
+          if (add_into)
+            kernels::Add(add_into, static_cast<const float*>(dst), add_into,
+                         static_cast<int64_t>(count));
+        });
       }
       ReleaseGather(g);
       if (g + 1 < n && groups_[g + 1]->grad_block) FinishReduceScatter(g + 1);
@@ -828,6 +849,8 @@ StepStats Engine::Step(const BatchFn& batch) {
     up1 += c->counters();
   if (up_zero1_) up1 += up_zero1_->counters();
   st.counters.update_comm = Delta(up1, up0);
+  st.counters.collective_copy_bytes =
+      st.counters.runtime_comm.local_copy_bytes + st.counters.update_comm.local_copy_bytes;
   st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   time_.copy = copy_meter_.seconds();
   st.time = time_;
@@ -993,22 +1016,34 @@ std::vector<TensorRef> Engine::GradTargets(int gi) {
   return out;
 }
 
-void Engine::FinishGrads(int gi) {
+std::function<void()> Engine::FinishGrads(int gi) {
   RuntimeGroup& g = *groups_[gi];
   const GroupLayout& L = g.layout;
   float* gp = static_cast<float*>(g.grad_block);
   const float* pg = static_cast<const float*>(g.pg_block);
   constexpr size_t kNone = static_cast<size_t>(-1);
-  for (const auto& [a, b] : g.uncovered) std::fill(gp + a, gp + b, 0.0f);  // padding, gaps
   if (cfg_.redundancies.grad_copies) {
-    // ④: per-parameter gradients → reduce-scatter buffer (FSDP2's padded chunk-cat).
+    // ④: per-parameter gradients → reduce-scatter buffer (FSDP2's padded chunk-cat), on the
+    // communication thread before the reduce-scatter (FSDP2 runs it on its reduce-scatter
+    // stream); counted here. pg_block is recycled once the reduce-scatter is done.
+    struct Piece {
+      size_t dst, src, n;
+    };
+    std::vector<Piece> pieces;
     for (size_t m = 0; m < L.list.num_members(); ++m) {
       const MemberPiece& pc = g.pieces[m];
       const UpdateParam& u = L.update[pc.update];
-      const float* src = pg + g.pg_offsets[u.runtime] + g.part_offset[pc.update] + pc.offset;
-      copy_meter_.Copy(gp + L.list.member(m).offset, src, pc.valid * 4, &CopyBytes::grad_copy);
+      pieces.push_back({L.list.member(m).offset,
+                        g.pg_offsets[u.runtime] + g.part_offset[pc.update] + pc.offset, pc.valid});
+      copy_meter_.Count(pc.valid * 4, &CopyBytes::grad_copy);
     }
-  } else {
+    return [gp, pg, pieces = std::move(pieces), uncovered = g.uncovered] {
+      for (const auto& [a, b] : uncovered) std::fill(gp + a, gp + b, 0.0f);  // padding, gaps
+      for (const Piece& p : pieces) std::memcpy(gp + p.dst, pg + p.src, p.n * 4);
+    };
+  }
+  for (const auto& [a, b] : g.uncovered) std::fill(gp + a, gp + b, 0.0f);  // padding, gaps
+  {
     // Packed gradients of runtime parameters whose parts are not contiguous → member views.
     for (size_t r = 0; r < L.runtime.size(); ++r) {
       if (g.pg_offsets[r] == kNone) continue;
@@ -1020,6 +1055,7 @@ void Engine::FinishGrads(int gi) {
   }
   if (g.pg_block) Recycle(g.pg_block, g.pg_bytes);
   g.pg_block = nullptr;
+  return {};
 }
 
 void Engine::FinishReduceScatter(int gi) {
@@ -1034,14 +1070,11 @@ void Engine::FinishReduceScatter(int gi) {
     Recycle(P.grad_block, P.padded * 4);
   }
   P.grad_block = nullptr;
-  if (P.rs_tmp) {  // ⑤: the separate accumulation pass
-    {
-      ScopedTimer t(&time_.add);
-      float* acc = P.g_z2->data_as<float>();
-      kernels::Add(acc, static_cast<const float*>(P.rs_tmp), acc,
-                   static_cast<int64_t>(P.z2.size()));
-    }
-    counters_.add_passes++;
+  if (P.pg_block) {  // ④'s per-parameter gradients, copied in by the communication thread
+    Recycle(P.pg_block, P.pg_bytes);
+    P.pg_block = nullptr;
+  }
+  if (P.rs_tmp) {  // ⑤'s temporary, added by the communication thread
     Recycle(P.rs_tmp, P.z2.size() * 4);
     P.rs_tmp = nullptr;
   }

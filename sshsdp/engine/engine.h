@@ -131,26 +131,29 @@ class NonFiniteError : public NumericsError {
 
 // Deterministic counters of one step (tests assert them exactly).
 struct StepCounters {
-  CommCounters runtime_comm;         // per-microbatch all-gathers and reduce-scatters
-  CommCounters update_comm;          // outer RS / HSDP all-reduce / outer AG / norm
-  uint64_t bytes_copied = 0;         // memcpy-style copies outside compute and collectives
-  CopyBytes copies;                  // the same bytes by path (weight copy-in/out, pack, ...)
-  uint64_t add_passes = 0;           // separate gradient-accumulation passes (0: fused)
-  uint64_t fused_accumulations = 0;  // microbatch gradients accumulated by the reduce-scatter's
-                                     // last step (or by backward itself when sg = 1)
-  uint64_t weight_preps = 0;         // G invocations (cast/quantize passes over ZeRO-1 shards;
-                                     // with ② one more per all-gather, over ZeRO-3 shards)
-  uint64_t gathers = 0;              // ZeRO-3 all-gathers issued
-  uint64_t scale_relayouts = 0;      // MXFP8 Tw: per-group scale relayouts into S′ (once per
-                                     // step with weight reuse; per gather with ②)
-  uint64_t mx_split_bands = 0;       // MXFP8 G: 32-row bands split across ZeRO-1 shards
-  uint64_t mx_p2p_bytes = 0;         // MXFP8 G: point-to-point bytes this rank sent
-  CommCounters update_p2p;           // structured update: fetch/return of split units (also in
-                                     // update_comm)
-  CommCounters update_full_tensor;   // ⑥ full_tensor: per-parameter all-gathers of Muon's u
-                                     // over the ZeRO-1 group (also in update_comm)
-  double update_exec_cost = 0;       // unit-stage work this rank ran (Newton–Schulz FLOPs; with
-                                     // ⑥ full_tensor every Muon unit, on every rank)
+  CommCounters runtime_comm;           // per-microbatch all-gathers and reduce-scatters
+  CommCounters update_comm;            // outer RS / HSDP all-reduce / outer AG / norm
+  uint64_t bytes_copied = 0;           // memcpy-style copies outside compute and collectives
+  uint64_t collective_copy_bytes = 0;  // copies inside collectives (an out-of-place
+                                       // all-gather's own shard into the gathered buffer;
+                                       // CommCounters::local_copy_bytes), every preset alike
+  CopyBytes copies;                    // the same bytes by path (weight copy-in/out, pack, ...)
+  uint64_t add_passes = 0;             // separate gradient-accumulation passes (0: fused)
+  uint64_t fused_accumulations = 0;    // microbatch gradients accumulated by the reduce-scatter's
+                                       // last step (or by backward itself when sg = 1)
+  uint64_t weight_preps = 0;           // G invocations (cast/quantize passes over ZeRO-1 shards;
+                                       // with ② one more per all-gather, over ZeRO-3 shards)
+  uint64_t gathers = 0;                // ZeRO-3 all-gathers issued
+  uint64_t scale_relayouts = 0;        // MXFP8 Tw: per-group scale relayouts into S′ (once per
+                                       // step with weight reuse; per gather with ②)
+  uint64_t mx_split_bands = 0;         // MXFP8 G: 32-row bands split across ZeRO-1 shards
+  uint64_t mx_p2p_bytes = 0;           // MXFP8 G: point-to-point bytes this rank sent
+  CommCounters update_p2p;             // structured update: fetch/return of split units (also in
+                                       // update_comm)
+  CommCounters update_full_tensor;     // ⑥ full_tensor: per-parameter all-gathers of Muon's u
+                                       // over the ZeRO-1 group (also in update_comm)
+  double update_exec_cost = 0;         // unit-stage work this rank ran (Newton–Schulz FLOPs; with
+                                       // ⑥ full_tensor every Muon unit, on every rank)
 };
 
 struct StepStats {
@@ -269,8 +272,8 @@ class Engine {
   std::vector<TensorRef> RuntimeWeights(int g);
   void ReleaseRuntimeWeights(int g);
   std::vector<TensorRef> GradTargets(int g);
-  void FinishGrads(int g);
-  void FinishReduceScatter(int g);  // after its wait: ⑤ add, recycle
+  std::function<void()> FinishGrads(int g);  // ④'s copy-in, for the communication thread
+  void FinishReduceScatter(int g);           // after its wait: ⑤ add, recycle
   void* Acquire(size_t bytes);
   void Recycle(void* p, size_t bytes);
 

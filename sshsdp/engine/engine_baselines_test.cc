@@ -38,6 +38,7 @@ struct Expected {
   uint64_t ag = 0, rs = 0;  // runtime bytes sent
   CopyBytes copies;
   uint64_t weight_preps = 0, add_passes = 0, fused = 0;
+  uint64_t collective_copy = 0;  // own shard copied by out-of-place all-gathers
 };
 
 Expected Expect(const Model& model, const EngineConfig& cfg, int M, bool reshard) {
@@ -65,6 +66,10 @@ Expected Expect(const Model& model, const EngineConfig& cfg, int M, bool reshard
       if (!R.grad_copies && !E.contiguous[r]) unpacked += rp.numel;
     }
     e.ag += M * uses * (cfg.sw - 1) * (padded / cfg.sw) * ws;
+    // sshsdp's gather is out of place (retained Wᶻ³ → transient W′): the collective copies the
+    // own shard; the baselines write it first (② cast / ③ copy-in) and gather in place.
+    if (cfg.sw > 1 && !cast && !R.weight_copies)
+      e.collective_copy += M * uses * (padded / cfg.sw) * ws;
     e.rs += M * (cfg.sg - 1) * (padded / cfg.sg) * 4;
     if (R.weight_copies) {
       e.copies.weight_copy_in += M * uses * (padded / cfg.sw) * ws;
@@ -114,11 +119,15 @@ void RunPresetParity(const std::string& preset, const Layout& l, DType wdt, int 
     EXPECT_EQ(c.copies.grad_copy, want.copies.grad_copy);
     EXPECT_EQ(c.copies.grad_unpack, want.copies.grad_unpack);
     EXPECT_EQ(c.bytes_copied, want.copies.total());
+    EXPECT_EQ(c.collective_copy_bytes, want.collective_copy);
     EXPECT_EQ(c.weight_preps, want.weight_preps);
     EXPECT_EQ(c.add_passes, want.add_passes);
     EXPECT_EQ(c.fused_accumulations, want.fused);
     if (preset == "sshsdp") {
       EXPECT_EQ(c.bytes_copied, 0u);
+    }
+    if (dynamic_cast<const Gpt&>(run.model()).config().fused_qkv) {
+      EXPECT_EQ(c.copies.weight_pack, 0u);  // one member per runtime parameter: nothing to pack
     }
     if (preset == "vescale-fsdp" && !dynamic_cast<const Gpt&>(run.model()).config().packed_qkv) {
       // No packed runtime layout: nothing to pack per use or to scatter back.
@@ -138,6 +147,21 @@ TEST(EngineBaselines, EveryPresetMatchesReferenceBf16) {
     for (const Layout& l : LayoutsFor(W)) {
       SCOPED_TRACE(fmt::format("{} {}", preset, Describe(W, l)));
       RunPresetParity(preset, l, DType::kBF16, 3, true);
+    }
+  }
+}
+
+// The model as AdamW users write it (one fused [3d, d] QKV parameter, presets.h): every preset
+// against the one-process reference of the same fused model; FSDP2 shards the fused parameter
+// on dim 0 and, with one member per runtime parameter, packs nothing (① pays 0 bytes).
+TEST(EngineBaselines, EveryPresetMatchesReferenceFusedQkv) {
+  const int W = WorldSize();
+  GptConfig fused = TestGpt();
+  fused.fused_qkv = true;
+  for (const std::string& preset : PresetNames()) {
+    for (const Layout& l : LayoutsFor(W)) {
+      SCOPED_TRACE(fmt::format("fused {} {}", preset, Describe(W, l)));
+      RunPresetParity(preset, l, DType::kBF16, 2, true, testing::GptOf(fused));
     }
   }
 }
@@ -171,16 +195,16 @@ TEST(EngineBaselines, AblationLadderMatchesReference) {
   EngineConfig base = BaseConfig(l, 2, DType::kBF16);
   for (const auto& [label, cfg] : AblationLadder(base)) {
     SCOPED_TRACE(label);
-    // The ladder's configurations, one step each against the reference: loss and gradient
-    // norm (bf16 bounds) and the counters of the switches.
+    // The ladder's configurations, two steps each against the reference: loss, gradient
+    // norm and every main weight (bf16 bounds), and the counters of the switches.
     testing::ParityCase c;
     c.layout = l;
     c.make = testing::GptOf(TestGpt());
     c.cfg = cfg;
     c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, DType::kBF16);
-    c.steps = 1;
+    c.steps = 2;
     c.seed = 3;
-    c.tol = {2e-4, 2e-3, testing::kNotCompared};
+    c.tol = testing::AdamWTolerances(DType::kBF16);  // loss, norm and every main weight
     testing::ParityRun run(c);
     const Expected want = Expect(run.model(), cfg, 2, cfg.reshard_after_forward);
     run.Run([&](const testing::StepDiff& d) {
@@ -243,8 +267,17 @@ TEST(EngineBaselines, PresetsAndRefusals) {
   ApplyPreset("vescale-fsdp", &cfg);
   EXPECT_EQ(cfg.redundancies.ToString(), "②⑤⑦");
   EXPECT_EQ(cfg.shard_layout, ShardLayout::kAligned);
-  EXPECT_FALSE(PresetPacksRuntimeWeights("vescale-fsdp"));
-  EXPECT_TRUE(PresetPacksRuntimeWeights("fsdp2"));
+  // The model as its users write it: fused QKV except where Muon needs per-head units.
+  for (const std::string& p : PresetNames()) {
+    EXPECT_EQ(PresetQkvModel(p, OptimizerKind::kAdamW, UnitRule::kHead), QkvModel::kFused) << p;
+    EXPECT_EQ(PresetQkvModel(p, OptimizerKind::kMuon, UnitRule::kMatrix), QkvModel::kFused) << p;
+  }
+  EXPECT_EQ(PresetQkvModel("vescale-fsdp", OptimizerKind::kMuon, UnitRule::kHead),
+            QkvModel::kPerPart);
+  EXPECT_EQ(PresetQkvModel("fsdp2", OptimizerKind::kMuon, UnitRule::kHead),
+            QkvModel::kPackedPerHead);
+  EXPECT_EQ(PresetQkvModel("sshsdp", OptimizerKind::kMuon, UnitRule::kHead),
+            QkvModel::kPackedPerHead);
   try {
     ApplyPreset("deepspeed", &cfg);
     ADD_FAILURE() << "accepted an unknown preset";

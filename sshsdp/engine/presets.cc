@@ -27,7 +27,7 @@ void ApplyPreset(std::string_view name, EngineConfig* cfg) {
     r.separate_add = true;
     r.structured_updates = StructuredUpdates::kUnsupported;
   } else if (name == "vescale-fsdp") {
-    // No ①: the model has no packed runtime layout (PresetPacksRuntimeWeights).
+    // No ①: the model has no packed runtime layout (PresetQkvModel).
     r.cast_every_gather = r.separate_add = r.replicate_optimizer = true;
     layout = ShardLayout::kAligned;
   } else {
@@ -38,7 +38,22 @@ void ApplyPreset(std::string_view name, EngineConfig* cfg) {
   cfg->shard_layout = layout;
 }
 
-bool PresetPacksRuntimeWeights(std::string_view name) { return name != "vescale-fsdp"; }
+const char* QkvModelName(QkvModel m) {
+  switch (m) {
+    case QkvModel::kFused:
+      return "fused QKV";
+    case QkvModel::kPackedPerHead:
+      return "packed per-head QKV";
+    case QkvModel::kPerPart:
+      return "per-part QKV";
+  }
+  return "?";
+}
+
+QkvModel PresetQkvModel(std::string_view preset, OptimizerKind optimizer, UnitRule muon_unit) {
+  if (optimizer != OptimizerKind::kMuon || muon_unit != UnitRule::kHead) return QkvModel::kFused;
+  return preset == "vescale-fsdp" ? QkvModel::kPerPart : QkvModel::kPackedPerHead;
+}
 
 std::vector<std::pair<std::string, EngineConfig>> AblationLadder(const EngineConfig& base) {
   std::vector<std::pair<std::string, EngineConfig>> out;

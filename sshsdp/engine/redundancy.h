@@ -38,6 +38,26 @@
 //           separated cannot be a view, so the engine packs it per use (weight_pack, even
 //           with ① off) and scatters its gradient back (grad_unpack).
 //
+// Where the extra work runs (the communication thread stands for a side stream):
+//   ② cast and ③ copy-in of a gather   communication thread, before the all-gather: FSDP2's
+//                                       all-gather copy-in stream (foreach_all_gather runs the
+//                                       param_dtype cast and the copy-in there), so a
+//                                       prefetched layer's cast and copy overlap compute
+//   ③ copy-out, ① pack                  main thread after the wait: FSDP2's copy-out and the
+//                                       user's torch.cat run on the compute stream
+//   ④ gradient copy-in (chunk-cat)      communication thread, before the reduce-scatter:
+//                                       FSDP2's reduce-scatter stream (foreach_reduce)
+//   ⑤ separate add                      communication thread, after the reduce-scatter: the
+//                                       post-reduce accumulation into the sharded gradient
+//                                       (FSDP2's post-reduce stream; Megatron-FSDP's and
+//                                       veScale's accumulation also follow their reduce)
+//   ⑥ full_tensor gathers / NS          main thread (the optimizer step)
+// Their bytes and passes are counted when they are submitted (deterministic); their time is
+// the communication thread's, so the main thread's TimeSplit sees them only where they are
+// exposed (as comm_wait). Copies a collective makes inside itself (an out-of-place
+// all-gather's own shard) are counted separately for every preset
+// (StepCounters::collective_copy_bytes).
+//
 // Presets combining them live in presets.h.
 //
 //   EngineConfig cfg = ...;
@@ -140,6 +160,9 @@ struct TimeSplit {
 class CopyMeter {
  public:
   void Copy(void* dst, const void* src, size_t bytes, uint64_t CopyBytes::*path);
+  // Counts a copy the communication thread makes (its time is that thread's, not the main
+  // thread's TimeSplit).
+  void Count(size_t bytes, uint64_t CopyBytes::*path) { bytes_.*path += bytes; }
   void Reset() { bytes_ = {}, seconds_ = 0; }
   const CopyBytes& bytes() const { return bytes_; }
   double seconds() const { return seconds_; }

@@ -70,6 +70,8 @@ void GptConfig::Validate() const {
                "GPT config: vocab {} is larger than 16,777,216 tokens", vocab);
   SSHSDP_CHECK(d_model % n_head == 0, ConfigError,
                "GPT config: d_model {} is not divisible by n_head {}", d_model, n_head);
+  SSHSDP_CHECK(packed_qkv || !fused_qkv, ConfigError,
+               "GPT config: fused_qkv (one [3d, d] QKV parameter) needs packed_qkv");
 }
 
 Gpt::Gpt(const GptConfig& config) : c_(config) {
@@ -99,9 +101,14 @@ std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
   const int64_t dh = c_.head_dim();
   std::vector<RuntimeParamSpec> out;
   out.push_back(Single(p + "ln1.g", {d}, UpdateKind::kVector, kOnes));
-  if (c_.packed_qkv) out.push_back(RuntimeParamSpec{p + "attn.qkv", {3 * d, d}, {}});
+  if (c_.fused_qkv) {
+    out.push_back(Single(p + "attn.qkv", {3 * d, d}, UpdateKind::kMatrix, Normal(std)));
+  } else if (c_.packed_qkv) {
+    out.push_back(RuntimeParamSpec{p + "attn.qkv", {3 * d, d}, {}});
+  }
   int64_t offset = 0;
   for (const char* which : {"q", "k", "v"}) {
+    if (c_.fused_qkv) break;
     for (int h = 0; h < c_.n_head; ++h) {
       std::string name = fmt::format("{}attn.{}.h{}", p, which, h);
       if (c_.packed_qkv) {

@@ -52,6 +52,11 @@ struct GptConfig {
   // true: one packed QKV runtime parameter [3d, d] per block; false: 3·H per-part runtime
   // parameters [d_head, d] and per-part GEMMs (see above).
   bool packed_qkv = true;
+  // With packed_qkv: true declares the QKV runtime parameter as ONE update part "attn.qkv"
+  // [3d, d] — the model as an AdamW user writes it (nn.Linear(d, 3d)), what the baseline
+  // presets run under AdamW and per-matrix Muon (presets.h: PresetModel); false (default):
+  // per-head parts, so per-head Muon sees each head.
+  bool fused_qkv = false;
 
   // "tiny" (d=64, L=2, H=4, T=64), "small" (d=128, L=4, H=4, T=128),
   // "base" (d=256, L=6, H=8, T=256). Throws ConfigError naming the presets otherwise.
