@@ -8,15 +8,21 @@
 #   bench/precision_ablation.sh                 # 2 ranks, tiny, 300 steps, out/ablation
 #   STEPS=100 RANKS=3 MODEL=tiny OUT=/tmp/abl BUILD_DIR=build-mx bench/precision_ablation.sh
 #
-# bf16sr differs from bf16+fp32 only where partial sums are stored between ring hops, i.e.
-# with a ZeRO-2 group of >= 3 ranks (a 2-rank ring sums the two bf16 inputs in fp32 directly);
-# the default RANKS=3 therefore uses sg = 3. Extra arguments go to `sshsdp train`.
+# The paper rounds each node-local partial sum once: the default COMM_PATH=direct runs the
+# direct path, whose reduce-scatter sums a node's gradients in fp32 and (bf16sr) stores that
+# node partial as bf16 with stochastic rounding, once, before the inter-node exchange —
+# with NODES simulated nodes (default 3: one rank per node, so every rank's contribution is a
+# rounded node partial). COMM_PATH=collective measures something else: the ring rounds the
+# running partial at every hop (ZeRO-2 groups of >= 3 ranks; a 2-rank ring sums the two bf16
+# inputs in fp32 directly). Extra arguments go to `sshsdp train`.
 set -euo pipefail
 RANKS=${RANKS:-3}
 STEPS=${STEPS:-300}
 MODEL=${MODEL:-tiny}
 OUT=${OUT:-out/ablation}
 WINDOW=${WINDOW:-50}
+COMM_PATH=${COMM_PATH:-direct}
+NODES=${NODES:-$RANKS}
 BIN=${BUILD_DIR:-build}/bin/sshsdp
 THREADS=$(( $(nproc) / RANKS )); [ "$THREADS" -ge 1 ] || THREADS=1
 mkdir -p "$OUT"
@@ -26,7 +32,7 @@ for mode in fp32 bf16+fp32 bf16sr; do
     -x OMP_NUM_THREADS="$THREADS" -np "$RANKS" "$BIN" train --model "$MODEL" \
     --sw "$RANKS" --sg "$RANKS" --so "$RANKS" --microbatches 2 --batch-size 4 \
     --steps "$STEPS" --warmup 20 --lr 3e-3 --seed 1 --sr-seed 7 --log-every 50 \
-    --reduce "$mode" --metrics "$OUT/$tag.jsonl" "$@" | tail -n 2
+    --reduce "$mode" --comm-path "$COMM_PATH" --ranks-per-node $(( RANKS / NODES )) --metrics "$OUT/$tag.jsonl" "$@" | tail -n 2
 done
 python3 - "$OUT" "$WINDOW" <<'PY'
 import json, sys

@@ -5,19 +5,24 @@
 #   bench/peers/run_fsdp2_peer.sh                      # defaults below
 #   BATCHES=1,2,4,8 MODEL=small NP=2 bench/peers/run_fsdp2_peer.sh
 #
-# 1. installs torch + numpy from PyPI into a virtual environment on first use
-#    ($SSHSDP_PEER_VENV, default .venv/fsdp2-peer; the PyPI wheel bundles CUDA libraries, a
+# 1. installs torch + numpy from PyPI into a virtual environment on first use, outside the
+#    source tree so every clone shares it ($SSHSDP_PEER_VENV, default
+#    ${XDG_CACHE_HOME:-~/.cache}/sshsdp/fsdp2-peer; the PyPI wheel bundles CUDA libraries, a
 #    few GB; only the CPU path is used);
 # 2. fairness check: fp32 weights, 3 steps without warm-up — sshsdp writes the initial
 #    weights, batches and its losses, the peer trains the same and must match the first
 #    losses within fp32 tolerance (exit 1 otherwise);
-# 3. timing: bf16 runtime weights, `sshsdp bench` over the BATCHES sweep (all presets), then
-#    the peer on each workload; prints sshsdp / fsdp2-preset / real-FSDP2 tokens/s and ratios.
+# 3. timing in the workload's dtype (DTYPE, default fp32: it runs on every CPU; bf16 where the
+#    CPU has bf16 GEMMs), REPEATS times interleaved — `sshsdp bench` over the BATCHES sweep
+#    (all presets), then the peer on each workload, then again — each side with its warm-up
+#    steps; prints per workload the median over repeats of sshsdp ÷ real-FSDP2 tokens/s and
+#    its spread (min–max), next to sshsdp ÷ fsdp2-preset.
+# A fairness check whose verdict was written counts, whatever the peer's teardown returns.
 # Note: gloo emulates reduce-scatter with all-reduce, so the peer is what a CPU user of FSDP2
 # actually gets.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-VENV=${SSHSDP_PEER_VENV:-$ROOT/.venv/fsdp2-peer}
+VENV=${SSHSDP_PEER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/sshsdp/fsdp2-peer}
 SSHSDP=${SSHSDP:-$ROOT/build/bin/sshsdp}
 NP=${NP:-2}
 OUT=${OUT:-$ROOT/out/peer}
@@ -26,12 +31,15 @@ BATCHES=${BATCHES:-1,2,4,8}
 MICROBATCHES=${MICROBATCHES:-4}
 WARMUP=${WARMUP:-2}
 STEPS=${STEPS:-5}
+DTYPE=${DTYPE:-fp32}
+REPEATS=${REPEATS:-3}
 CHECK_TOL=${CHECK_TOL:-1e-4}
 EXTRA=${EXTRA:-}   # more `sshsdp bench` options, e.g. "--layers 2 --seq-len 64"
 
 [ -x "$SSHSDP" ] || { echo "run_fsdp2_peer.sh: $SSHSDP not built (scripts/build.sh, or set SSHSDP)" >&2; exit 2; }
 if ! "$VENV/bin/python" -c "import torch, numpy" 2>/dev/null; then
   echo "installing torch + numpy into $VENV (first use)"
+  mkdir -p "$(dirname "$VENV")"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet torch numpy
 fi
@@ -48,26 +56,37 @@ echo "== fairness check (fp32 weights, batch $first, 3 steps) =="
   --microbatches "$MICROBATCHES" --weight-dtype fp32 --presets sshsdp --warmup 0 --steps 3 \
   --peer-inputs "$OUT/check"
 "${TORCHRUN[@]}" "$PEER" --inputs "$OUT/check/b$first" --check-steps 3 --check-tol "$CHECK_TOL" \
-  --out "$OUT/check/b$first/fsdp2_peer.json"
+  --out "$OUT/check/b$first/fsdp2_peer.json" || true
+verdict=$(cat "$OUT/check/b$first/fsdp2_peer.json.check" 2>/dev/null || echo '{"passed": false}')
+grep -q '"passed": true' <<<"$verdict" || { echo "fairness check failed (or wrote no verdict)" >&2; exit 1; }
 
-echo "== timing (bf16 weights, batches $BATCHES) =="
-"${MPIRUN[@]}" "$SSHSDP" bench --model "$MODEL" $EXTRA --batch-size "$BATCHES" \
-  --microbatches "$MICROBATCHES" --warmup "$WARMUP" --steps "$STEPS" \
-  --peer-inputs "$OUT/timing" --json "$OUT/bench.json"
-for b in ${BATCHES//,/ }; do
-  "${TORCHRUN[@]}" "$PEER" --inputs "$OUT/timing/b$b" --out "$OUT/timing/b$b/fsdp2_peer.json"
+echo "== timing ($DTYPE weights, batches $BATCHES, $REPEATS interleaved repeats) =="
+for rep in $(seq 1 "$REPEATS"); do
+  "${MPIRUN[@]}" "$SSHSDP" bench --model "$MODEL" $EXTRA --batch-size "$BATCHES" \
+    --microbatches "$MICROBATCHES" --warmup "$WARMUP" --steps "$STEPS" --weight-dtype "$DTYPE" \
+    --peer-inputs "$OUT/timing$rep" --json "$OUT/bench$rep.json" | grep -E "^paired|^workload"
+  for b in ${BATCHES//,/ }; do
+    "${TORCHRUN[@]}" "$PEER" --inputs "$OUT/timing$rep/b$b" --out "$OUT/timing$rep/b$b/fsdp2_peer.json"
+  done
 done
-
-"$VENV/bin/python" - "$OUT" "$BATCHES" <<'PY'
-import json, sys
-out, batches = sys.argv[1], sys.argv[2].split(",")
-print("\n== summary (tokens/s; ratios are sshsdp over the other) ==")
-print(f"{'tokens/mb':>9} {'sshsdp':>9} {'fsdp2 preset':>13} {'torch FSDP2':>12} {'vs preset':>10} {'vs torch':>9}")
+"$VENV/bin/python" - "$OUT" "$BATCHES" "$REPEATS" <<'PY'
+import json, statistics, sys
+out, batches, reps = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+print("\n== summary (tokens/s medians over repeats; ratios: sshsdp over the other, median "
+      "[min-max] over repeats) ==")
+print(f"{'tokens/mb':>9} {'sshsdp':>9} {'torch FSDP2':>12} {'vs fsdp2 preset':>22} {'vs torch FSDP2':>22}")
 for b in batches:
-    wl = json.load(open(f"{out}/timing/b{b}/workload.json"))
-    rows = {r["config"]: r for r in wl["rows"]}
-    peer = json.load(open(f"{out}/timing/b{b}/fsdp2_peer.json"))
-    s, f = rows["sshsdp"]["tokens_per_s"], rows.get("fsdp2", {}).get("tokens_per_s", float("nan"))
-    print(f"{peer['tokens_per_microbatch']:>9} {s:>9.0f} {f:>13.0f} {peer['tokens_per_s']:>12.0f} "
-          f"{s / f:>9.2f}x {s / peer['tokens_per_s']:>8.2f}x")
+    s_tps, p_tps, r_pre, r_peer = [], [], [], []
+    for rep in range(1, reps + 1):
+        wl = json.load(open(f"{out}/timing{rep}/b{b}/workload.json"))
+        rows = {r["config"]: r for r in wl["rows"]}
+        peer = json.load(open(f"{out}/timing{rep}/b{b}/fsdp2_peer.json"))
+        s = rows["sshsdp"]["tokens_per_s"]
+        s_tps.append(s)
+        p_tps.append(peer["tokens_per_s"])
+        r_pre.append(1 / rows["fsdp2"]["ratio_to_sshsdp_paired"] if "fsdp2" in rows else float("nan"))
+        r_peer.append(s / peer["tokens_per_s"])
+    fmt = lambda v: f"{statistics.median(v):.2f} [{min(v):.2f}-{max(v):.2f}]"
+    print(f"{peer['tokens_per_microbatch']:>9} {statistics.median(s_tps):>9.0f} "
+          f"{statistics.median(p_tps):>12.0f} {fmt(r_pre):>22} {fmt(r_peer):>22}")
 PY

@@ -538,13 +538,13 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         if (muon) {
           // The update phase: optimizer time, Newton–Schulz work and update bytes per rank.
           fmt::print(
-              "\nupdate phase (Muon per {}; rank 0, per step):\n{:<30} {:>9} {:>10} {:>10} "
+              "\nupdate phase (Muon per {}; rank 0, per step):\n{:<30} {:>9} {:>16} {:>10} "
               "{:>12} {:>12} {:>10}\n",
-              o.muon_unit, "config", "optim ms", "NS GFLOP", "update KiB", "p2p KiB", "gather KiB",
+              o.muon_unit, "config", "optim ms", "planned NS GFLOP", "update KiB", "p2p KiB", "gather KiB",
               "copy KiB");
           for (const Row& r : rows) {
             const StepCounters& k = r.counters;
-            fmt::print("{:<30} {:>9.1f} {:>10.3f} {:>10.1f} {:>12.1f} {:>12.1f} {:>10.1f}\n",
+            fmt::print("{:<30} {:>9.1f} {:>16.3f} {:>10.1f} {:>12.1f} {:>12.1f} {:>10.1f}\n",
                        r.label, 1e3 * r.time.optimizer, k.update_exec_cost / 1e9,
                        k.update_comm.total() / 1024.0, k.update_p2p.total() / 1024.0,
                        k.update_full_tensor.total() / 1024.0, k.copies.update_copy / 1024.0);

@@ -368,8 +368,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       }
       fmt::print(
           "optimizer: Muon per {} on {:.1f}% of parameters ({} units, {} split across ranks; "
-          "{} P2P bytes per step per replica; Newton-Schulz {:.2f} GFLOP per step, max/mean "
-          "over ranks {:.3f}), AdamW for the rest\n",
+          "{} P2P bytes per step per replica; planned Newton-Schulz {:.2f} GFLOP per step, "
+          "max/mean over ranks {:.3f}), AdamW for the rest\n",
           o.muon_unit, 100 * engine.structured_update().muon_share(), mp->units().size(),
           mp->num_split(), bytes, sum_cost / 1e9,
           sum_cost > 0 ? max_cost / (sum_cost / mp->ranks().size()) : 1.0);

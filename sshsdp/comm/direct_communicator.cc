@@ -704,8 +704,16 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
   // 1. Node partials for this rank's counterparts, computed from the node's G′ (complete since
   //    the rendezvous) and put into the destination's inbound slot for this node.
   std::vector<const char*> srcs(g.L);
+  // Intra-node bytes are counted where they move: each load of a node peer's slice from its
+  // shared window (this rank's own slice is local).
+  auto gather_sources = [&](int j) {
+    for (int l = 0; l < g.L; ++l) {
+      srcs[l] = slice(l, j);
+      if (l != g.l0) counters_.intra_node_bytes += slice_bytes;
+    }
+  };
   auto partial = [&](int dest, char* out) {
-    for (int l = 0; l < g.L; ++l) srcs[l] = slice(l, dest);
+    gather_sources(dest);
     const uint64_t first = static_cast<uint64_t>(g.k0) * g.n * count + dest * count;
     if (send_dtype == DType::kF32) {
       auto* f = reinterpret_cast<const float* const*>(srcs.data());
@@ -737,8 +745,6 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
     workspace_->Flush(dest);
     SignalArrival(dest, s);
   }
-  // This rank's slices read by its node's reducers (all but the K whose reducer is itself).
-  counters_.intra_node_bytes += static_cast<uint64_t>(g.n - g.K) * slice_bytes;
 
   // 2. Final reduction once every remote partial has arrived: one pass into recv.
   WaitArrivals(s, "ReduceScatter");
@@ -746,7 +752,7 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
   std::vector<const void*> remote(g.K, nullptr);
   for (int k = 0; k < g.K; ++k)
     if (k != g.k0) remote[k] = inbound(k);
-  for (int l = 0; l < g.L; ++l) srcs[l] = slice(l, p0);
+  gather_sources(p0);
   if (send_dtype == DType::kF32) {
     FinalReduceFrom(reinterpret_cast<const float* const*>(srcs.data()), g.L, remote.data(),
                     o.partial_dtype, g.K, g.k0, recv, recv_dtype, count, accumulate);
