@@ -3,8 +3,8 @@
 
   scripts/readme_test.py BUILD_DIR MPIRUN [MPIRUN_ARGS...]
 
-Each block runs as one bash script (set -e) in a scratch directory whose build/, scripts/ and
-bench/ point at this checkout, in README order (later blocks use what earlier ones wrote).
+Each block runs as one bash script (set -e) in a scratch directory whose build/, scripts/,
+examples/ and bench/ point at this checkout, in README order (later blocks use what earlier ones wrote).
 Scaling, so the whole README runs in a couple of minutes on 2 cores:
   * step counts (--steps, --save-every, --eval-every, --warmup, --eval-tokens, --decay-steps,
     the same keys in TOML, and step_<N> directory names) are divided by 50;
@@ -90,7 +90,7 @@ def main():
     build, mpirun = os.path.abspath(sys.argv[1]), " ".join(sys.argv[2:])
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("scripts", "bench"):
+        for name in ("scripts", "bench", "examples"):
             os.symlink(os.path.join(REPO, name), os.path.join(tmp, name))
         os.symlink(build, os.path.join(tmp, "build"))
         os.makedirs(os.path.join(tmp, "out"))

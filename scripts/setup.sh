@@ -8,7 +8,6 @@ PKGS=(
   libdnnl-dev                         # oneDNN: fp32/bf16 GEMMs (AMX where the CPU has it)
   ocl-icd-opencl-dev                  # oneDNN's dnnl-config.cmake finds OpenCL (a Recommends)
   libgtest-dev libgmock-dev           # unit and multi-rank tests
-  libbenchmark-dev                    # micro-benchmarks
   libcli11-dev nlohmann-json3-dev libfmt-dev   # CLI, JSON metrics/manifests, formatting
   python3 python3-matplotlib          # scripts/plot_metrics.py (training curves, bench plots)
 )

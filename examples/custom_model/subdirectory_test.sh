@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# sshsdp inside a parent project (add_subdirectory): configures a parent that adds this
+# checkout as a subdirectory — tests and benchmarks off there by default, so GTest is not
+# looked for — builds the example against the sshsdp::sshsdp target and runs it on 2 ranks.
+# Usage: subdirectory_test.sh SOURCE_DIR MPIRUN [MPIRUN_ARGS...]
+set -euo pipefail
+src=$(cd "$1" && pwd)
+shift
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/parent"
+cat >"$tmp/parent/CMakeLists.txt" <<CMAKE
+cmake_minimum_required(VERSION 3.25)
+project(parent LANGUAGES CXX)
+set(CMAKE_CXX_STANDARD 20)
+add_subdirectory($src sshsdp)
+add_executable(bigram_mlp $src/examples/custom_model/bigram_mlp.cc)
+target_link_libraries(bigram_mlp PRIVATE sshsdp::sshsdp)
+CMAKE
+cmake -S "$tmp/parent" -B "$tmp/build" -DCMAKE_BUILD_TYPE=Release >"$tmp/configure.log"
+if grep -q "^GTest_DIR" "$tmp/build/CMakeCache.txt"; then
+  echo "the parent's configure looked for GTest although sshsdp's tests are off" >&2
+  exit 1
+fi
+cmake --build "$tmp/build" --target bigram_mlp -j 2 >/dev/null
+"$@" -np 2 "$tmp/build/bigram_mlp" "$tmp/ckpt"
+echo "add_subdirectory: OK"
