@@ -540,8 +540,8 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           fmt::print(
               "\nupdate phase (Muon per {}; rank 0, per step):\n{:<30} {:>9} {:>16} {:>10} "
               "{:>12} {:>12} {:>10}\n",
-              o.muon_unit, "config", "optim ms", "planned NS GFLOP", "update KiB", "p2p KiB", "gather KiB",
-              "copy KiB");
+              o.muon_unit, "config", "optim ms", "planned NS GFLOP", "update KiB", "p2p KiB",
+              "gather KiB", "copy KiB");
           for (const Row& r : rows) {
             const StepCounters& k = r.counters;
             fmt::print("{:<30} {:>9.1f} {:>16.3f} {:>10.1f} {:>12.1f} {:>12.1f} {:>10.1f}\n",
