@@ -16,6 +16,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/cli/gemm_peak.h"
+#include "sshsdp/cli/process_memory.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
@@ -84,24 +85,6 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
 }
 
 namespace {
-
-// A /proc/self/status field in MiB.
-double StatusMiB(const char* key) {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  const size_t n = std::strlen(key);
-  while (std::getline(f, line)) {
-    if (line.compare(0, n, key) == 0) return std::stod(line.substr(n)) / 1024.0;
-  }
-  return 0;
-}
-// Peak RSS since the last reset (VmHWM), current RSS, and the reset (clear_refs "5").
-double PeakRssMiB() { return StatusMiB("VmHWM:"); }
-double CurrentRssMiB() { return StatusMiB("VmRSS:"); }
-void ResetPeakRss() {
-  std::ofstream f("/proc/self/clear_refs");
-  if (f) f << "5";
-}
 
 bool IsMoe(const std::string& model) { return model.rfind("moe-", 0) == 0; }
 

@@ -3,7 +3,6 @@
 #include "sshsdp/cli/train.h"
 
 #include <signal.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +25,7 @@
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/cli/launcher.h"
 #include "sshsdp/cli/model_config.h"
+#include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
@@ -39,12 +39,6 @@
 namespace sshsdp {
 
 namespace {
-
-double PeakRssMiB() {
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;
-}
 
 // SIGTERM (what Slurm sends before preemption) and SIGINT: the first asks the training loop
 // to stop after the current step (checkpoint when --ckpt-dir is set, exit 128 + signal); a

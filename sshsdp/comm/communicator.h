@@ -49,6 +49,23 @@ struct CommCounters {
   }
 };
 
+// Counters accumulated between two reads of a communicator's counters().
+inline CommCounters Delta(const CommCounters& after, const CommCounters& before) {
+  CommCounters d;
+  d.intra_node_bytes = after.intra_node_bytes - before.intra_node_bytes;
+  d.inter_node_bytes = after.inter_node_bytes - before.inter_node_bytes;
+  d.calls = after.calls - before.calls;
+  d.local_copy_bytes = after.local_copy_bytes - before.local_copy_bytes;
+  return d;
+}
+
+// Whether two byte ranges overlap (empty ranges never do): collectives refuse aliasing buffers.
+inline bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
+  if (a_bytes == 0 || b_bytes == 0) return false;
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + b_bytes && pb < pa + a_bytes;
+}
+
 // One message of a batched point-to-point exchange. `peer` is a position in this group.
 struct P2POp {
   int peer = 0;

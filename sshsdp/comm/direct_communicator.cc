@@ -137,12 +137,6 @@ void FinalReduceFrom(const T* const* local, int L, const void* const* remote, DT
   }
 }
 
-bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  if (a_bytes == 0 || b_bytes == 0) return false;
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return pa < pb + b_bytes && pb < pa + a_bytes;
-}
-
 // Polling that lets the other ranks (and this rank's compute thread) run: sched_yield first,
 // then short sleeps, so 8 ranks on 2 cores do not starve each other.
 class Backoff {
@@ -768,16 +762,6 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
 
 // ---------------------------------------------------------------------------------------
 // Delegated calls.
-
-namespace {
-CommCounters Delta(const CommCounters& after, const CommCounters& before) {
-  CommCounters d;
-  d.intra_node_bytes = after.intra_node_bytes - before.intra_node_bytes;
-  d.inter_node_bytes = after.inter_node_bytes - before.inter_node_bytes;
-  d.calls = after.calls - before.calls;
-  return d;
-}
-}  // namespace
 
 void DirectCommunicator::AllReduce(void* buf, size_t count, DType dtype) {
   BusyGuard guard(busy_, "AllReduce on " + name());

@@ -73,12 +73,6 @@ void FinishTo(const float* partial, const L* local, void* out, DType out_dtype, 
   }
 }
 
-bool Overlaps(const void* a, size_t a_bytes, const void* b, size_t b_bytes) {
-  if (a_bytes == 0 || b_bytes == 0) return false;
-  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
-  return pa < pb + b_bytes && pb < pa + a_bytes;
-}
-
 // n * count * elem_bytes, or CommError when it does not fit in size_t.
 size_t CheckedBytes(size_t n, size_t count, size_t elem_bytes, const std::string& where) {
   SSHSDP_CHECK(count <= std::numeric_limits<size_t>::max() / (n * elem_bytes), CommError,

@@ -87,15 +87,6 @@ std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes, MemoryAc
 // ⑦: optimizer state replicated across replica groups = no outer ZeRO-1 (so = sg).
 int EffectiveSo(const EngineConfig& c) { return c.redundancies.replicate_optimizer ? c.sg : c.so; }
 
-CommCounters Delta(const CommCounters& after, const CommCounters& before) {
-  CommCounters d;
-  d.intra_node_bytes = after.intra_node_bytes - before.intra_node_bytes;
-  d.inter_node_bytes = after.inter_node_bytes - before.inter_node_bytes;
-  d.calls = after.calls - before.calls;
-  d.local_copy_bytes = after.local_copy_bytes - before.local_copy_bytes;
-  return d;
-}
-
 }  // namespace
 
 NonFinitePolicy ParseNonFinitePolicy(const std::string& name) {

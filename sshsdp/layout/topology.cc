@@ -186,13 +186,6 @@ int Topology::GroupColor(Group g, int rank) const {
   return 0;
 }
 
-void Topology::RequireZero3IntraNode(const std::string& what) const {
-  SSHSDP_CHECK(ranks_per_node_ % sw_ == 0, LayoutError,
-               "{} needs every ZeRO-3 group inside one node, but sw={} does not divide "
-               "ranks_per_node={}; lower sw or raise ranks_per_node",
-               what, sw_, ranks_per_node_);
-}
-
 std::string Topology::ToString() const {
   return fmt::format("W={} nodes={}x{} sw={} sg={} so={}", world_, num_nodes(), ranks_per_node_,
                      sw_, sg_, so_);

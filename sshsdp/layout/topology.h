@@ -81,10 +81,6 @@ class Topology {
   // A key shared by exactly the ranks in the same group g (the MPI_Comm_split color).
   int GroupColor(Group g, int rank) const;
 
-  // Throws LayoutError unless every ZeRO-3 group lies within one node (direct-transfer
-  // paths need it); `what` names the feature asking.
-  void RequireZero3IntraNode(const std::string& what) const;
-
   // "W=4 nodes=1x4 sw=2 sg=2 so=4".
   std::string ToString() const;
 

@@ -124,15 +124,6 @@ TEST(Topology, InvalidLayoutsNameTheNumbers) {
   ExpectLayoutError(8, 8, 2, 4, 6, "sg=4 must divide so=6");
   ExpectLayoutError(6, 4, 1, 1, 6, "ranks_per_node=4");
   ExpectLayoutError(4, 4, 0, 2, 4, "positive");
-  Topology t(8, 2, 4, 4, 8);
-  try {
-    t.RequireZero3IntraNode("direct transfers");
-    ADD_FAILURE();
-  } catch (const LayoutError& e) {
-    EXPECT_NE(std::string(e.what()).find("sw=4 does not divide ranks_per_node=2"),
-              std::string::npos);
-  }
-  EXPECT_NO_THROW(Topology(8, 4, 4, 4, 8).RequireZero3IntraNode("x"));
 }
 
 TEST(Topology, NodesAndHsdp) {
