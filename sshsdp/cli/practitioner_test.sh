@@ -78,7 +78,8 @@ for s in range(1, 31):
 assert ref[1]["loss"] > 10.0, ref[1]["loss"]  # ln 50257 = 10.8 at the start
 assert ref[30]["loss"] < ref[1]["loss"] - 2.0, (ref[1]["loss"], ref[30]["loss"])
 assert ref[30]["val_loss"] < ref[10]["val_loss"], (ref[10]["val_loss"], ref[30]["val_loss"])
-assert ref[3]["lr"] == ref[4]["lr"] or abs(ref[4]["lr"] - 0.003) < 1e-9, ref[4]["lr"]
+assert abs(ref[1]["lr"] - 0.001) < 1e-9, ref[1]["lr"]  # warm-up: (0 + 1) / 3 of the peak
+assert abs(ref[4]["lr"] - 0.003) < 1e-9, ref[4]["lr"]  # first step after warm-up: the peak
 assert abs(ref[30]["lr"] - 0.0003) < 1e-9, ref[30]["lr"]  # cosine ends at --lr-min
 assert ref[15]["lr"] < ref[5]["lr"], (ref[5]["lr"], ref[15]["lr"])
 print(f"  loss {ref[1]['loss']:.3f} -> {ref[30]['loss']:.3f}, val {ref[10]['val_loss']:.3f} -> "
@@ -109,6 +110,18 @@ expect_error "torchrun singletons are refused with the mpirun command" "mpirun -
   env TORCHELASTIC_RUN_ID=t LOCAL_RANK=0 RANK=0 WORLD_SIZE=2 "$bin" train "${tiny[@]}" --steps 1
 expect_error "srun without PMIx is refused" "srun --mpi=pmix -n 2" \
   env SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_PROCID=0 "$bin" train "${tiny[@]}" --steps 1
+expect_error "--eval-every on a token file needs --val-data" "--eval-every 5 needs --val-data FILE" \
+  "$bin" train "${tiny[@]}" --data "$tmp/train.bin" --eval-every 5 --steps 1
+expect_error "--val-data without --eval-every is named" "is read only with --eval-every N" \
+  "$bin" train "${tiny[@]}" --val-data "$tmp/val.bin" --steps 1
+expect_error "a validation token beyond the training vocabulary is refused" "pass --vocab-size" \
+  "$bin" train "${tiny[@]}" --eval-every 1 --val-data "$tmp/train.bin" --steps 1
+expect_error "an unknown schedule is refused" "--lr-schedule must be constant, cosine or wsd" \
+  "$bin" train "${tiny[@]}" --lr-schedule linear --steps 1
+expect_error "--lr-min above --lr is refused" "--lr-min 0.5 exceeds --lr 0.003" \
+  "$bin" train "${tiny[@]}" --lr-schedule cosine --lr-min 0.5 --steps 1
+expect_error "wsd decay longer than the run is refused" "exceed --steps 4" \
+  "$bin" train "${tiny[@]}" --lr-schedule wsd --decay-steps 9 --steps 4
 printf 'stepz = 3\n' >"$tmp/bad.toml"
 expect_error "an unknown --config key is named" "'stepz' is not an option of sshsdp train" \
   "$bin" train --config "$tmp/bad.toml" --steps 1

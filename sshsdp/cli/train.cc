@@ -90,6 +90,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(o.eval_every >= 0 && o.eval_tokens >= 1, ConfigError,
                  "--eval-every must be >= 0 and --eval-tokens >= 1, got {} and {}", o.eval_every,
                  o.eval_tokens);
+    SSHSDP_CHECK(o.val_data.empty() || o.eval_every > 0, ConfigError,
+                 "--val-data {} is read only with --eval-every N (validation every N steps)",
+                 o.val_data);
     if (!o.val_data.empty()) {
       // The same vocabulary as the training data: a token beyond it is refused by name.
       val = std::make_unique<TokenFile>(o.val_data, data->vocab(), T, o.seed + 1);
@@ -98,9 +101,6 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                  "--eval-every {} needs --val-data FILE (a held-out token file) when training on "
                  "{}",
                  o.eval_every, o.data);
-    SSHSDP_CHECK(o.val_data.empty() || o.eval_every > 0, ConfigError,
-                 "--val-data {} is read only with --eval-every N (validation every N steps)",
-                 o.val_data);
     SSHSDP_CHECK(o.steps >= 0, ConfigError, "--steps must be >= 0, got {}", o.steps);
     SSHSDP_CHECK(o.log_every >= 1, ConfigError, "--log-every must be >= 1, got {}", o.log_every);
     SetCommTimeout(o.comm_timeout);  // ConfigError for a bad value; watches every wait below

@@ -615,25 +615,35 @@ void Engine::SetModelBatch(const int32_t* tokens, const int32_t* targets) {
   }
 }
 
+void Engine::ForwardPass(bool release_all) {
+  // Forward, layer by layer, prefetching the next layer's weights. Training keeps the last
+  // layer (backward starts there) and, without reshard_after_forward, every layer.
+  const int n = static_cast<int>(groups_.size());
+  for (int g = 0; g < n; ++g) {
+    StartGather(g);
+    if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
+    WaitGather(g);
+    std::vector<TensorRef> w = views_direct_ ? WeightViews(g) : RuntimeWeights(g);
+    {
+      ScopedTimer t(&time_.compute);
+      model_.Forward(g, w);
+    }
+    if (release_all || (cfg_.reshard_after_forward && g + 1 < n)) ReleaseGather(g);
+  }
+}
+
 double Engine::Evaluate(const BatchFn& batch, int batches) {
   SSHSDP_CHECK(batches >= 1, ConfigError, "Evaluate: need at least one batch per rank, got {}",
                batches);
   SSHSDP_CHECK(cfg_.seq_len > 0, ConfigError,
                "sequence length must be set (EngineConfig::seq_len)");
-  const int n = static_cast<int>(groups_.size());
   std::vector<int32_t> tokens(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
       targets(tokens.size());
   double loss_sum = 0;
   for (int i = 0; i < batches; ++i) {
     batch(i, tokens.data(), targets.data());
     SetModelBatch(tokens.data(), targets.data());
-    for (int g = 0; g < n; ++g) {
-      StartGather(g);
-      if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
-      WaitGather(g);
-      model_.Forward(g, views_direct_ ? WeightViews(g) : RuntimeWeights(g));
-      ReleaseGather(g);  // no backward follows: every layer is released, the last included
-    }
+    ForwardPass(/*release_all=*/true);  // no backward follows: the last layer is released too
     loss_sum += model_.Loss();
   }
   float red = static_cast<float>(loss_sum);  // as Step's loss: an fp32 sum over ranks
@@ -663,18 +673,7 @@ StepStats Engine::Step(const BatchFn& batch) {
   for (int mb = 0; mb < M; ++mb) {
     batch(mb, tokens.data(), targets.data());
     SetModelBatch(tokens.data(), targets.data());
-    // Forward, layer by layer, prefetching the next layer's weights.
-    for (int g = 0; g < n; ++g) {
-      StartGather(g);
-      if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
-      WaitGather(g);
-      std::vector<TensorRef> w = views_direct_ ? WeightViews(g) : RuntimeWeights(g);
-      {
-        ScopedTimer t(&time_.compute);
-        model_.Forward(g, w);
-      }
-      if (cfg_.reshard_after_forward && g + 1 < n) ReleaseGather(g);
-    }
+    ForwardPass(/*release_all=*/false);
     loss_sum += model_.Loss();
     // Backward in reverse; gradients go straight into G′ views, then reduce-scatter.
     for (int g = n - 1; g >= 0; --g) {

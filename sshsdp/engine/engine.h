@@ -266,6 +266,7 @@ class Engine {
   void SetUpDirectPath();          // comm_path = direct: direct communicators, registered slots
   void BuildUpdate();              // optimizers, units, plans of the structured update
   void SetModelBatch(const int32_t* tokens, const int32_t* targets);  // + activation accounting
+  void ForwardPass(bool release_all);  // every group's forward (Step and Evaluate)
   // Redundancy paths (redundancy.h): runtime weight views of a gathered group (③ copy-out,
   // ① pack), gradient targets for backward (④ per-parameter tensors, packed gradients of
   // non-contiguous runtime parameters), and their completion (④ copy into G′, zero fill).

@@ -153,6 +153,30 @@ TEST_F(TokenFileTest, ReadsBothFormats) {
   }
 }
 
+// vocab 0: the vocabulary comes from the data (bytes, GPT-2, else the largest token + 1);
+// a token beyond an explicit vocabulary names the largest token and --vocab-size.
+TEST_F(TokenFileTest, InfersTheVocabularyFromTheData) {
+  EXPECT_EQ(TokenFile::InferVocab(0), 256);
+  EXPECT_EQ(TokenFile::InferVocab(255), 256);
+  EXPECT_EQ(TokenFile::InferVocab(256), kGpt2Vocab);
+  EXPECT_EQ(TokenFile::InferVocab(50256), kGpt2Vocab);
+  EXPECT_EQ(TokenFile::InferVocab(50257), 50258);
+  for (const auto& [top, want] :
+       {std::pair{200, 256}, std::pair{50000, kGpt2Vocab}, std::pair{60000, 60001}}) {
+    std::vector<uint16_t> tokens(64, 7);
+    tokens[40] = static_cast<uint16_t>(top);
+    const std::string path = Path("infer.bin");
+    WriteTokenFile(path, tokens, true);
+    TokenFile f(path, /*vocab=*/0, 16);
+    EXPECT_EQ(f.vocab(), want) << top;
+    EXPECT_EQ(f.max_token(), top);
+  }
+  std::vector<uint16_t> tokens(64, 7);
+  tokens[9] = 50000;
+  WriteTokenFile(Path("gpt2.bin"), tokens, false);
+  ExpectIoError(Path("gpt2.bin"), 256, 16, "largest token is 50000; pass --vocab-size");
+}
+
 TEST_F(TokenFileTest, MalformedFilesThrowIoErrorNamingTheFile) {
   std::vector<uint16_t> tokens(100, 3);
   // Odd byte size.
