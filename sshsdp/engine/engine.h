@@ -67,6 +67,9 @@ namespace sshsdp {
 
 class RegisteredSlots;
 class MxWeights;
+struct RuntimeGroup;  // engine_internal.h
+class TransientPool;
+class DataPath;
 
 enum class NonFinitePolicy { kStop, kSkip };
 
@@ -255,9 +258,7 @@ class Engine {
   std::map<std::string, uint64_t> AnalyticMemory() const;
 
  private:
-  struct RuntimeGroup;
-  std::vector<TensorRef> WeightViews(int g);  // direct W′ views (+ S′ for MXFP8 groups)
-  void PrepareMx();                           // MXFP8: G on bands, S gathers, Tw
+  void PrepareMx();  // MXFP8: G on bands, S gathers, Tw
   void BuildGroup(int g);
   void StartGather(int g);
   void WaitGather(int g);
@@ -267,16 +268,12 @@ class Engine {
   void BuildUpdate();              // optimizers, units, plans of the structured update
   void SetModelBatch(const int32_t* tokens, const int32_t* targets);  // + activation accounting
   void ForwardPass(bool release_all);  // every group's forward (Step and Evaluate)
-  // Redundancy paths (redundancy.h): runtime weight views of a gathered group (③ copy-out,
-  // ① pack), gradient targets for backward (④ per-parameter tensors, packed gradients of
-  // non-contiguous runtime parameters), and their completion (④ copy into G′, zero fill).
-  std::vector<TensorRef> RuntimeWeights(int g);
-  void ReleaseRuntimeWeights(int g);
-  std::vector<TensorRef> GradTargets(int g);
-  std::function<void()> FinishGrads(int g);  // ④'s copy-in, for the communication thread
-  void FinishReduceScatter(int g);           // after its wait: ⑤ add, recycle
-  void* Acquire(size_t bytes);
-  void Recycle(void* p, size_t bytes);
+  // Backward of group g in microbatch mb, and the submission of its reduce-scatter.
+  void BackwardGroup(int g, int mb);
+  void FinishReduceScatter(int g);  // wait, recycle G′ and the data path's buffers
+  // After the last microbatch: outer reduce-scatter, HSDP all-reduce, norm, F, G, outer
+  // all-gather. Fills st (loss, norm, skipped).
+  void UpdatePhase(double loss_sum, StepStats* st);
 
   Model& model_;
   Communicator& world_;
@@ -295,9 +292,10 @@ class Engine {
   std::unique_ptr<StructuredUpdate> update_;
   std::string first_structured_;  // first update parameter on a structured (Muon) unit, or ""
 
-  // Transient gather / gradient buffers, reused by size (accounted as "transient").
-  std::multimap<size_t, void*> free_blocks_;
-  std::vector<std::pair<void*, size_t>> all_blocks_;
+  // Transient gather / gradient / copy buffers, reused by size (accounted as "transient").
+  std::unique_ptr<TransientPool> pool_;
+  // How W′ and G′ meet the model's tensors: sshsdp's views, or the baselines' copies.
+  std::unique_ptr<DataPath> path_;
   // comm_path = direct: gather buffers (W′) and runtime gradients (G′) are slots of roots
   // registered with the ZeRO-3 / ZeRO-2 direct communicators, not transient blocks.
   std::unique_ptr<RegisteredSlots> gather_slots_, grad_slots_;
@@ -306,8 +304,6 @@ class Engine {
   CopyMeter copy_meter_;
   TimeSplit time_;
   DType store_dtype_ = DType::kBF16;  // persistent ZeRO-3 weights (fp32 with ②)
-  bool views_direct_ = true;          // W′ views straight into the gathered buffer
-  bool grads_direct_ = true;          // backward writes straight into G′ views
   bool skip_gather_ = false;          // sw = 1 and nothing to cast or copy: W′ is Wᶻ³
   bool skip_rs_ = false;              // sg = 1 and direct fused accumulation: G′ is G′ᶻ²
   DType grad_dtype_ = DType::kF32;    // G′: fp32, or bf16 in the bf16 reduce modes

@@ -1,5 +1,5 @@
 // Layer building blocks shared by the reference models (dense GPT in gpt.cc, MoE GPT in
-// moe.cc): RMSNorm, GELU (tanh), SiLU, causal multi-head attention over a packed QKV
+// moe*.cc): RMSNorm, GELU (tanh), SiLU, causal multi-head attention over a packed QKV
 // activation, row loads from fp32/bf16 tables and runtime-parameter spec helpers. Plain
 // llm.c-style forward/backward functions over fp32 activations; factored out of gpt.cc
 // unchanged so both models compute bit-identical blocks.

@@ -1,4 +1,4 @@
-// Test helpers shared by the model tests (gpt_test, moe_test): random token batches, weights
+// Test helpers shared by the model tests (gpt_test, moe_*test): random token batches, weights
 // with O(1) activations, forward/backward over every group of DenseParams, finite-difference
 // gradient checks (central differences at two step sizes combined by Richardson
 // extrapolation), plain SGD, and bf16-vs-fp32 comparisons.

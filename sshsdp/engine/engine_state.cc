@@ -1,0 +1,203 @@
+// Engine state: main weights initialized, loaded and consolidated at ZeRO-1, weight
+// preparation G (cast / MXFP8 quantize into the retained Wᶻ³) with the outer all-gather, the
+// finiteness check and the checkpoint fields (see engine.h).
+#include <cmath>
+#include <cstring>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/engine_internal.h"
+#include "sshsdp/engine/mx_weights.h"
+#include "sshsdp/kernels/elementwise.h"
+
+namespace sshsdp {
+
+void Engine::InitWeights(uint64_t seed) {
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    std::memset(g.main_z1, 0, g.z1.size() * 4);
+    for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
+      const FragmentSpan s = SpanOf(g.pieces, f);
+      if (s.length == 0) continue;  // dim-0 padding stays zero
+      const UpdateParam& u = g.layout.update[s.update];
+      UpdatePart part{u.name, u.shape, 0, u.kind, u.init};
+      FillInit(part, seed, static_cast<int64_t>(s.begin), static_cast<int64_t>(s.length),
+               g.main_z1 + s.shard_offset);
+    }
+    std::memset(g.m, 0, g.z1.size() * 8);
+  }
+  step_ = 0;
+  PrepareAndGatherWeights();
+}
+
+void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& weights) {
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    for (const UpdateParam& u : g.layout.update) {
+      auto it = weights.find(u.name);
+      SSHSDP_CHECK(it != weights.end(), ConfigError, "weights for '{}' {} are missing", u.name,
+                   ShapeString(u.shape));
+      SSHSDP_CHECK(it->second.size() == NumElements(u.shape), ConfigError,
+                   "weights for '{}' have {} elements, the model needs {} {}", u.name,
+                   it->second.size(), NumElements(u.shape), ShapeString(u.shape));
+    }
+    for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
+      const FragmentSpan s = SpanOf(g.pieces, f);
+      if (s.length == 0) continue;  // dim-0 padding
+      const std::vector<float>& src = weights.at(g.layout.update[s.update].name);
+      std::memcpy(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
+    }
+    std::memset(g.m, 0, g.z1.size() * 8);
+  }
+  step_ = 0;
+  PrepareAndGatherWeights();
+}
+
+void Engine::RestoreState(int64_t step) {
+  step_ = step;
+  PrepareAndGatherWeights();
+}
+
+void Engine::PrepareAndGatherWeights() {
+  if (mx_) PrepareMx();
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    const size_t z1_off = g.z1.begin - g.z3.begin;
+    if (g.sdt == DType::kBF16) {
+      // G: cast the ZeRO-1 main weights straight into the ZeRO-1 slice of Wᶻ³.
+      ScopedTimer t(&time_.cast);
+      FloatToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off, g.z1.size());
+      counters_.weight_preps++;
+    }
+    // Outer all-gather, in place: this rank's slice already sits at its group position.
+    if (up_replica_ag_->size() > 1) {
+      SSHSDP_CHECK(z1_off == static_cast<size_t>(up_replica_ag_->rank()) * g.z1.size(), LayoutError,
+                   "group {}: ZeRO-1 slice at offset {} does not match replica all-gather "
+                   "position {}",
+                   g.layout.group, z1_off, up_replica_ag_->rank());
+      ScopedTimer t(&time_.comm_wait);
+      up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), g.sdt);
+    }
+    if (g.sdt == DType::kE4M3) {
+      // S follows W: outer all-gather of its ZeRO-1 slice into Sᶻ³, then the ZeRO-3
+      // all-gather into the full S (on the communication thread, which owns the ZeRO-3
+      // communicator), and Tw relays it out into S′ — once per optimizer step (weight reuse).
+      const int gi = g.layout.group;
+      ScopedTimer t(&time_.comm_wait);
+      if (up_replica_ag_->size() > 1)
+        up_replica_ag_->AllGatherInPlace(mx_->s_z3(gi), mx_->s_z1_count(gi), DType::kUE8M0);
+      Communicator* z3 = rt_zero3_.get();
+      const void* src = mx_->s_z3(gi);
+      void* dst = mx_->s_full(gi);
+      const size_t count = mx_->s_z3_count(gi);
+      comm_thread_->Submit([=] { z3->AllGather(src, dst, count, DType::kUE8M0); }).Wait();
+    }
+  }
+  for (auto& gp : groups_) {
+    if (gp->sdt != DType::kE4M3) continue;
+    ScopedTimer t(&time_.cast);
+    mx_->Relayout(gp->layout.group);
+    counters_.scale_relayouts++;
+  }
+}
+
+void Engine::PrepareMx() {
+  // G at ZeRO-1 on 32-row bands (split bands point to point through the update planner).
+  std::vector<const float*> mains;
+  std::vector<uint8_t*> codes;
+  bool any = false;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    mains.push_back(g.main_z1);
+    codes.push_back(g.w_z3->data_as<uint8_t>() + (g.z1.begin - g.z3.begin));
+    any = any || g.sdt == DType::kE4M3;
+  }
+  if (!any) return;  // ②: quantized per gather instead
+  {
+    ScopedTimer t(&time_.cast);
+    mx_->Quantize(mains, codes);
+  }
+  for (auto& gp : groups_)
+    if (gp->sdt == DType::kE4M3) counters_.weight_preps++;
+  counters_.mx_split_bands = mx_->last_stats().split_bands;
+  counters_.mx_p2p_bytes = mx_->last_stats().bytes_sent;
+}
+
+bool Engine::StateIsFinite() {
+  // Σx² in double of finite floats cannot overflow, so it is finite exactly when every
+  // element is.
+  float bad = 0;
+  for (auto& gp : groups_) {
+    const RuntimeGroup& g = *gp;
+    for (const float* p : {g.main_z1, g.m, g.v}) {
+      if (p == nullptr) continue;
+      for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
+        if (!std::isfinite(kernels::SumSquares(p + f.shard_offset, static_cast<int64_t>(f.length))))
+          bad = 1;
+      }
+    }
+  }
+  world_.AllReduce(&bad, 1, DType::kF32);
+  return bad == 0;
+}
+
+std::map<std::string, std::vector<float>> Engine::GatherMainWeights() {
+  std::map<std::string, std::vector<float>> out;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    const size_t c = g.z1.size();
+    std::vector<float> all(c * world_.size()), full(g.padded);
+    world_.AllGather(g.main_z1, all.data(), c, DType::kF32);
+    for (int j = 0; j < topo_.so(); ++j) {
+      int owner = topo_.Zero1ChunkOwner(j, 0);
+      std::memcpy(full.data() + j * c, all.data() + owner * c, c * 4);
+    }
+    for (size_t m = 0; m < g.layout.list.num_members(); ++m) {
+      const TensorListMember& mem = g.layout.list.member(m);
+      const MemberPiece& pc = g.pieces[m];
+      const UpdateParam& u = g.layout.update[pc.update];
+      std::vector<float>& dst = out[u.name];
+      dst.resize(NumElements(u.shape));
+      std::copy_n(full.begin() + mem.offset, pc.valid, dst.begin() + pc.offset);
+    }
+  }
+  return out;
+}
+
+std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
+  std::map<std::string, MxRuntimeWeight> out;
+  if (!mx_) return out;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    const int gi = g.layout.group;
+    if (!mx_->is_mx(gi) || g.sdt != DType::kE4M3) continue;
+    const size_t c = g.z1.size();
+    std::vector<uint8_t> all(c * world_.size()), full(g.padded);
+    world_.AllGather(g.w_z3->data_as<uint8_t>() + (g.z1.begin - g.z3.begin), all.data(), c,
+                     DType::kE4M3);
+    for (int j = 0; j < topo_.so(); ++j)
+      std::memcpy(full.data() + j * c, all.data() + topo_.Zero1ChunkOwner(j, 0) * c, c);
+    for (size_t r = 0; r < g.layout.runtime.size(); ++r) {
+      const RuntimeParam& rp = g.layout.runtime[r];
+      MxRuntimeWeight& w = out[rp.name];
+      w.codes.assign(full.begin() + rp.offset, full.begin() + rp.offset + rp.numel);
+      const uint8_t* s = mx_->scales(gi, static_cast<int>(r));
+      w.scales.assign(s, s + mx_->scales_bytes(gi, static_cast<int>(r)));
+    }
+  }
+  return out;
+}
+
+std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
+  std::vector<Zero1Field> out;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    const int gi = g.layout.group;
+    out.push_back({"main", gi, g.main_z1, g.z1, &g.layout, g.chain.get(), &g.pieces});
+    out.push_back({"m", gi, g.m, g.z1, &g.layout, g.chain.get(), &g.pieces});
+    out.push_back({"v", gi, g.v, g.z1, &g.layout, g.chain.get(), &g.pieces});
+  }
+  return out;
+}
+
+}  // namespace sshsdp

@@ -1,0 +1,285 @@
+// Engine step: the one schedule of a training step (see engine.h) — per microbatch the
+// forward with prefetched ZeRO-3 gathers, the backward with each group's reduce-scatter on the
+// communication thread, then the update phase. Where the data meets the model (views for
+// sshsdp, the baselines' copies) is the data path's business (engine_internal.h); the
+// schedule is the same for every preset.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/comm/direct_communicator.h"
+#include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/engine_internal.h"
+#include "sshsdp/kernels/elementwise.h"
+
+namespace sshsdp {
+
+void Engine::StartGather(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  if (skip_gather_ || g.gather_started) return;
+  const size_t bytes = g.padded * DTypeSize(g.wdt);
+  g.gather_block = gather_slots_ ? gather_slots_->Acquire() : pool_->Acquire(bytes);
+  g.w_full->AttachExternal(g.gather_block, bytes);
+  g.gather_started = true;
+  counters_.gathers++;
+  g.gather_handle = comm_thread_->Submit(path_->GatherTask(g, rt_zero3_.get()));
+}
+
+void Engine::WaitGather(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  if (skip_gather_) return;
+  StartGather(gi);
+  {
+    ScopedTimer t(&time_.comm_wait);
+    g.gather_handle.Wait();
+  }
+  path_->GatherArrived(g);
+}
+
+void Engine::ReleaseGather(int gi) {
+  RuntimeGroup& g = *groups_[gi];
+  const bool gathered = !skip_gather_ && g.gather_started;
+  if (gathered) g.gather_handle.Wait();  // a prefetched gather may be released before use
+  path_->ReleaseWeights(g);
+  if (!gathered) return;
+  g.w_full->Release();
+  if (gather_slots_) {
+    gather_slots_->Release(g.gather_block);
+  } else {
+    pool_->Recycle(g.gather_block);
+  }
+  g.gather_block = nullptr;
+  g.gather_started = false;
+}
+
+void Engine::SetModelBatch(const int32_t* tokens, const int32_t* targets) {
+  model_.SetBatch(tokens, targets, cfg_.batch_size, cfg_.seq_len);
+  if (activation_bytes_ != static_cast<uint64_t>(model_.ActivationBytes())) {
+    // The model owns its activation arena; account it with the rest of the rank's memory.
+    memory_.Free("activations", activation_bytes_);
+    activation_bytes_ = static_cast<uint64_t>(model_.ActivationBytes());
+    memory_.Allocate("activations", activation_bytes_);
+  }
+}
+
+void Engine::ForwardPass(bool release_all) {
+  // Forward, layer by layer, prefetching the next layer's weights. Training keeps the last
+  // layer (backward starts there) and, without reshard_after_forward, every layer.
+  const int n = static_cast<int>(groups_.size());
+  for (int g = 0; g < n; ++g) {
+    StartGather(g);
+    if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
+    WaitGather(g);
+    std::vector<TensorRef> w = path_->Weights(*groups_[g]);
+    {
+      ScopedTimer t(&time_.compute);
+      model_.Forward(g, w);
+    }
+    if (release_all || (cfg_.reshard_after_forward && g + 1 < n)) ReleaseGather(g);
+  }
+}
+
+double Engine::Evaluate(const BatchFn& batch, int batches) {
+  SSHSDP_CHECK(batches >= 1, ConfigError, "Evaluate: need at least one batch per rank, got {}",
+               batches);
+  SSHSDP_CHECK(cfg_.seq_len > 0, ConfigError,
+               "sequence length must be set (EngineConfig::seq_len)");
+  std::vector<int32_t> tokens(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
+      targets(tokens.size());
+  double loss_sum = 0;
+  for (int i = 0; i < batches; ++i) {
+    batch(i, tokens.data(), targets.data());
+    SetModelBatch(tokens.data(), targets.data());
+    ForwardPass(/*release_all=*/true);  // no backward follows: the last layer is released too
+    loss_sum += model_.Loss();
+  }
+  float red = static_cast<float>(loss_sum);  // as Step's loss: an fp32 sum over ranks
+  world_.AllReduce(&red, 1, DType::kF32);
+  return red / (static_cast<double>(batches) * world_.size());
+}
+
+void Engine::BackwardGroup(int gi, int mb) {
+  RuntimeGroup& G = *groups_[gi];
+  StartGather(gi);
+  if (cfg_.prefetch && gi > 0) StartGather(gi - 1);
+  WaitGather(gi);
+  GradWrite mode = GradWrite::kOverwrite;
+  if (skip_rs_) {
+    if (mb > 0) {
+      mode = GradWrite::kAccumulate;  // G′ is G′ᶻ²: accumulate in backward
+      counters_.fused_accumulations++;
+    }
+  } else {
+    const size_t bytes = G.padded * DTypeSize(grad_dtype_);
+    G.grad_block = grad_slots_ ? grad_slots_->Acquire() : pool_->Acquire(bytes);
+    G.g_full->AttachExternal(G.grad_block, bytes);
+  }
+  std::vector<TensorRef> w = path_->Weights(G);
+  std::vector<TensorRef> grads = path_->GradTargets(G);
+  {
+    ScopedTimer t(&time_.compute);
+    model_.Backward(gi, w, grads, mode);
+  }
+  if (!skip_rs_) {
+    ReduceScatterOptions ro;
+    if (cfg_.reduce == ReduceMode::kBf16Sr) {
+      // bf16sr: bf16 partials with stochastic rounding, keyed by (seed, step, stream).
+      const int n = static_cast<int>(groups_.size());
+      ro.partial_dtype = DType::kBF16;
+      ro.sr_key = {cfg_.sr_seed, static_cast<uint64_t>(step_), static_cast<uint32_t>(mb * n + gi)};
+    }
+    std::function<void()> task = path_->ReduceTask(G, rt_zero2_.get(), mb > 0, ro);
+    G.g_full->Release();
+    G.rs_handle = comm_thread_->Submit(std::move(task));
+  }
+  ReleaseGather(gi);
+}
+
+void Engine::FinishReduceScatter(int gi) {
+  RuntimeGroup& P = *groups_[gi];
+  {
+    ScopedTimer t(&time_.comm_wait);
+    P.rs_handle.Wait();
+  }
+  if (grad_slots_) {
+    grad_slots_->Release(P.grad_block);
+  } else {
+    pool_->Recycle(P.grad_block);
+  }
+  P.grad_block = nullptr;
+  path_->ReduceDone(P);
+}
+
+StepStats Engine::Step(const BatchFn& batch) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int n = static_cast<int>(groups_.size());
+  const int M = cfg_.microbatches;
+  const int B = cfg_.batch_size;
+  const int T = cfg_.seq_len;
+  SSHSDP_CHECK(T > 0, ConfigError, "sequence length must be set (EngineConfig::seq_len)");
+  counters_ = {};
+  copy_meter_.Reset();
+  time_ = {};
+  auto update_comms = [&] {
+    CommCounters c;
+    for (Communicator* u :
+         {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), up_p2p_.get(), &world_})
+      c += u->counters();
+    if (up_zero1_) c += up_zero1_->counters();
+    return c;
+  };
+  const CommCounters rt0 = rt_zero3_->counters(), rt1 = rt_zero2_->counters();
+  const CommCounters up0 = update_comms();
+
+  std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
+  double loss_sum = 0;
+  for (int mb = 0; mb < M; ++mb) {
+    batch(mb, tokens.data(), targets.data());
+    SetModelBatch(tokens.data(), targets.data());
+    ForwardPass(/*release_all=*/false);
+    loss_sum += model_.Loss();
+    // Backward in reverse; gradients go straight into G′ views, then reduce-scatter. A
+    // group's reduce-scatter is waited for after the next group's backward was submitted.
+    for (int g = n - 1; g >= 0; --g) {
+      BackwardGroup(g, mb);
+      if (g + 1 < n && groups_[g + 1]->grad_block) FinishReduceScatter(g + 1);
+    }
+    for (int g = 0; g < n; ++g)
+      if (groups_[g]->grad_block) FinishReduceScatter(g);
+  }
+  {
+    ScopedTimer t(&time_.comm_wait);
+    comm_thread_->Drain();
+  }
+
+  StepStats st;
+  st.tokens = static_cast<int64_t>(M) * B * T * world_.size();
+  UpdatePhase(loss_sum, &st);
+  st.step = step_;
+  st.counters = counters_;
+  st.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (st.skipped) return st;
+  st.counters.copies = copy_meter_.bytes();
+  st.counters.copies.update_copy = update_->last_run().bytes_copied;  // ⑥ reassembly
+  st.counters.bytes_copied = st.counters.copies.total();
+  st.counters.runtime_comm = Delta(rt_zero3_->counters(), rt0);
+  st.counters.runtime_comm += Delta(rt_zero2_->counters(), rt1);
+  st.counters.update_comm = Delta(update_comms(), up0);
+  st.counters.collective_copy_bytes =
+      st.counters.runtime_comm.local_copy_bytes + st.counters.update_comm.local_copy_bytes;
+  time_.copy = copy_meter_.seconds();
+  st.time = time_;
+  st.time.other = std::max(0.0, st.seconds - (time_.compute + time_.comm_wait + time_.copy +
+                                              time_.cast + time_.add + time_.optimizer));
+  return st;
+}
+
+void Engine::UpdatePhase(double loss_sum, StepStats* st) {
+  // Outer reduce-scatter, HSDP all-reduce, norm, structured update (F), G, outer all-gather.
+  const int M = cfg_.microbatches;
+  const bool count_norm = topo_.Coord(rank_).d == 0;
+  double sumsq = 0;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    {
+      ScopedTimer t(&time_.comm_wait);
+      if (up_replica_rs_->size() > 1)
+        up_replica_rs_->ReduceScatter(g.g_z2->data(), DType::kF32, g.g_z1, DType::kF32, g.z1.size(),
+                                      false);
+      if (up_hsdp_->size() > 1) up_hsdp_->AllReduce(g.g_z1, g.z1.size(), DType::kF32);
+    }
+    ScopedTimer t(&time_.optimizer);
+    if (count_norm)
+      for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
+        sumsq += kernels::SumSquares(g.g_z1 + f.shard_offset, static_cast<int64_t>(f.length));
+  }
+  float red[2] = {static_cast<float>(loss_sum), static_cast<float>(sumsq)};
+  {
+    ScopedTimer t(&time_.comm_wait);
+    world_.AllReduce(red, 2, DType::kF32);
+  }
+  const double norm_scale = 1.0 / (static_cast<double>(M) * world_.size());
+  st->grad_norm = std::sqrt(static_cast<double>(red[1])) * norm_scale;
+  st->loss = red[0] / (static_cast<double>(M) * world_.size());
+  if (!std::isfinite(st->loss) || !std::isfinite(st->grad_norm)) {
+    // Every rank holds the same all-reduced values, so every rank takes this branch.
+    SSHSDP_CHECK(cfg_.on_nonfinite == NonFinitePolicy::kSkip, NonFiniteError,
+                 "step {}: non-finite loss or gradient norm (loss {}, gradient norm {}); the "
+                 "update was not applied and nothing was saved (lower --lr, set --clip, or "
+                 "--on-nonfinite skip)",
+                 step_ + 1, st->loss, st->grad_norm);
+    st->skipped = true;
+    return;
+  }
+  double clip = 1.0;
+  if (cfg_.clip_norm > 0 && st->grad_norm > cfg_.clip_norm)
+    clip = cfg_.clip_norm / (st->grad_norm + 1e-6);
+  const float grad_scale = static_cast<float>(clip * norm_scale);
+
+  ++step_;
+  {
+    // F on the ZeRO-1 fragments: AdamW, then Muon (its split units point to point).
+    ScopedTimer t(&time_.optimizer);
+    std::vector<Zero1State> state;
+    for (auto& gp : groups_) {
+      RuntimeGroup& g = *gp;
+      state.push_back({g.z1, {{"main", g.main_z1}, {"grad", g.g_z1}, {"m", g.m}, {"v", g.v}}});
+    }
+    ScalarState scalars;
+    scalars.Set("grad_scale", grad_scale);
+    scalars.Set("step", static_cast<double>(step_));
+    scalars.Set("adamw.lr", cfg_.adamw.lr);
+    scalars.Set("muon.lr", cfg_.muon.lr);
+    const CommCounters p2p0 = up_p2p_->counters();
+    const CommCounters z10 = up_zero1_ ? up_zero1_->counters() : CommCounters{};
+    update_->Run(state, scalars);
+    counters_.update_p2p = Delta(up_p2p_->counters(), p2p0);
+    if (up_zero1_) counters_.update_full_tensor = Delta(up_zero1_->counters(), z10);
+    counters_.update_exec_cost = update_->last_run().exec_cost;
+  }
+  PrepareAndGatherWeights();
+}
+
+}  // namespace sshsdp

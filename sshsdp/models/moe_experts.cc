@@ -1,0 +1,268 @@
+// MoE experts: the grouped GEMM over the permuted rows (per-expert GEMMs on slices of the
+// packed [E, out, in] runtime weights over each expert's contiguous rows, MXFP8 weights
+// dequantized whole first), the ungated shared expert and the un-permutation that gathers
+// every token's k weighted rows, forward and backward (see moe.h). Backward writes each
+// expert's weight gradient straight into its slice of the packed gradient view (explicit
+// zeros for an expert without tokens in overwrite mode, untouched in accumulate mode).
+#include "sshsdp/models/moe.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "sshsdp/kernels/elementwise.h"
+#include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/mx_linear.h"
+#include "sshsdp/models/layers.h"
+
+namespace sshsdp {
+namespace {
+
+using kernels::LinearBackwardData;
+using kernels::LinearBackwardWeight;
+using kernels::LinearForward;
+
+// ---- Grouped GEMM over experts. ----
+// kernels/matmul caches one oneDNN primitive per exact shape (0.1–0.5 MB each, measured) and
+// an expert's token count changes every step, so an expert's rows are multiplied in chunks
+// of sizes from {2^i} ∪ {3·2^i} (greedy, largest first): a bounded set of about 2·log2(N·k)
+// shapes per matrix, a few calls per expert, every row computed exactly once (no padding).
+int64_t ChunkRows(int64_t rows) {
+  int64_t p = 1;
+  while (p * 2 <= rows) p *= 2;
+  return p >= 2 && p / 2 * 3 <= rows ? p / 2 * 3 : p;
+}
+
+// Expert e's [out, in] matrix inside a packed [E, out, in] view.
+const void* Slice(const TensorRef& t, int64_t e, int64_t per_expert) {
+  return static_cast<const char*>(t.data) + e * per_expert * DTypeSize(t.dtype);
+}
+void* MutableSlice(const TensorRef& t, int64_t e, int64_t per_expert) {
+  return static_cast<char*>(t.data) + e * per_expert * DTypeSize(t.dtype);
+}
+
+// y[rows, n] = x[rows, k] · wᵀ, w [n, k] in w_dtype.
+void ExpertForward(const float* x, const void* w, DType w_dtype, float* y, int64_t rows, int64_t n,
+                   int64_t k) {
+  for (int64_t r = 0; r < rows;) {
+    const int64_t c = ChunkRows(rows - r);
+    LinearForward(x + r * k, w, w_dtype, y + r * n, c, n, k);
+    r += c;
+  }
+}
+
+// dx[rows, k] (=|+=) dy[rows, n] · w.
+void ExpertBackwardData(const float* dy, const void* w, DType w_dtype, float* dx, int64_t rows,
+                        int64_t n, int64_t k, bool accumulate) {
+  for (int64_t r = 0; r < rows;) {
+    const int64_t c = ChunkRows(rows - r);
+    LinearBackwardData(dy + r * n, w, w_dtype, dx + r * k, c, n, k, accumulate);
+    r += c;
+  }
+}
+
+// dw[n, k] (=|+=) dyᵀ · x summed over all rows: chunks after the first accumulate; a bf16
+// dw that needs several chunks is summed in fp32 scratch and rounded once.
+void ExpertBackwardWeight(const float* dy, const float* x, DType compute_dtype, void* dw,
+                          DType dw_dtype, int64_t rows, int64_t n, int64_t k, bool accumulate,
+                          std::vector<float>& scratch) {
+  if (ChunkRows(rows) == rows) {
+    LinearBackwardWeight(dy, x, compute_dtype, dw, dw_dtype, rows, n, k, accumulate);
+    return;
+  }
+  const bool direct = dw_dtype == DType::kF32;
+  if (!direct && static_cast<int64_t>(scratch.size()) < n * k) scratch.resize(n * k);
+  void* dst = direct ? dw : scratch.data();
+  bool acc = direct && accumulate;
+  for (int64_t r = 0; r < rows;) {
+    const int64_t c = ChunkRows(rows - r);
+    LinearBackwardWeight(dy + r * n, x + r * k, compute_dtype, dst, DType::kF32, c, n, k, acc);
+    acc = true;
+    r += c;
+  }
+  if (!direct) kernels::WriteOrAccumulate(scratch.data(), dw, dw_dtype, n * k, accumulate);
+}
+
+float Dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+// The hidden activation of an expert MLP from its first projection(s).
+void ActivationForward(ExpertMlp kind, const float* h1, const float* h3, float* act, int64_t n) {
+  if (kind == ExpertMlp::kSwiGLU) {
+    layers::SwigluForward(h1, h3, act, n);
+  } else {
+    layers::GeluForward(h1, act, n);
+  }
+}
+
+// In place on dh1 (= ∂/∂act on entry): dh1 = ∂/∂h1, dh3 = ∂/∂h3 (SwiGLU only).
+void ActivationBackward(ExpertMlp kind, const float* h1, const float* h3, float* dh1, float* dh3,
+                        int64_t n) {
+  if (kind == ExpertMlp::kSwiGLU) {
+    layers::SwigluBackward(h1, h3, dh1, dh1, dh3, n);
+  } else {
+    layers::GeluBackwardInPlace(h1, dh1, n);
+  }
+}
+
+}  // namespace
+
+TensorRef MoeGpt::ExpertView(const TensorRef& t, int64_t rows, int64_t cols, int slot) {
+  if (!kernels::IsMxElement(t.dtype)) return t;
+  std::vector<float>& s = mx_scratch_[static_cast<size_t>(slot - slots_.w1)];
+  s.resize(static_cast<size_t>(rows * cols));
+  kernels::MxDequantizeOperand(static_cast<const uint8_t*>(t.data), t.dtype, t.scales,
+                               t.scale_layout, rows, cols, s.data());
+  return TensorRef{s.data(), DType::kF32};
+}
+
+void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
+  BlockActs& A = blocks_[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
+  const int E = c_.n_expert, k = c_.top_k;
+  const int64_t f = c_.expert_ff(), fs = c_.shared_ff();
+  const float* x = A.ln2;
+  float* out = res_[l + 1];
+  auto view = [&](int slot, int64_t rows, int64_t cols) {
+    return ExpertView(wx[slot - slots_.w1], rows, cols, slot);
+  };
+
+  // 5. Experts: GEMMs on each expert's slice of the packed weights over its rows (an MXFP8
+  //    packed weight is dequantized whole first: its scales are laid out for [E·out, in]).
+  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
+  const TensorRef w1 = view(slots_.w1, E * f, d);
+  const TensorRef w2 = view(slots_.w2, E * d, f);
+  const TensorRef w3 = swiglu ? view(slots_.w3, E * f, d) : TensorRef{};
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
+    if (n == 0) continue;
+    const float* xe = A.xp + off * d;
+    ExpertForward(xe, Slice(w1, e, f * d), w1.dtype, A.h1 + off * f, n, f, d);
+    if (swiglu) ExpertForward(xe, Slice(w3, e, f * d), w3.dtype, A.h3 + off * f, n, f, d);
+    ActivationForward(c_.expert_mlp, A.h1 + off * f, swiglu ? A.h3 + off * f : nullptr,
+                      A.act + off * f, n * f);
+    ExpertForward(A.act + off * f, Slice(w2, e, d * f), w2.dtype, A.yp + off * d, n, d, f);
+  }
+
+  // 6. Shared expert (ungated) or zeros, then un-permute: out[t] += Σ_j gate_j · yp[row].
+  if (c_.shared_expert) {
+    const TensorRef s1 = view(slots_.s1, fs, d);
+    LinearForward(x, s1.data, s1.dtype, A.sh1, N, fs, d);
+    if (swiglu) {
+      const TensorRef s3 = view(slots_.s3, fs, d);
+      LinearForward(x, s3.data, s3.dtype, A.sh3, N, fs, d);
+    }
+    ActivationForward(c_.expert_mlp, A.sh1, A.sh3, A.sha, N * fs);
+    const TensorRef s2 = view(slots_.s2, d, fs);
+    LinearForward(A.sha, s2.data, s2.dtype, out, N, d, fs);
+  } else {
+    kernels::Fill(out, N * d, 0.0f);
+  }
+  for (int64_t t = 0; t < N; ++t) {
+    for (int j = 0; j < k; ++j) {
+      kernels::Axpy(A.gate[t * k + j], A.yp + static_cast<int64_t>(A.row[t * k + j]) * d,
+                    out + t * d, d);
+    }
+  }
+  kernels::Add(A.res_mid, out, out, N * d);
+}
+
+void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, bool acc,
+                            const float* dy, float* dx) {
+  const BlockActs& A = blocks_[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
+  const int E = c_.n_expert, k = c_.top_k;
+  const int64_t f = c_.expert_ff();
+  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
+
+  // 1. Un-permutation backward: ∂/∂gate_j = ⟨dy_t, yp[row]⟩ and dyp[row] = gate_j · dy_t
+  //    (a permuted copy of the output gradient, every row written once).
+  for (int64_t t = 0; t < N; ++t) {
+    const float* dyt = dy + t * d;
+    for (int j = 0; j < k; ++j) {
+      const int64_t r = A.row[t * k + j];
+      dgate_[t * k + j] = Dot(dyt, A.yp + r * d, d);
+      const float g = A.gate[t * k + j];
+      float* dst = dyp_ + r * d;
+      for (int64_t i = 0; i < d; ++i) dst[i] = g * dyt[i];
+    }
+  }
+
+  // 2. Experts: weight gradients straight into each expert's slice of the packed gradient
+  //    views; dxp = ∂/∂(permuted input). No tokens: explicit zeros (overwrite) or nothing.
+  //    MXFP8 weights: the data GEMMs use the dequantized weight, the weight-gradient GEMMs run
+  //    in fp32 (the dequantized view's dtype; LinearComputeDType of an MX weight).
+  const int x0 = slots_.w1;
+  const TensorRef w1 = ExpertView(wx[slots_.w1 - x0], E * f, d, slots_.w1);
+  const TensorRef w2 = ExpertView(wx[slots_.w2 - x0], E * d, f, slots_.w2);
+  const TensorRef w3 = swiglu ? ExpertView(wx[slots_.w3 - x0], E * f, d, slots_.w3) : TensorRef{};
+  const TensorRef &g1 = gx[slots_.w1 - x0], &g2 = gx[slots_.w2 - x0];
+  const TensorRef g3 = swiglu ? gx[slots_.w3 - x0] : TensorRef{};
+  for (int e = 0; e < E; ++e) {
+    const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
+    if (n == 0) {
+      if (!acc) {
+        kernels::FillZero(MutableSlice(g1, e, f * d), g1.dtype, f * d);
+        kernels::FillZero(MutableSlice(g2, e, d * f), g2.dtype, d * f);
+        if (swiglu) kernels::FillZero(MutableSlice(g3, e, f * d), g3.dtype, f * d);
+      }
+      continue;
+    }
+    const float* xe = A.xp + off * d;
+    const float* dye = dyp_ + off * d;
+    float* dh1 = dh1_ + off * f;
+    float* dh3 = dh3_ + off * f;
+    float* dxe = dxp_ + off * d;
+    ExpertBackwardWeight(dye, A.act + off * f, w2.dtype, MutableSlice(g2, e, d * f), g2.dtype, n, d,
+                         f, acc, wgrad_scratch_);
+    ExpertBackwardData(dye, Slice(w2, e, d * f), w2.dtype, dh1, n, d, f, false);
+    ActivationBackward(c_.expert_mlp, A.h1 + off * f, swiglu ? A.h3 + off * f : nullptr, dh1, dh3,
+                       n * f);
+    ExpertBackwardWeight(dh1, xe, w1.dtype, MutableSlice(g1, e, f * d), g1.dtype, n, f, d, acc,
+                         wgrad_scratch_);
+    ExpertBackwardData(dh1, Slice(w1, e, f * d), w1.dtype, dxe, n, f, d, false);
+    if (swiglu) {
+      ExpertBackwardWeight(dh3, xe, w3.dtype, MutableSlice(g3, e, f * d), g3.dtype, n, f, d, acc,
+                           wgrad_scratch_);
+      ExpertBackwardData(dh3, Slice(w3, e, f * d), w3.dtype, dxe, n, f, d, true);
+    }
+  }
+
+  // 3. Un-permute the input gradient: dx_t = Σ_j dxp[row(t, j)] (a gather: deterministic).
+  for (int64_t t = 0; t < N; ++t) {
+    float* dxt = dx + t * d;
+    std::copy_n(dxp_ + static_cast<int64_t>(A.row[t * k]) * d, d, dxt);
+    for (int j = 1; j < k; ++j)
+      kernels::Add(dxt, dxp_ + static_cast<int64_t>(A.row[t * k + j]) * d, dxt, d);
+  }
+}
+
+void MoeGpt::BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, bool acc,
+                            const float* dy, float* dx) {
+  // 5. Shared expert: a dense MLP on x.
+  if (!c_.shared_expert) return;
+  const BlockActs& A = blocks_[l];
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, fs = c_.shared_ff();
+  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
+  const float* x = A.ln2;
+  const int x0 = slots_.w1;
+  const TensorRef s1 = ExpertView(wx[slots_.s1 - x0], fs, d, slots_.s1);
+  const TensorRef s2 = ExpertView(wx[slots_.s2 - x0], d, fs, slots_.s2);
+  const TensorRef &gs1 = gx[slots_.s1 - x0], &gs2 = gx[slots_.s2 - x0];
+  LinearBackwardWeight(dy, A.sha, s2.dtype, gs2.data, gs2.dtype, N, d, fs, acc);
+  LinearBackwardData(dy, s2.data, s2.dtype, dsh1_, N, d, fs, false);
+  ActivationBackward(c_.expert_mlp, A.sh1, A.sh3, dsh1_, dsh3_, N * fs);
+  LinearBackwardWeight(dsh1_, x, s1.dtype, gs1.data, gs1.dtype, N, fs, d, acc);
+  LinearBackwardData(dsh1_, s1.data, s1.dtype, dx, N, fs, d, true);
+  if (swiglu) {
+    const TensorRef s3 = ExpertView(wx[slots_.s3 - x0], fs, d, slots_.s3);
+    const TensorRef& gs3 = gx[slots_.s3 - x0];
+    LinearBackwardWeight(dsh3_, x, s3.dtype, gs3.data, gs3.dtype, N, fs, d, acc);
+    LinearBackwardData(dsh3_, s3.data, s3.dtype, dx, N, fs, d, true);
+  }
+}
+
+}  // namespace sshsdp

@@ -1,0 +1,198 @@
+// MoE GPT Forward/Backward per runtime group (see moe.h): dispatch by the group's role and the
+// trunk shared with the dense GPT — embeddings, pre-norm causal attention, dense GELU MLP
+// blocks, final RMSNorm and LM head — on the dense GPT's layer kernels (layers.h). An MoE
+// block's MLP is the router (moe_router.cc) and the experts (moe_experts.cc).
+#include "sshsdp/models/moe.h"
+
+#include <string>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/kernels/elementwise.h"
+#include "sshsdp/kernels/matmul.h"
+#include "sshsdp/models/layers.h"
+
+namespace sshsdp {
+namespace {
+
+using kernels::LinearBackwardData;
+using kernels::LinearBackwardWeight;
+using kernels::LinearForward;
+using layers::RmsNormBackward;
+using layers::RmsNormForward;
+
+}  // namespace
+
+const float* MoeGpt::Gain(const TensorRef& t) {
+  if (t.dtype == DType::kF32) return static_cast<const float*>(t.data);
+  Bf16ToFloat(static_cast<const bf16*>(t.data), gain_scratch_.data(), gain_scratch_.size());
+  return gain_scratch_.data();
+}
+
+void MoeGpt::Forward(int g, const std::vector<TensorRef>& w) {
+  SSHSDP_CHECK(B_ > 0, PlanError, "MoE GPT Forward({}) before SetBatch", g);
+  SSHSDP_CHECK(g == 0 || g == fwd_next_, PlanError,
+               "MoE GPT Forward({}) out of order: expected group {} (forward runs 0..{})", g,
+               fwd_next_, num_groups() - 1);
+  CheckViews(g, w, "weight");
+  const GroupRole r = roles_[g];
+  switch (r.role) {
+    case Role::kEmbed:
+      fwd_done_ = false;
+      bwd_next_ = -1;
+      layers::EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.trunk.d_model, res_[0]);
+      break;
+    case Role::kHead:
+      ForwardHead(w);
+      break;
+    case Role::kDense:
+    case Role::kMoe:
+      ForwardBlock(r.layer, w);
+      break;
+    case Role::kAttnRouter:
+      ForwardAttention(r.layer, w);
+      ForwardRouter(r.layer, w[slots_.router]);
+      break;
+    case Role::kExperts:
+      ForwardExperts(r.layer, w.data());
+      break;
+  }
+  fwd_next_ = g + 1;
+  if (fwd_next_ == num_groups()) {
+    fwd_done_ = true;
+    bwd_next_ = num_groups() - 1;
+  }
+}
+
+void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                      GradWrite mode) {
+  SSHSDP_CHECK(fwd_done_ && g == bwd_next_, PlanError,
+               "MoE GPT Backward({}) out of order: {} (backward runs {}..0 after a full forward)",
+               g,
+               fwd_done_ ? fmt::format("expected group {}", bwd_next_)
+                         : std::string("forward pass incomplete"),
+               num_groups() - 1);
+  CheckViews(g, w, "weight");
+  CheckViews(g, grad, "gradient");
+  const bool acc = mode == GradWrite::kAccumulate;
+  const GroupRole r = roles_[g];
+  switch (r.role) {
+    case Role::kHead:
+      BackwardHead(w, grad, acc);
+      break;
+    case Role::kEmbed:
+      layers::EmbeddingBackward(dres_, tokens_.data(), B_, T_, c_.trunk.d_model, grad[0],
+                                c_.trunk.padded_vocab(), grad[1], c_.trunk.seq_len, acc,
+                                table_scratch_);
+      break;
+    case Role::kDense:
+    case Role::kMoe:
+      BackwardBlock(r.layer, w, grad, acc);
+      break;
+    case Role::kExperts:  // dln_ = ∂/∂ln2 from the experts; dres_ (∂/∂out) is left as is
+      BackwardRouted(r.layer, w.data(), grad.data(), acc, dres_, dln_);
+      BackwardShared(r.layer, w.data(), grad.data(), acc, dres_, dln_);
+      break;
+    case Role::kAttnRouter:
+      BackwardRouter(r.layer, w[slots_.router], grad[slots_.router], acc, dln_);
+      BackwardAttention(r.layer, w, grad, acc);
+      break;
+  }
+  // After group 0 the pass may be repeated (activations are untouched by backward).
+  bwd_next_ = g == 0 ? num_groups() - 1 : g - 1;
+}
+
+void MoeGpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
+  BlockActs& A = blocks_[l];
+  const float* x = res_[l];
+  RmsNormForward(x, Gain(w[0]), A.ln1, A.ln1_rstd, N, d);
+  LinearForward(A.ln1, w[1].data, w[1].dtype, A.qkv, N, 3 * d, d);
+  layers::AttentionForward(A.qkv, A.att, A.atty, B_, T_, c_.trunk.n_head, c_.trunk.head_dim());
+  LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d);
+  kernels::Add(x, A.res_mid, A.res_mid, N * d);
+  RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d);
+}
+
+void MoeGpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, ff = c_.trunk.ff();
+  BlockActs& A = blocks_[l];
+  float* out = res_[l + 1];
+  ForwardAttention(l, w);
+  if (c_.IsMoeLayer(l)) {
+    ForwardRouter(l, w[slots_.router]);
+    ForwardExperts(l, w.data() + slots_.w1);
+    return;
+  }
+  LinearForward(A.ln2, w[4].data, w[4].dtype, A.fch, N, ff, d);
+  layers::GeluForward(A.fch, A.fcg, N * ff);
+  LinearForward(A.fcg, w[5].data, w[5].dtype, out, N, d, ff);
+  kernels::Add(A.res_mid, out, out, N * d);
+}
+
+void MoeGpt::ForwardHead(const std::vector<TensorRef>& w) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model,
+                V = c_.trunk.padded_vocab();
+  RmsNormForward(res_[c_.trunk.n_layer], Gain(w[0]), lnf_, lnf_rstd_, N, d);
+  LinearForward(lnf_, w[1].data, w[1].dtype, probs_, N, V, d);
+  ce_ = layers::SoftmaxCrossEntropyForward(probs_, targets_.data(), losses_, N, c_.trunk.vocab, V) /
+        static_cast<double>(N);
+}
+
+void MoeGpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                          bool acc) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model,
+                V = c_.trunk.padded_vocab();
+  layers::SoftmaxCrossEntropyBackward(probs_, targets_.data(), dlogits_, N, V,
+                                      static_cast<float>(grad_scale_ / static_cast<double>(N)));
+  LinearBackwardWeight(dlogits_, lnf_, w[1].dtype, grad[1].data, grad[1].dtype, N, V, d, acc);
+  LinearBackwardData(dlogits_, w[1].data, w[1].dtype, dtmp_, N, V, d, false);
+  RmsNormBackward(dtmp_, res_[c_.trunk.n_layer], Gain(w[0]), lnf_rstd_, dres_,
+                  dgain_scratch_.data(), N, d, /*accumulate_dx=*/false);
+  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+}
+
+void MoeGpt::BackwardBlock(int l, const std::vector<TensorRef>& w,
+                           const std::vector<TensorRef>& grad, bool acc) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, ff = c_.trunk.ff();
+  const BlockActs& A = blocks_[l];
+  float* dres = dres_;  // in: ∂/∂out
+
+  // MLP: out = res_mid + mlp(ln2(res_mid)); dln_ = ∂/∂ln2.
+  if (c_.IsMoeLayer(l)) {
+    const TensorRef *wx = w.data() + slots_.w1, *gx = grad.data() + slots_.w1;
+    BackwardRouted(l, wx, gx, acc, dres, dln_);
+    BackwardRouter(l, w[slots_.router], grad[slots_.router], acc, dln_);
+    BackwardShared(l, wx, gx, acc, dres, dln_);
+  } else {
+    LinearBackwardWeight(dres, A.fcg, w[5].dtype, grad[5].data, grad[5].dtype, N, d, ff, acc);
+    LinearBackwardData(dres, w[5].data, w[5].dtype, dfch_, N, d, ff, false);
+    layers::GeluBackwardInPlace(A.fch, dfch_, N * ff);
+    LinearBackwardWeight(dfch_, A.ln2, w[4].dtype, grad[4].data, grad[4].dtype, N, ff, d, acc);
+    LinearBackwardData(dfch_, w[4].data, w[4].dtype, dln_, N, ff, d, false);
+  }
+  BackwardAttention(l, w, grad, acc);
+}
+
+void MoeGpt::BackwardAttention(int l, const std::vector<TensorRef>& w,
+                               const std::vector<TensorRef>& grad, bool acc) {
+  const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
+  const BlockActs& A = blocks_[l];
+  const float* x = res_[l];
+  float* dres = dres_;  // in: ∂/∂out; after ln2: ∂/∂res_mid; out: ∂/∂x
+  RmsNormBackward(dln_, A.res_mid, Gain(w[3]), A.ln2_rstd, dres, dgain_scratch_.data(), N, d,
+                  /*accumulate_dx=*/true);
+  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[3].data, grad[3].dtype, d, acc);
+
+  // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
+  LinearBackwardWeight(dres, A.atty, w[2].dtype, grad[2].data, grad[2].dtype, N, d, d, acc);
+  LinearBackwardData(dres, w[2].data, w[2].dtype, dtmp_, N, d, d, false);
+  layers::AttentionBackward(dtmp_, A.qkv, A.att, dqkv_, datt_, B_, T_, c_.trunk.n_head,
+                            c_.trunk.head_dim());
+  LinearBackwardWeight(dqkv_, A.ln1, w[1].dtype, grad[1].data, grad[1].dtype, N, 3 * d, d, acc);
+  LinearBackwardData(dqkv_, w[1].data, w[1].dtype, dtmp_, N, 3 * d, d, false);
+  RmsNormBackward(dtmp_, x, Gain(w[0]), A.ln1_rstd, dres, dgain_scratch_.data(), N, d,
+                  /*accumulate_dx=*/true);
+  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+}
+
+}  // namespace sshsdp
