@@ -72,7 +72,6 @@ class FourHeadQuery final : public Model {
     h_.resize(n_ * kDim);
     y_.resize(n_ * kHeads * kHeadDim);
   }
-  void SetGradScale(double s) override { grad_scale_ = s; }
   void Forward(int, const std::vector<TensorRef>& w) override {
     kernels::LinearForward(xb_.data(), w[0].data, w[0].dtype, h_.data(), n_, kDim, kDim);
     // The four heads in one GEMM over the packed runtime tensor.
@@ -87,7 +86,7 @@ class FourHeadQuery final : public Model {
                 GradWrite mode) override {
     const bool acc = mode == GradWrite::kAccumulate;
     std::vector<float> dy(y_.size()), dh(h_.size());
-    const float s = static_cast<float>(grad_scale_ / static_cast<double>(y_.size()));
+    const float s = static_cast<float>(1.0 / static_cast<double>(y_.size()));
     for (size_t i = 0; i < y_.size(); ++i) dy[i] = s * (y_[i] - tb_[i]);
     const int64_t n = kHeads * kHeadDim;
     kernels::LinearBackwardWeight(dy.data(), h_.data(), w[1].dtype, grad[1].data, DType::kF32, n_,
@@ -105,7 +104,7 @@ class FourHeadQuery final : public Model {
   std::vector<float> x_, t_, xb_, tb_, h_, y_;
   std::vector<int32_t> ids_;
   int n_ = 0;
-  double loss_ = 0, grad_scale_ = 1;
+  double loss_ = 0;
 };
 
 EngineConfig Config(int sw, int sg, int so, int M, OptimizerKind opt) {

@@ -67,7 +67,6 @@ class BigramMlp final : public Model {
     rstd_.assign(n_, 0.0f);
     losses_.assign(n_, 0.0f);
   }
-  void SetGradScale(double s) override { scale_ = s; }
 
   void Forward(int g, const std::vector<TensorRef>& w) override {
     if (g == 0) {
@@ -94,7 +93,7 @@ class BigramMlp final : public Model {
       SSHSDP_CHECK(t.dtype == DType::kF32, ConfigError, "bigram MLP: fp32 gradients only");
     if (g == 2) {
       layers::SoftmaxCrossEntropyBackward(p_.data(), tgt_.data(), dl_.data(), n_, V,
-                                          static_cast<float>(scale_ / n_));
+                                          static_cast<float>(1.0 / n_));
       kernels::LinearBackwardWeight(dl_.data(), xn_.data(), w[1].dtype, grad[1].data, DType::kF32,
                                     n_, V, D, acc);
       kernels::LinearBackwardData(dl_.data(), w[1].data, w[1].dtype, dxn_.data(), n_, V, D, false);
@@ -141,7 +140,7 @@ class BigramMlp final : public Model {
   }
 
   int64_t n_ = 0;
-  double scale_ = 1.0, loss_ = 0.0;
+  double loss_ = 0.0;
   std::vector<int32_t> tok_, tgt_;
   std::vector<float> x0_, x1_, xn_, dx_, dxn_, h1_, h3_, a_, da_, p_, dl_, rstd_, losses_, gain_;
 };

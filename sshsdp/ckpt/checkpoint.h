@@ -57,7 +57,9 @@ namespace sshsdp {
 // Manifests with a larger version are refused (IoError naming both versions). Version 2 adds
 // "manifest_crc32", a CRC-32 of the manifest itself (its compact JSON without that key), so
 // an edited offset or two swapped file entries are refused; version 1 manifests still load.
-inline constexpr int kCheckpointFormatVersion = 2;
+// Version 3 stores each optimizer's own state only: a tensor's shards hold "main" and the
+// fields its optimizer keeps (Muon parameters have no "v"); older checkpoints still load.
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr const char* kManifestFile = "manifest.json";
 
 // What a checkpoint holds besides the engine's ZeRO-1 arrays and step.
@@ -205,7 +207,8 @@ std::string CheckFileSize(const Manifest& m, int file);
 std::string CheckFileContents(const Manifest& m, int file, uint64_t* bytes_read = nullptr);
 // Checks every file; throws IoError with the first problem.
 void VerifyCheckpointFiles(const Manifest& m);
-// Full tensors of one field (e.g. "main": the consolidated fp32 weights), by name.
+// Full tensors of one field (e.g. "main": the consolidated fp32 weights), by name; tensors
+// whose optimizer keeps no such field (Muon parameters: no "v") are left out.
 std::map<std::string, SafeTensor> ReadConsolidated(const Manifest& m, const std::string& field);
 // Human-readable summary (what `sshsdp ckpt inspect` prints before verifying).
 std::string DescribeCheckpoint(const Manifest& m);

@@ -125,18 +125,32 @@ class CheckpointMpi : public ::testing::Test {
     dir_ = p.string();
     return dir_;
   }
+  void ReshardEveryField(OptimizerKind opt, const std::string& name);
   std::unique_ptr<Communicator> world_;
   std::string dir_;
 };
 
+// Under Muon, each optimizer keeps only its own state: the shards of Muon tensors hold main and
+// m, no v (format 3), and resharding moves the packed v of the AdamW tensors bit for bit.
 TEST_F(CheckpointMpi, ReshardToAnyLayoutKeepsEveryFieldBitIdentical) {
-  const std::string dir = SharedDir(*world_, "reshard");
+  for (OptimizerKind opt : {OptimizerKind::kAdamW, OptimizerKind::kMuon})
+    ReshardEveryField(opt, OptimizerName(opt));
+}
+
+void CheckpointMpi::ReshardEveryField(OptimizerKind opt, const std::string& name) {
+  SCOPED_TRACE(name);
+  const std::string dir = SharedDir(*world_, "reshard_" + name);
+  auto config = [&](const Layout& l, DType dt) {
+    EngineConfig c = Config(l, 2, dt);
+    c.optimizer = opt;
+    return c;
+  };
   const GptConfig gc = TestModel();
   const int r = world_->rank();
   CheckpointMeta meta{ModelJson(gc), {}, {{"data_position", 2}}};
   {
     Gpt model(gc);
-    Engine a(model, *world_, Config({4, 2, 2, 4}, 2, DType::kBF16));
+    Engine a(model, *world_, config({4, 2, 2, 4}, DType::kBF16));
     a.InitWeights(3);
     int64_t step = 0;
     Train(a, &step, 2, MakeBatch(&step, 4, r, 2, gc.vocab));
@@ -148,14 +162,26 @@ TEST_F(CheckpointMpi, ReshardToAnyLayoutKeepsEveryFieldBitIdentical) {
                                        {4, 1, 2, 4}, {2, 1, 1, 2}, {2, 2, 2, 2},
                                        {3, 1, 1, 3}, {3, 3, 3, 3}, {1, 1, 1, 1}};
   Manifest src;
-  if (r == 0) src = ReadManifest(dir + "/src/step_00000002");
+  if (r == 0) {
+    src = ReadManifest(dir + "/src/step_00000002");
+    size_t muon = 0, adamw = 0;
+    const auto v = ReadConsolidated(src, "v");
+    for (const CheckpointTensor& t : src.tensors) {
+      const bool has_v = t.shards.front().offsets.count("v") > 0;
+      EXPECT_EQ(has_v, t.optimizer == "adamw") << t.name;
+      EXPECT_EQ(v.count(t.name) > 0, has_v) << t.name;
+      (t.optimizer == "muon" ? muon : adamw)++;
+    }
+    EXPECT_GT(adamw, 0u);
+    EXPECT_EQ(muon > 0, opt == OptimizerKind::kMuon);
+  }
   for (size_t i = 0; i < targets.size(); ++i) {
     const Layout& t = targets[i];
     SCOPED_TRACE(fmt::format("target W={} sw={} sg={} so={}", t.W, t.sw, t.sg, t.so));
     auto sub = FirstRanks(*world_, t.W);
     if (r < t.W) {
       Gpt model(gc);
-      Engine b(model, *sub, Config(t, 2, DType::kF32));  // runtime dtype may change too
+      Engine b(model, *sub, config(t, DType::kF32));  // runtime dtype may change too
       LoadResult l = LoadCheckpoint(b, *sub, dir + "/src", ModelJson(gc));
       EXPECT_EQ(b.step(), 2);
       EXPECT_EQ(l.manifest.step, 2);
@@ -181,6 +207,7 @@ TEST_F(CheckpointMpi, ReshardToAnyLayoutKeepsEveryFieldBitIdentical) {
     }
     world_->Barrier();
   }
+  if (r == 0) fs::remove_all(dir);
 }
 
 // Every shard layout of the flat buffers (sshsdp's flat chunks, FSDP2's dim-0 padded pieces,

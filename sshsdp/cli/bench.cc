@@ -16,6 +16,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/cli/gemm_peak.h"
+#include "sshsdp/cli/model_config.h"
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
@@ -86,11 +87,9 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
 
 namespace {
 
-bool IsMoe(const std::string& model) { return model.rfind("moe-", 0) == 0; }
-
 // The dense GPT trunk of the model (the MoE presets' trunk for moe-*), with overrides.
 GptConfig MakeConfig(const BenchOptions& o) {
-  GptConfig c = IsMoe(o.model) ? MoeConfig::Preset(o.model).trunk : GptConfig::Preset(o.model);
+  GptConfig c = PresetTrunk(o.model);
   if (o.layers) c.n_layer = o.layers;
   if (o.d_model) c.d_model = o.d_model;
   if (o.heads) c.n_head = o.heads;
@@ -104,13 +103,11 @@ GptConfig MakeConfig(const BenchOptions& o) {
 // GEMMs (dense GPT only; the MoE model keeps a packed QKV, fused or per head).
 std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk, QkvModel qkv) {
   GptConfig t = trunk;
-  t.packed_qkv = qkv != QkvModel::kPerPart || IsMoe(o.model);
+  t.packed_qkv = qkv != QkvModel::kPerPart || IsMoePreset(o.model);
   t.fused_qkv = qkv == QkvModel::kFused;
-  if (!IsMoe(o.model)) return std::make_unique<Gpt>(t);
-  MoeConfig c = MoeConfig::Preset(o.model);
-  c.trunk = t;
-  c.Validate();
-  return std::make_unique<MoeGpt>(c);
+  if (!IsMoePreset(o.model)) return MakeModel(t, nullptr);
+  const MoeConfig c = MoeConfig::Preset(o.model);
+  return MakeModel(t, &c);
 }
 
 struct Row {
@@ -196,7 +193,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     SSHSDP_CHECK(o.warmup >= 0 && o.steps >= 1, ConfigError,
                  "--warmup must be >= 0 and --steps >= 1, got {} and {}", o.warmup, o.steps);
     SSHSDP_CHECK(!o.batch_sizes.empty(), ConfigError, "--batch-size needs at least one value");
-    SSHSDP_CHECK(o.peer_inputs.empty() || !IsMoe(o.model), ConfigError,
+    SSHSDP_CHECK(o.peer_inputs.empty() || !IsMoePreset(o.model), ConfigError,
                  "--peer-inputs: the PyTorch FSDP2 peer builds the dense GPT only, not '{}'",
                  o.model);
     for (int b : o.batch_sizes)
@@ -269,7 +266,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           "sshsdp bench: {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
           "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
           "timed, slowest rank) | optimizer {}\nGEMM: {} | {} | CPU ISA {}\n",
-          IsMoe(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
+          IsMoePreset(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           probe->NumParams() / 1e6, check.ToString(), o.weight_dtype, o.microbatches, o.warmup,
           o.steps, muon ? "muon per " + o.muon_unit : o.optimizer, gemm_peak.path,
           gemm_peak.ToString(), kernels::CpuIsaName());

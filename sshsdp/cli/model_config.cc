@@ -40,10 +40,23 @@ MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
   return c;
 }
 
+GptConfig PresetTrunk(const std::string& model) {
+  return IsMoePreset(model) ? MoeConfig::Preset(model).trunk : GptConfig::Preset(model);
+}
+
+std::unique_ptr<Model> MakeModel(const GptConfig& trunk, const MoeConfig* moe) {
+  if (!moe) return std::make_unique<Gpt>(trunk);
+  MoeConfig c = *moe;
+  c.trunk = trunk;
+  c.Validate();
+  return std::make_unique<MoeGpt>(c);
+}
+
 // The model a preset names: the dense GPT or the MoE GPT over the same trunk.
 std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk) {
-  if (IsMoePreset(o.model)) return std::make_unique<MoeGpt>(MakeMoeConfig(o, trunk));
-  return std::make_unique<Gpt>(trunk);
+  if (!IsMoePreset(o.model)) return MakeModel(trunk, nullptr);
+  const MoeConfig c = MakeMoeConfig(o, trunk);
+  return MakeModel(trunk, &c);
 }
 
 std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
@@ -59,8 +72,7 @@ std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
 }
 
 GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
-  GptConfig c =
-      IsMoePreset(o.model) ? MoeConfig::Preset(o.model).trunk : GptConfig::Preset(o.model);
+  GptConfig c = PresetTrunk(o.model);
   c.vocab = vocab;
   if (o.layers) c.n_layer = o.layers;
   if (o.d_model) c.d_model = o.d_model;

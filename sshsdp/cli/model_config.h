@@ -28,6 +28,11 @@ GptConfig MakeGptConfig(const TrainOptions& o, int vocab);
 MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk);
 // The dense GPT or the MoE GPT a preset names.
 std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk);
+// The dense GPT trunk a preset names (an MoE preset's trunk for moe-*); ConfigError naming
+// the presets if unknown.
+GptConfig PresetTrunk(const std::string& model);
+// Gpt over `trunk`, or MoeGpt with `moe`'s MoE settings over `trunk` (validated).
+std::unique_ptr<Model> MakeModel(const GptConfig& trunk, const MoeConfig* moe);
 // "GPT" or the MoE summary of the progress header.
 std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk);
 

@@ -32,7 +32,7 @@ void* TransientPool::Acquire(size_t bytes) {
     return p;
   }
   constexpr size_t a = DataNode::kRootAlignment;
-  void* p = std::aligned_alloc(a, (bytes + a - 1) / a * a);
+  void* p = std::aligned_alloc(a, RoundUp(bytes, a));
   SSHSDP_CHECK(p != nullptr, Error, "out of memory allocating a {}-byte transient buffer", bytes);
   all_.emplace_back(p, bytes);
   memory_->Allocate("transient", bytes);

@@ -151,6 +151,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   comm_thread_ = std::make_unique<CommThread>("runtime");
   up_p2p_ = world_.Duplicate();
   BuildUpdate();
+  for (auto& gp : groups_) AllocateState(*gp);
   if (cfg_.weight_dtype == DType::kE4M3) {
     std::vector<const GroupLayout*> layouts;
     std::vector<const ShardChain*> chains;
@@ -210,6 +211,57 @@ void Engine::BuildUpdate() {
   for (size_t g = 0; g < groups_.size(); ++g)
     for (size_t u = 0; u < groups_[g]->layout.update.size(); ++u)
       groups_[g]->layout.update[u].optimizer = update_->optimizers()[g][u];
+}
+
+std::map<std::string, Zero1Array> Engine::StateLayout(const GroupLayout& layout,
+                                                      const std::vector<MemberPiece>& pieces,
+                                                      const std::vector<Fragment>& zero1) {
+  // Which state fields each update parameter's optimizer keeps, and for each field the chunk
+  // elements that need it: every element (dense) or the runs of its parameters' fragments.
+  const std::map<OptimizerKind, std::vector<std::string>> fields_of = {
+      {OptimizerKind::kAdamW, OptimizerStateFields(OptimizerKind::kAdamW)},
+      {OptimizerKind::kMuon, OptimizerStateFields(OptimizerKind::kMuon)}};
+  std::map<std::string, std::vector<PackedRun>> runs;
+  std::map<std::string, size_t> params_with;
+  for (const UpdateParam& u : layout.update)
+    for (const std::string& f : fields_of.at(u.optimizer)) params_with[f]++;
+  for (const Fragment& fr : zero1) {
+    const OptimizerKind opt = layout.update[pieces[fr.member].update].optimizer;
+    for (const std::string& f : fields_of.at(opt)) {
+      std::vector<PackedRun>& r = runs[f];
+      if (!r.empty() && r.back().end == fr.shard_offset) {
+        r.back().end += fr.length;  // adjacent fragments: one run
+      } else {
+        r.push_back({fr.shard_offset, fr.shard_offset + fr.length, 0});
+      }
+    }
+  }
+  std::map<std::string, Zero1Array> out;
+  for (auto& [f, n] : params_with) {
+    Zero1Array& a = out[f];
+    a.packed = n < layout.update.size();
+    if (!a.packed) continue;
+    a.runs = std::move(runs[f]);
+    size_t at = 0;
+    for (PackedRun& r : a.runs) {
+      r.offset = at;
+      at += r.end - r.begin;
+    }
+  }
+  return out;
+}
+
+void Engine::AllocateState(RuntimeGroup& g) {
+  g.opt_state = StateLayout(g.layout, g.pieces, g.chain->Fragments(Shard::kZero1));
+  size_t elems = 0;
+  for (const auto& [f, a] : g.opt_state) elems += a.packed ? a.stored() : g.z1.size();
+  g.state = Buffer(fmt::format("group{}.optimizer_state", g.layout.group), elems * 4, &memory_,
+                   "optimizer_state");
+  size_t at = 0;
+  for (auto& [f, a] : g.opt_state) {
+    a.data = g.state->data_as<float>() + at;
+    at += a.packed ? a.stored() : g.z1.size();
+  }
 }
 
 void Engine::SetUpDirectPath() {
@@ -310,9 +362,6 @@ void Engine::BuildGroup(int gi) {
     g->g_z1_own = Buffer(p + ".g_z1", g->z1.size() * 4, &memory_, "gradients");
     g->g_z1 = g->g_z1_own->data_as<float>();
   }
-  g->state = Buffer(p + ".adamw", g->z1.size() * 8, &memory_, "optimizer_state");
-  g->m = g->state->data_as<float>();
-  g->v = g->m + g->z1.size();
 
   if (cfg_.shard_layout == ShardLayout::kFlat) {
     g->w_full = FullViews(p + ".w_full", g->layout, g->wdt);
@@ -345,7 +394,7 @@ std::map<std::string, uint64_t> Engine::AnalyticMemory() const {
     if (g->sdt != DType::kF32) a["main_weights"] += std::max<size_t>(g->z1.size() * 4, 64);
     a["gradients"] += std::max<size_t>(g->z2.size() * 4, 64);
     if (topo_.so() != topo_.sg()) a["gradients"] += std::max<size_t>(g->z1.size() * 4, 64);
-    a["optimizer_state"] += std::max<size_t>(g->z1.size() * 8, 64);
+    a["optimizer_state"] += std::max<size_t>(g->state->bytes(), 64);
     max_full = std::max(max_full, g->padded);
   }
   // At most two gathered layers and two gradient buffers live at once (prefetch depth 1).

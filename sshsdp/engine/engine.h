@@ -204,21 +204,28 @@ class Engine {
 
   // The persistent ZeRO-1 state of every runtime group, for checkpoints: fp32 arrays over
   // this rank's ZeRO-1 chunk of the group's flat layout, one per field ("main", "m", "v";
-  // element i of `data` is element chunk.begin + i of the group buffer). Which member tensor
-  // each element belongs to comes from `layout` and `chain` (ShardChain::Fragments(kZero1)).
-  // Muon parameters keep their momentum in "m" (same element layout); their "v" elements are
-  // unused and stay zero (4 bytes per Muon element spent for one layout and one checkpoint
-  // schema; layout->update[u].optimizer says which optimizer owns each parameter).
+  // element i of the chunk is element chunk.begin + i of the group buffer, stored at
+  // data.At(i)). Which member tensor each element belongs to comes from `layout` and `chain`
+  // (ShardChain::Fragments(kZero1)). Each optimizer keeps only its own fields (AdamW: m, v;
+  // Muon: m, in the same element layout): a field some parameters lack is packed
+  // (data.packed; At is nullptr where it is not stored — StateLayout).
   struct Zero1Field {
     std::string field;
     int group = 0;
-    float* data = nullptr;
+    Zero1Array data;
     Range chunk;
     const GroupLayout* layout = nullptr;
     const ShardChain* chain = nullptr;
     const std::vector<MemberPiece>* pieces = nullptr;  // member -> update parameter (SpanOf)
   };
   std::vector<Zero1Field> Zero1Fields();
+  // How the optimizer-state fields of a group with this layout (its update parameters'
+  // optimizers set) are stored over a ZeRO-1 chunk with these fragments: dense, or packed
+  // runs (offsets from the field's start; data unset). A pure function of the layout, so a
+  // checkpoint writer computes every rank's.
+  static std::map<std::string, Zero1Array> StateLayout(const GroupLayout& layout,
+                                                       const std::vector<MemberPiece>& pieces,
+                                                       const std::vector<Fragment>& zero1);
   // After the ZeRO-1 state was overwritten (checkpoint load): sets the optimizer step and
   // re-runs G and the outer all-gather. Collective.
   void RestoreState(int64_t step);
@@ -266,6 +273,7 @@ class Engine {
   void PrepareAndGatherWeights();  // G + outer all-gather
   void SetUpDirectPath();          // comm_path = direct: direct communicators, registered slots
   void BuildUpdate();              // optimizers, units, plans of the structured update
+  void AllocateState(RuntimeGroup& g);  // each optimizer's state fields (after BuildUpdate)
   void SetModelBatch(const int32_t* tokens, const int32_t* targets);  // + activation accounting
   void ForwardPass(bool release_all);  // every group's forward (Step and Evaluate)
   // Backward of group g in microbatch mb, and the submission of its reduce-scatter.

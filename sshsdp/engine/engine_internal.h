@@ -27,6 +27,7 @@
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/layout/data_node.h"
 #include "sshsdp/layout/shard_chain.h"
+#include "sshsdp/update/update_executor.h"
 
 namespace sshsdp {
 
@@ -47,9 +48,11 @@ struct RuntimeGroup {
   std::unique_ptr<DataNode> g_z2;      // fp32 ZeRO-2 accumulated gradient G′ᶻ²
   std::unique_ptr<DataNode> g_z1_own;  // fp32 ZeRO-1 main gradient when so > sg
   float* g_z1 = nullptr;               // (a view of g_z2 when so == sg)
-  std::unique_ptr<DataNode> state;     // AdamW m, v over the ZeRO-1 chunk
-  float* m = nullptr;
-  float* v = nullptr;
+  // Optimizer state over the ZeRO-1 chunk in one allocation, by field: a field every
+  // parameter's optimizer keeps is dense (m); one only some keep is packed over their
+  // fragments (AdamW's v beside Muon parameters) — each optimizer pays only for its own state.
+  std::unique_ptr<DataNode> state;
+  std::map<std::string, Zero1Array> opt_state;
 
   // Full-buffer views: W′ (gathered runtime weights) and G′ (runtime gradients).
   std::unique_ptr<DataNode> w_full;

@@ -135,6 +135,61 @@ void RunMuonParity(const Layout& l, const ModelFactory& make, DType wdt, UnitRul
   }
 }
 
+// Each optimizer keeps only its own state: m for every element of the chunk, AdamW's second
+// moment v only for the AdamW parameters' ZeRO-1 fragments (none for Muon parameters), so
+// the account's optimizer_state is exactly that and the analytic figure agrees.
+void ExpectOwnState(Engine& eng) {
+  uint64_t expect = 0;
+  for (const Engine::Zero1Field& f : eng.Zero1Fields()) {
+    if (f.field == "main") continue;
+    if (f.field == "m") {
+      EXPECT_FALSE(f.data.packed);
+      expect += f.chunk.size() * 4;
+      continue;
+    }
+    ASSERT_EQ(f.field, "v");
+    bool any_muon = false;
+    for (const UpdateParam& u : f.layout->update) any_muon |= u.optimizer == OptimizerKind::kMuon;
+    EXPECT_EQ(f.data.packed, any_muon) << "group " << f.group;
+    size_t adamw = 0;
+    for (const Fragment& fr : f.chain->Fragments(Shard::kZero1)) {
+      if (fr.length == 0) continue;
+      const UpdateParam& u = f.layout->update[(*f.pieces)[fr.member].update];
+      float* first = f.data.At(fr.shard_offset);
+      float* last = f.data.At(fr.shard_offset + fr.length - 1);
+      if (u.optimizer == OptimizerKind::kMuon) {
+        EXPECT_EQ(first, nullptr) << u.name;
+        EXPECT_EQ(last, nullptr) << u.name;
+      } else {
+        ASSERT_NE(first, nullptr) << u.name;
+        EXPECT_EQ(last, first + fr.length - 1) << u.name;
+        adamw += fr.length;
+      }
+    }
+    expect += (f.data.packed ? adamw : f.chunk.size()) * 4;
+  }
+  EXPECT_EQ(eng.memory().current("optimizer_state"), expect);
+}
+
+TEST(EngineMuonState, EachOptimizerKeepsOnlyItsOwnState) {
+  const int W = WorldSize();
+  for (const Layout& l : LayoutsFor(W)) {
+    SCOPED_TRACE(Describe(W, l));
+    for (UnitRule unit : {UnitRule::kHead, UnitRule::kMatrix}) {
+      testing::ParityRun run(MuonCase(l, GptOf(Unaligned()), DType::kBF16, unit, DType::kBF16, 1));
+      ExpectOwnState(run.engine());
+      ExpectOwnState(run.ref());
+    }
+    testing::ParityCase c;  // AdamW only: v everywhere, dense
+    c.layout = l;
+    c.make = GptOf(Unaligned());
+    c.cfg = testing::BaseConfig(l, 1, DType::kBF16);
+    c.ref_cfg = testing::BaseConfig(testing::kOneRank, W, DType::kBF16);
+    testing::ParityRun run(c);
+    ExpectOwnState(run.engine());
+  }
+}
+
 // fp32 runtime weights and fp32 u: tight parity, heads cut by shards and heads on shard
 // boundaries.
 TEST(EngineMuonParity, PerHeadFp32Unaligned) {

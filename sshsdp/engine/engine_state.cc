@@ -24,7 +24,7 @@ void Engine::InitWeights(uint64_t seed) {
       FillInit(part, seed, static_cast<int64_t>(s.begin), static_cast<int64_t>(s.length),
                g.main_z1 + s.shard_offset);
     }
-    std::memset(g.m, 0, g.z1.size() * 8);
+    std::memset(g.state->data(), 0, g.state->bytes());
   }
   step_ = 0;
   PrepareAndGatherWeights();
@@ -47,7 +47,7 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
       const std::vector<float>& src = weights.at(g.layout.update[s.update].name);
       std::memcpy(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
     }
-    std::memset(g.m, 0, g.z1.size() * 8);
+    std::memset(g.state->data(), 0, g.state->bytes());
   }
   step_ = 0;
   PrepareAndGatherWeights();
@@ -129,13 +129,14 @@ bool Engine::StateIsFinite() {
   float bad = 0;
   for (auto& gp : groups_) {
     const RuntimeGroup& g = *gp;
-    for (const float* p : {g.main_z1, g.m, g.v}) {
-      if (p == nullptr) continue;
-      for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-        if (!std::isfinite(kernels::SumSquares(p + f.shard_offset, static_cast<int64_t>(f.length))))
-          bad = 1;
-      }
-    }
+    for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
+      if (!std::isfinite(
+              kernels::SumSquares(g.main_z1 + f.shard_offset, static_cast<int64_t>(f.length))))
+        bad = 1;
+    // Optimizer state: every stored element (padding and unused elements stay zero).
+    if (!std::isfinite(kernels::SumSquares(g.state->data_as<float>(),
+                                           static_cast<int64_t>(g.state->bytes() / 4))))
+      bad = 1;
   }
   world_.AllReduce(&bad, 1, DType::kF32);
   return bad == 0;
@@ -194,8 +195,8 @@ std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
     RuntimeGroup& g = *gp;
     const int gi = g.layout.group;
     out.push_back({"main", gi, g.main_z1, g.z1, &g.layout, g.chain.get(), &g.pieces});
-    out.push_back({"m", gi, g.m, g.z1, &g.layout, g.chain.get(), &g.pieces});
-    out.push_back({"v", gi, g.v, g.z1, &g.layout, g.chain.get(), &g.pieces});
+    for (const auto& [name, a] : g.opt_state)
+      out.push_back({name, gi, a, g.z1, &g.layout, g.chain.get(), &g.pieces});
   }
   return out;
 }

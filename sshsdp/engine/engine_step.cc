@@ -265,7 +265,9 @@ void Engine::UpdatePhase(double loss_sum, StepStats* st) {
     std::vector<Zero1State> state;
     for (auto& gp : groups_) {
       RuntimeGroup& g = *gp;
-      state.push_back({g.z1, {{"main", g.main_z1}, {"grad", g.g_z1}, {"m", g.m}, {"v", g.v}}});
+      Zero1State s{g.z1, {{"main", g.main_z1}, {"grad", g.g_z1}}};
+      s.fields.insert(g.opt_state.begin(), g.opt_state.end());
+      state.push_back(std::move(s));
     }
     ScalarState scalars;
     scalars.Set("grad_scale", grad_scale);

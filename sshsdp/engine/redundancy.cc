@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/layout/data_node.h"
 
 namespace sshsdp {
 
@@ -55,8 +56,6 @@ void CheckStructuredUpdates(const Redundancies& r, const std::string& optimizer,
 }
 
 namespace {
-
-size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
 
 std::vector<std::pair<size_t, size_t>> Uncovered(const TensorList& list,
                                                  const std::vector<MemberPiece>& pieces) {

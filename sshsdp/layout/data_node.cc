@@ -9,12 +9,6 @@
 #include "sshsdp/layout/tensor_list.h"
 
 namespace sshsdp {
-namespace {
-
-size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
-
-}  // namespace
-
 DataNode::DataNode(std::string name, size_t bytes)
     : name_(std::move(name)), dtype_(DType::kF32), bytes_(bytes) {
   root_sized_from_children_ = (bytes == 0);

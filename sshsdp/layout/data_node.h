@@ -35,6 +35,9 @@
 
 namespace sshsdp {
 
+// x rounded up to a multiple of m (m > 0).
+constexpr size_t RoundUp(size_t x, size_t m) { return (x + m - 1) / m * m; }
+
 class DataNode {
  public:
   static constexpr size_t kAuto = static_cast<size_t>(-1);

@@ -310,7 +310,7 @@ void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tensor
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
   SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V,
-                              static_cast<float>(grad_scale_ / static_cast<double>(BT)));
+                              static_cast<float>(1.0 / static_cast<double>(BT)));
   LinearBackwardWeight(acts_.dlogits, acts_.lnf, kernels::LinearComputeDType(w[1].dtype),
                        grad[1].data, grad[1].dtype, BT, V, d, acc);
   LinearBackwardData(acts_.dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);

@@ -79,7 +79,6 @@ class Gpt final : public Model {
   int num_groups() const override { return c_.n_layer + 2; }
   std::vector<RuntimeParamSpec> GroupParams(int g) const override;
   void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
-  void SetGradScale(double grad_scale) override { grad_scale_ = grad_scale; }
   void Forward(int g, const std::vector<TensorRef>& w) override;
   double Loss() const override;
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
@@ -145,7 +144,6 @@ class Gpt final : public Model {
   GptConfig c_;
   int B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
-  double grad_scale_ = 1.0;
   double loss_ = 0.0;
 
   std::vector<float> arena_;

@@ -278,20 +278,6 @@ TEST(Gpt, Bf16WeightsAndGradientsTrackFp32) {
   testing::ExpectGradientsAligned(p32, p16, 0.98);
 }
 
-TEST(Gpt, GradScaleScalesGradients) {
-  Gpt m(TinyConfig());
-  DenseParams p(m);
-  RandomizeWeights(p, 8);
-  Batch b = RandomBatch(1, 8, 32, 1);
-  RunForward(m, p, b);
-  RunBackward(m, p, GradWrite::kOverwrite);
-  std::vector<float> g1 = p.GradAsFloat(1, 1);
-  m.SetGradScale(0.25);
-  RunBackward(m, p, GradWrite::kOverwrite);
-  std::vector<float> g2 = p.GradAsFloat(1, 1);
-  for (size_t k = 0; k < g1.size(); ++k) EXPECT_NEAR(g2[k], 0.25 * g1[k], 1e-6 * std::abs(g1[k]));
-}
-
 TEST(Gpt, EnforcesExecutionOrderAndValidatesInput) {
   Gpt m(TinyConfig());
   DenseParams p(m);

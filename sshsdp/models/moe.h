@@ -14,7 +14,7 @@
 //   P_e = mean over the N tokens of q_e,  q = softmax(z) (softmax gating) or σ(z)/Σσ(z)
 //   (sigmoid gating: normalised so Σ_e P_e = 1 as in the softmax case),
 // which equals α when routing is perfectly balanced. Loss() = mean cross-entropy + Σ aux;
-// Backward differentiates exactly that (times grad_scale). Top-k selection and f_e are
+// Backward differentiates exactly that. Top-k selection and f_e are
 // piecewise constant (no gradient), as in every MoE implementation.
 //
 // Runtime layout (what the engine shards and the kernels consume). Group 0 = {wte, wpe},
@@ -129,7 +129,6 @@ class MoeGpt final : public Model {
   int num_groups() const override { return static_cast<int>(roles_.size()); }
   std::vector<RuntimeParamSpec> GroupParams(int g) const override;
   void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
-  void SetGradScale(double grad_scale) override { grad_scale_ = grad_scale; }
   void Forward(int g, const std::vector<TensorRef>& w) override;
   // Mean cross-entropy plus the auxiliary losses of all MoE blocks.
   double Loss() const override;
@@ -227,7 +226,6 @@ class MoeGpt final : public Model {
   std::vector<int> first_group_;  // first runtime group of block l
   int B_ = 0, T_ = 0;
   std::vector<int32_t> tokens_, targets_;
-  double grad_scale_ = 1.0;
   double ce_ = 0.0;
 
   std::vector<float> arena_;

@@ -109,10 +109,9 @@ void MoeGpt::BackwardRouter(int l, const TensorRef& router, const TensorRef& gr,
 
   // 4. Router: ∂/∂score from the gates (through the renormalisation) and from the aux loss,
   //    then through softmax or σ to the logits dz.
-  const double scale = grad_scale_;
-  std::vector<double> c_aux(E);  // ∂(grad_scale·aux)/∂q_{t,e}, the same for every token
+  std::vector<double> c_aux(E);  // ∂aux/∂q_{t,e}, the same for every token
   for (int e = 0; e < E; ++e) {
-    c_aux[e] = scale * c_.aux_loss_weight * E * A.frac[e] / static_cast<double>(N);
+    c_aux[e] = c_.aux_loss_weight * E * A.frac[e] / static_cast<double>(N);
   }
   std::vector<double> ds(E);
   for (int64_t t = 0; t < N; ++t) {

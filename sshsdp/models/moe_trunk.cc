@@ -143,7 +143,7 @@ void MoeGpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Ten
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model,
                 V = c_.trunk.padded_vocab();
   layers::SoftmaxCrossEntropyBackward(probs_, targets_.data(), dlogits_, N, V,
-                                      static_cast<float>(grad_scale_ / static_cast<double>(N)));
+                                      static_cast<float>(1.0 / static_cast<double>(N)));
   LinearBackwardWeight(dlogits_, lnf_, w[1].dtype, grad[1].data, grad[1].dtype, N, V, d, acc);
   LinearBackwardData(dlogits_, w[1].data, w[1].dtype, dtmp_, N, V, d, false);
   RmsNormBackward(dtmp_, res_[c_.trunk.n_layer], Gain(w[0]), lnf_rstd_, dres_,

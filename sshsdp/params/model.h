@@ -18,9 +18,9 @@
 // Contract for Backward: gradients are written ONLY into the given views. kOverwrite writes
 // every element of every view (embedding rows of tokens that did not occur and position rows
 // beyond T get explicit zeros), so a NaN-filled buffer comes out fully defined; kAccumulate
-// adds. Gradients are those of  grad_scale · mean cross-entropy over the B·T tokens
-// (grad_scale defaults to 1; the engine sets it to fold microbatch/replica normalization
-// into backward).
+// adds. Gradients are those of the mean loss over the B·T tokens; the engine normalizes over
+// microbatches and ranks explicitly after the last reduction (grad_scale = clip / (M · W),
+// applied by the optimizer), so the model never sees a scale.
 #pragma once
 
 #include <cstdint>
@@ -109,8 +109,6 @@ class Model {
   // Copies the microbatch (tokens and targets are B·T each, row-major [B, T]) and sizes the
   // activation arena. Throws ConfigError on out-of-range tokens or T > seq_len.
   virtual void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) = 0;
-  // Backward computes gradients of grad_scale · mean loss (default 1).
-  virtual void SetGradScale(double grad_scale) = 0;
 
   // Groups run forward in order 0..n-1 and backward in order n-1..0 (checked: PlanError).
   virtual void Forward(int g, const std::vector<TensorRef>& w) = 0;

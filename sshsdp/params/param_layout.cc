@@ -1,4 +1,4 @@
-// GroupLayout packing and Atom schema checks (see param_layout.h).
+// GroupLayout packing (see param_layout.h).
 #include "sshsdp/params/param_layout.h"
 
 #include "sshsdp/base/error.h"
@@ -39,33 +39,6 @@ GroupLayout BuildGroupLayout(int group, const std::vector<RuntimeParamSpec>& spe
   }
   L.list.Finalize(pad_multiple);
   return L;
-}
-
-std::vector<FieldSpec> FieldSchema(OptimizerKind opt, DType runtime_dtype) {
-  std::vector<FieldSpec> f = {{"w", runtime_dtype}, {"main", DType::kF32}, {"grad", DType::kF32}};
-  f.push_back({"m", DType::kF32});
-  if (opt == OptimizerKind::kAdamW) f.push_back({"v", DType::kF32});
-  return f;
-}
-
-Atom::Atom(OptimizerKind opt, std::vector<FieldSpec> fields)
-    : opt_(opt), fields_(std::move(fields)) {}
-
-void Atom::Add(const UpdateParam& p, OptimizerKind opt, const std::vector<FieldSpec>& fields) {
-  if (opt != opt_ || fields != fields_) {
-    auto describe = [](OptimizerKind o, const std::vector<FieldSpec>& fs) {
-      std::string s = OptimizerName(o);
-      for (const FieldSpec& f : fs) s += fmt::format(" {}:{}", f.name, DTypeName(f.dtype));
-      return s;
-    };
-    throw PlanError(fmt::format(
-        "update parameter '{}' ({}) cannot join the atom of '{}' ({}): atoms pack only "
-        "parameters with identical field names, dtypes and optimizer state; put it in its own "
-        "atom",
-        p.name, describe(opt, fields), members_.empty() ? std::string("<empty>") : members_[0],
-        describe(opt_, fields_)));
-  }
-  members_.push_back(p.name);
 }
 
 }  // namespace sshsdp

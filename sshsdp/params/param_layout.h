@@ -1,4 +1,4 @@
-// Update parameters, runtime parameters, atoms and the per-group flat layout that binds them.
+// Update parameters, runtime parameters and the per-group flat layout that binds them.
 //
 // A runtime group (one layer) declares runtime parameters P′ (what kernels consume: the
 // packed QKV projection, an MLP matrix, a norm gain), each made of update parameters P
@@ -9,8 +9,10 @@
 // All fields (runtime weight w, fp32 main, fp32 grad, optimizer state) share this element
 // layout, each in its own buffer and dtype, so the shard chain of one list serves them all.
 //
-// An Atom groups update parameters with the same field schema (field names, dtypes,
-// optimizer-state layout); mixing schemas is rejected at plan time naming both parameters.
+// Parameters with different optimizer-state schemas (the paper's separate atoms: AdamW keeps
+// m and v, Muon only m) share this element layout for the fields they have in common; a field
+// only some parameters have is stored packed over their fragments (update_executor.h,
+// Zero1Array), so no optimizer pays for another's state.
 //
 //   GroupLayout L = BuildGroupLayout(/*group=*/1, model.GroupParams(1), DType::kBF16, so);
 //   const RuntimeParam& qkv = L.runtime[1];          // members [first, first+count)
@@ -91,34 +93,5 @@ struct GroupLayout {
 // is the ZeRO-1 degree so every level's chunks are equal.
 GroupLayout BuildGroupLayout(int group, const std::vector<RuntimeParamSpec>& specs,
                              DType runtime_dtype, size_t pad_multiple);
-
-// Field schema of an atom: the fields every member has, with their dtypes.
-struct FieldSpec {
-  std::string name;
-  DType dtype;
-  friend bool operator==(const FieldSpec& a, const FieldSpec& b) {
-    return a.name == b.name && a.dtype == b.dtype;
-  }
-};
-
-// Fields of an update parameter under an optimizer: w (runtime dtype), main, grad, then the
-// optimizer's state (AdamW: m, v; Muon: m).
-std::vector<FieldSpec> FieldSchema(OptimizerKind opt, DType runtime_dtype);
-
-class Atom {
- public:
-  Atom(OptimizerKind opt, std::vector<FieldSpec> fields);
-  // Adds a parameter with its schema; PlanError naming it and the atom's first member when
-  // the schema differs.
-  void Add(const UpdateParam& p, OptimizerKind opt, const std::vector<FieldSpec>& fields);
-  OptimizerKind optimizer() const { return opt_; }
-  const std::vector<FieldSpec>& fields() const { return fields_; }
-  const std::vector<std::string>& members() const { return members_; }
-
- private:
-  OptimizerKind opt_;
-  std::vector<FieldSpec> fields_;
-  std::vector<std::string> members_;
-};
 
 }  // namespace sshsdp

@@ -1,5 +1,5 @@
-// GroupLayout and Atom tests: runtime params are contiguous member runs (QKV packs per-head
-// update params), invalid specs and incompatible atom schemas are rejected naming the params.
+// GroupLayout tests: runtime params are contiguous member runs (QKV packs per-head update
+// params); invalid specs are rejected naming the params.
 #include "sshsdp/params/param_layout.h"
 
 #include <gtest/gtest.h>
@@ -44,36 +44,6 @@ TEST(GroupLayout, RejectsBadSpecs) {
   RuntimeParamSpec a{"x", {2}, {{"dup", {2}, 0, UpdateKind::kVector, {}}}};
   RuntimeParamSpec b{"y", {2}, {{"dup", {2}, 0, UpdateKind::kVector, {}}}};
   EXPECT_THROW(BuildGroupLayout(0, {a, b}, DType::kF32, 1), PlanError);
-}
-
-TEST(Atom, RejectsIncompatibleSchemasNamingParams) {
-  auto param = [](std::string name, std::vector<int64_t> shape, UpdateKind kind,
-                  OptimizerKind opt) {
-    UpdateParam p;
-    p.name = std::move(name);
-    p.shape = std::move(shape);
-    p.kind = kind;
-    p.optimizer = opt;
-    return p;
-  };
-  UpdateParam p1 = param("blocks.0.attn.q.h0", {4, 4}, UpdateKind::kMatrix, OptimizerKind::kAdamW);
-  UpdateParam p2 = param("blocks.0.norm", {4}, UpdateKind::kVector, OptimizerKind::kAdamW);
-  UpdateParam p3 = param("blocks.0.fc1", {4, 4}, UpdateKind::kMatrix, OptimizerKind::kMuon);
-  Atom atom(OptimizerKind::kAdamW, FieldSchema(OptimizerKind::kAdamW, DType::kBF16));
-  atom.Add(p1, OptimizerKind::kAdamW, FieldSchema(OptimizerKind::kAdamW, DType::kBF16));
-  atom.Add(p2, OptimizerKind::kAdamW, FieldSchema(OptimizerKind::kAdamW, DType::kBF16));
-  EXPECT_EQ(atom.members().size(), 2u);
-  try {
-    atom.Add(p3, OptimizerKind::kMuon, FieldSchema(OptimizerKind::kMuon, DType::kBF16));
-    ADD_FAILURE();
-  } catch (const PlanError& e) {
-    std::string w = e.what();
-    EXPECT_NE(w.find("blocks.0.fc1"), std::string::npos) << w;
-    EXPECT_NE(w.find("blocks.0.attn.q.h0"), std::string::npos) << w;
-  }
-  // Same optimizer, different runtime dtype: also a different schema.
-  EXPECT_THROW(atom.Add(p2, OptimizerKind::kAdamW, FieldSchema(OptimizerKind::kAdamW, DType::kF32)),
-               PlanError);
 }
 
 }  // namespace

@@ -170,9 +170,10 @@ void FullTensorMuon::Run(const std::vector<Zero1State>& state, const ScalarState
                  g, begin);
     auto field = [&](const char* name) {
       auto f = state[g].fields.find(name);
-      SSHSDP_CHECK(f != state[g].fields.end() && f->second != nullptr, PlanError,
-                   "full_tensor Muon: group {} provides no ZeRO-1 field '{}'", g, name);
-      return f->second;
+      SSHSDP_CHECK(f != state[g].fields.end() && f->second.data != nullptr && !f->second.packed,
+                   PlanError, "full_tensor Muon: group {} provides no dense ZeRO-1 field '{}'", g,
+                   name);
+      return f->second.data;
     };
     ptr[g] = {field("main"), field("grad"), field("m")};
   }

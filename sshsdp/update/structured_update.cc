@@ -6,6 +6,14 @@
 
 namespace sshsdp {
 
+std::vector<std::string> OptimizerStateFields(OptimizerKind k) {
+  const UpdateProgram p = k == OptimizerKind::kAdamW ? AdamWProgram({}) : MuonProgram({});
+  std::vector<std::string> out;
+  for (const FieldDecl& f : p.fields)
+    if (f.role == FieldRole::kState && f.name != "main" && f.name != "grad") out.push_back(f.name);
+  return out;
+}
+
 StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
                                    const UpdateOptions& options, int rank, Communicator& p2p,
                                    MemoryAccount* account, Communicator* zero1) {

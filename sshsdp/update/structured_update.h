@@ -56,6 +56,11 @@ struct UpdateGroupView {
   std::vector<MemberPiece> pieces;
 };
 
+// The persistent state an optimizer keeps per element besides main and grad (the kState
+// fields of its program): AdamW m, v; Muon m. The engine allocates each field only for the
+// parameters whose optimizer keeps it.
+std::vector<std::string> OptimizerStateFields(OptimizerKind k);
+
 class StructuredUpdate {
  public:
   // groups[g]: runtime group g. `p2p` carries the Muon exchanges: a communicator ordered

@@ -2,6 +2,7 @@
 // update_executor.h).
 #include "sshsdp/update/update_executor.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -194,10 +195,35 @@ UpdateExecutor::Loc UpdateExecutor::UnitLoc(int field, int unit) const {
   return loc;
 }
 
+size_t Zero1Array::Index(size_t i) const {
+  if (!packed) return i;
+  auto it = std::upper_bound(runs.begin(), runs.end(), i,
+                             [](size_t e, const PackedRun& r) { return e < r.begin; });
+  if (it == runs.begin() || i >= (--it)->end) return kNotStored;
+  return it->offset + (i - it->begin);
+}
+
+float* Zero1Array::At(size_t i) const {
+  const size_t k = Index(i);
+  return k == kNotStored ? nullptr : data + k;
+}
+
+size_t Zero1Array::stored() const {
+  size_t n = 0;
+  for (const PackedRun& r : runs) n += r.end - r.begin;
+  return n;
+}
+
 void* UpdateExecutor::Ptr(const Loc& loc) const {
-  char* base = loc.node ? static_cast<char*>(loc.node->data())
-                        : reinterpret_cast<char*>(state_ptr_[loc.group][loc.field]);
-  return base + loc.byte_offset;
+  if (loc.node) return static_cast<char*>(loc.node->data()) + loc.byte_offset;
+  const Zero1Array& a = *state_ptr_[loc.group][loc.field];
+  float* p = a.At(loc.byte_offset / 4);
+  SSHSDP_CHECK(p != nullptr, PlanError,
+               "update '{}': group {} stores no ZeRO-1 field '{}' at chunk element {} (a packed "
+               "field of another optimizer's parameters)",
+               plan_->program().name, loc.group, plan_->program().fields[loc.field].name,
+               loc.byte_offset / 4);
+  return p;
 }
 
 uint64_t UpdateExecutor::temporary_bytes() const {
@@ -223,7 +249,7 @@ void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState
   const UpdateProgram& prog = plan_->program();
   stats_ = {};
   // Resolve the state pointers of every group that has units.
-  state_ptr_.assign(z1_begin_.size(), std::vector<float*>(prog.fields.size(), nullptr));
+  state_ptr_.assign(z1_begin_.size(), std::vector<const Zero1Array*>(prog.fields.size(), nullptr));
   std::vector<bool> used(z1_begin_.size(), false);
   for (const UpdateUnit& u : plan_->units()) used[u.group] = true;
   for (size_t g = 0; g < used.size(); ++g) {
@@ -235,10 +261,10 @@ void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState
     for (size_t f = 0; f < prog.fields.size(); ++f) {
       if (prog.fields[f].role != FieldRole::kState) continue;
       auto it = state[g].fields.find(prog.fields[f].name);
-      SSHSDP_CHECK(it != state[g].fields.end() && it->second != nullptr, PlanError,
+      SSHSDP_CHECK(it != state[g].fields.end() && it->second.data != nullptr, PlanError,
                    "update '{}': group {} provides no ZeRO-1 field '{}'", prog.name, g,
                    prog.fields[f].name);
-      state_ptr_[g][f] = it->second;
+      state_ptr_[g][f] = &it->second;
     }
   }
   for (const UpdateStage& st : prog.stages)

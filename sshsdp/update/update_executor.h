@@ -39,11 +39,36 @@
 
 namespace sshsdp {
 
-// This rank's persistent ZeRO-1 fields of one runtime group: fp32 arrays whose element i is
-// element chunk.begin + i of the group's flat layout.
+// Chunk elements [begin, end) of a packed field, stored from data[offset].
+struct PackedRun {
+  size_t begin = 0, end = 0, offset = 0;
+};
+
+// One persistent fp32 ZeRO-1 field of a runtime group on this rank. Dense: element i of the
+// chunk at data[i] (main, grad, m). Packed: stored only for the runs of chunk elements whose
+// optimizer keeps the field (AdamW's v: Muon parameters have none, so they spend no bytes on
+// it), runs sorted by begin.
+struct Zero1Array {
+  float* data = nullptr;
+  bool packed = false;
+  std::vector<PackedRun> runs;
+
+  Zero1Array() = default;
+  Zero1Array(float* dense) : data(dense) {}  // NOLINT: implicit, {"m", m.data()}
+  // Element i of the chunk, or nullptr when a packed field does not store it.
+  float* At(size_t i) const;
+  // Where element i of the chunk is stored (an index from data), or kNotStored.
+  static constexpr size_t kNotStored = static_cast<size_t>(-1);
+  size_t Index(size_t i) const;
+  // Elements stored (packed: Σ run lengths; dense: unknown here, 0).
+  size_t stored() const;
+};
+
+// This rank's persistent ZeRO-1 fields of one runtime group: element i is element
+// chunk.begin + i of the group's flat layout.
 struct Zero1State {
   Range chunk;
-  std::map<std::string, float*> fields;
+  std::map<std::string, Zero1Array> fields;
 };
 
 struct UpdateRunStats {
@@ -129,7 +154,7 @@ class UpdateExecutor {
   std::vector<std::vector<DataNode*>> whole_, piece_;  // [field][unit] views (or nullptr)
   std::vector<std::vector<DataNode*>> scratch_;        // [field][unit] for state fields
   std::vector<StagePlan> stages_;
-  std::vector<std::vector<float*>> state_ptr_;  // [group][field], valid during Run
+  std::vector<std::vector<const Zero1Array*>> state_ptr_;  // [group][field], during Run
   UpdateRunStats stats_;
 };
 
