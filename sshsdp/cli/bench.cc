@@ -18,6 +18,8 @@
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/cli/model_config.h"
 #include "sshsdp/cli/process_memory.h"
+#include "sshsdp/cli/run_config.h"
+#include "sshsdp/cli/trace_file.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
@@ -28,62 +30,6 @@
 #include "sshsdp/models/moe.h"
 
 namespace sshsdp {
-
-void AddBenchOptions(CLI::App& app, BenchOptions& o) {
-  app.add_option("--model", o.model, "model preset: tiny | small | base | moe-tiny | moe-small")
-      ->capture_default_str();
-  app.add_option("--layers", o.layers, "override the preset's number of blocks");
-  app.add_option("--d-model", o.d_model, "override the preset's width");
-  app.add_option("--heads", o.heads, "override the preset's attention heads");
-  app.add_option("--seq-len", o.seq_len, "tokens per sample (<= the preset's maximum)");
-  app.add_option("--batch-size", o.batch_sizes,
-                 "samples per microbatch per rank; a comma-separated list sweeps workloads")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
-      ->capture_default_str();
-  app.add_option("--sw", o.sw, "ZeRO-3 degree (default: world size)");
-  app.add_option("--sg", o.sg, "ZeRO-2 degree (default: world size)");
-  app.add_option("--so", o.so, "ZeRO-1 degree (default: world size)");
-  app.add_option("--ranks-per-node", o.ranks_per_node, "ranks per (simulated) node");
-  app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
-      ->capture_default_str();
-  app.add_option("--presets", o.presets,
-                 "comma-separated presets (default: sshsdp,fsdp2,megatron-fsdp,vescale-fsdp)")
-      ->delimiter(',');
-  app.add_option("--comm-path", o.comm_paths,
-                 "per-microbatch all-gather/reduce-scatter path(s): collective | direct | "
-                 "collective,direct (each preset on each path; direct rows are '<preset>+direct')")
-      ->delimiter(',')
-      ->capture_default_str();
-  app.add_flag("--ablation", o.ablation,
-               "instead of presets: fsdp2, then turn sshsdp's optimizations on one at a time");
-  app.add_flag("--sequential", o.sequential,
-               "time each configuration's steps back to back instead of round-robin");
-  app.add_option("--warmup", o.warmup, "untimed steps per configuration")->capture_default_str();
-  app.add_option("--steps", o.steps, "timed steps per configuration (median reported)")
-      ->capture_default_str();
-  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--optimizer", o.optimizer,
-                 "adamw | muon (Muon for matrices per --muon-unit, AdamW for the rest; "
-                 "megatron-fsdp has no structured updates and is left out)")
-      ->capture_default_str();
-  app.add_option("--muon-unit", o.muon_unit, "Muon unit: head | matrix")->capture_default_str();
-  app.add_option("--muon-lr", o.muon_lr, "Muon learning rate")->capture_default_str();
-  app.add_option("--clip", o.clip, "gradient-norm clipping (0: off)")->capture_default_str();
-  app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
-      ->capture_default_str();
-  app.add_option("--gemm-peak", o.gemm_peak,
-                 "MFU denominator in GFLOP/s per rank (0: measured with all ranks at once)")
-      ->capture_default_str();
-  app.add_option("--comm-timeout", o.comm_timeout,
-                 "watchdog: seconds a blocking wait may last before the job ends (0: never)")
-      ->capture_default_str();
-  app.add_option("--json", o.json, "write the table as JSON to this file");
-  app.add_option("--peer-inputs", o.peer_inputs,
-                 "write initial weights, token batches and the workload for the PyTorch peer "
-                 "(bench/peers/fsdp2_peer.py) under this directory");
-}
 
 namespace {
 
@@ -193,6 +139,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     SSHSDP_CHECK(o.warmup >= 0 && o.steps >= 1, ConfigError,
                  "--warmup must be >= 0 and --steps >= 1, got {} and {}", o.warmup, o.steps);
     SSHSDP_CHECK(!o.batch_sizes.empty(), ConfigError, "--batch-size needs at least one value");
+    if (WorldRankOrMinusOne() == 0) CheckWritableOutput("--trace", o.trace);
     SSHSDP_CHECK(o.peer_inputs.empty() || !IsMoePreset(o.model), ConfigError,
                  "--peer-inputs: the PyTorch FSDP2 peer builds the dense GPT only, not '{}'",
                  o.model);
@@ -273,6 +220,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     }
 
     nlohmann::json out = nlohmann::json::array();
+    Tracer tracer;  // --trace: the first batch size's configurations, one step each
+    std::vector<std::string> trace_rows;
+    if (!o.trace.empty()) StartTrace(tracer, *world);
     for (int B : o.batch_sizes) {
       std::vector<std::pair<std::string, EngineConfig>> configs;
       std::vector<QkvModel> qkv;  // per configuration: the QKV its users write
@@ -293,6 +243,12 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           }
         }
       }
+      const bool tracing = !o.trace.empty() && B == o.batch_sizes.front();
+      for (auto& [label, c] : configs) {
+        if (!tracing) continue;
+        c.tracer = &tracer;
+        for (int r = 0; r < W; ++r) trace_rows.push_back(fmt::format("{} rank {}", label, r));
+      }
       const std::string peer_dir =
           o.peer_inputs.empty() ? "" : fmt::format("{}/b{}", o.peer_inputs, B);
       // Phase 1, per configuration alone: build, init, warm-up steps; its RSS peak is the
@@ -307,13 +263,19 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         Row row;
         int64_t cur = 0;
         std::vector<double> secs, cat_sum = std::vector<double>(8, 0.0);
+        bool traced = false;
       };
       std::vector<Live> live(configs.size());
       auto run_step = [&](Live& L, bool timed) {
         BatchFn batch = [&](int mb, int32_t* tok, int32_t* tgt) {
           data.Batch(SampleIndex(L.cur, mb, o.microbatches, rank, W, 0, B), B, T, tok, tgt);
         };
+        const bool trace = tracing && timed && !L.traced;  // a row per configuration and rank
+        tracer.SetProcess(static_cast<int>(&L - live.data()) * W + rank);
+        tracer.Enable(trace);
         StepStats st = L.engine->Step(batch);
+        tracer.Enable(false);
+        L.traced = L.traced || trace;
         ++L.cur;
         constexpr int kF = 8;  // seconds + 7 categories
         const TimeSplit& t = st.time;
@@ -567,6 +529,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           SSHSDP_CHECK(f.good(), IoError, "{}/workload.json: write failed", peer_dir);
         }
       }
+    }
+    if (!o.trace.empty()) {
+      WriteTraceFile(tracer, *world, o.trace, trace_rows);  // collective
+      if (rank == 0) fmt::print("wrote {} ({} rows)\n", o.trace, trace_rows.size());
     }
     if (rank == 0 && !o.json.empty()) {
       std::ofstream f(o.json, std::ios::trunc);

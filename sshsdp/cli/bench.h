@@ -59,6 +59,7 @@ struct BenchOptions {
   double gemm_peak = 0;       // GFLOP/s per rank for MFU; 0: measured (cli/gemm_peak.h)
   double comm_timeout = 600;  // watchdog seconds (comm/watchdog.h); 0: off
   std::string json;
+  std::string trace;  // Chrome trace of each configuration's first timed step (trace_file.h)
   std::string peer_inputs;
 };
 

@@ -27,6 +27,7 @@
 #include "sshsdp/cli/model_config.h"
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
+#include "sshsdp/cli/trace_file.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
@@ -116,7 +117,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     if (WorldRankOrMinusOne() == 0) {
       CheckWritableOutput("--save-weights", o.save_weights);
       CheckWritableOutput("--metrics", o.metrics);
+      CheckWritableOutput("--trace", o.trace);
     }
+    const TraceWindow trace_window = ParseTraceSteps(o.trace_steps);  // ConfigError if malformed
+    Tracer tracer;
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
@@ -128,6 +132,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     cfg.microbatches = o.microbatches;
     cfg.batch_size = o.batch_size;
     cfg.seq_len = T;
+    if (!o.trace.empty()) cfg.tracer = &tracer;
     SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32" || o.weight_dtype == "mxfp8",
                  ConfigError, "--weight-dtype must be bf16, fp32 or mxfp8, got '{}'",
                  o.weight_dtype);
@@ -390,6 +395,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     BatchFn val_batch = [&](int i, int32_t* tok, int32_t* tgt) {
       val_source.Batch(val_base + SampleIndex(0, i, val_batches, rank, W, 0, B), B, T, tok, tgt);
     };
+    if (cfg.tracer) StartTrace(tracer, *world);  // aligned clocks (collective)
     const auto loop_t0 = std::chrono::steady_clock::now();
     double ema = 0;
     int64_t skipped = 0;  // steps left out under --on-nonfinite skip
@@ -398,6 +404,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       const float lr = static_cast<float>(o.lr * factor);
       engine.SetLearningRate(lr);
       engine.SetMuonLearningRate(static_cast<float>(o.muon_lr * factor));
+      tracer.Enable(cfg.tracer && trace_window.Contains(cur + 1));
       StepStats st = engine.Step(batch);
       double val_loss = std::nan("");
       double val_seconds = 0;
@@ -521,6 +528,15 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
         }
         return 128 + stop_signal;
       }
+    }
+    if (cfg.tracer) {
+      tracer.Enable(false);
+      std::vector<std::string> rows;
+      for (int r = 0; r < W; ++r) rows.push_back(fmt::format("rank {}", r));
+      WriteTraceFile(tracer, *world, o.trace, rows);  // collective
+      if (rank == 0)
+        fmt::print("wrote {} (steps {}-{}; {} spans on rank 0)\n", o.trace, trace_window.first,
+                   std::min<int64_t>(trace_window.last, o.steps), tracer.size());
     }
     if (!o.save_weights.empty()) {
       SSHSDP_CHECK(engine.StateIsFinite(), NonFiniteError,

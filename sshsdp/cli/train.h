@@ -44,6 +44,8 @@ struct TrainOptions {
   int log_every = 10;
   double gemm_peak = 0;  // GFLOP/s per rank for MFU; 0: measured (cli/gemm_peak.h)
   std::string metrics;
+  std::string trace;                // Chrome trace of the --trace-steps window (trace_file.h)
+  std::string trace_steps = "1:8";  // A:B, 1-based inclusive
   std::string save_weights;
   std::string init_weights;
   bool no_prefetch = false, keep_gathered = false;

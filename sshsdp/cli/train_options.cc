@@ -156,6 +156,14 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "multiplying at once, on the GEMM path of --weight-dtype)")
       ->capture_default_str();
   app.add_option("--metrics", o.metrics, "write per-step metrics as JSON lines to this file");
+  app.add_option("--trace", o.trace,
+                 "write a Chrome trace (Perfetto / chrome://tracing; scripts/plot_trace.py) of "
+                 "the --trace-steps steps to this file: a row per rank, compute and "
+                 "communication threads, every layer's forward / backward, each collective with "
+                 "its bytes, waits, the update phase");
+  app.add_option("--trace-steps", o.trace_steps,
+                 "steps A:B (1-based, inclusive) that --trace records; tracing is bounded to them")
+      ->capture_default_str();
   app.add_option("--save-weights", o.save_weights,
                  "write final consolidated fp32 main weights as safetensors");
   app.add_option("--init-weights", o.init_weights,

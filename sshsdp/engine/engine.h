@@ -49,6 +49,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/base/memory_account.h"
+#include "sshsdp/base/trace.h"
 #include "sshsdp/comm/comm_path.h"
 #include "sshsdp/comm/comm_thread.h"
 #include "sshsdp/comm/communicator.h"
@@ -118,6 +119,10 @@ struct EngineConfig {
   // rank sees the same): kStop throws NonFiniteError on every rank before the update is
   // applied; kSkip leaves weights, optimizer state and the step count as they were.
   NonFinitePolicy on_nonfinite = NonFinitePolicy::kStop;
+  // Timeline spans of every step (base/trace.h: forward / backward per group, each runtime
+  // collective on the communication thread with its bytes, waits, the update phase, G,
+  // copies); not owned, null: none.
+  Tracer* tracer = nullptr;
 };
 
 // Throws ConfigError naming the field unless the hyperparameters and sizes of `cfg` are

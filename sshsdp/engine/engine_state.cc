@@ -66,6 +66,7 @@ void Engine::PrepareAndGatherWeights() {
     if (g.sdt == DType::kBF16) {
       // G: cast the ZeRO-1 main weights straight into the ZeRO-1 slice of Wᶻ³.
       ScopedTimer t(&time_.cast);
+      TraceSpan s(cfg_.tracer, "G (cast)", kTraceCompute, {{"group", g.layout.group}});
       FloatToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off, g.z1.size());
       counters_.weight_preps++;
     }
@@ -76,6 +77,7 @@ void Engine::PrepareAndGatherWeights() {
                    "position {}",
                    g.layout.group, z1_off, up_replica_ag_->rank());
       ScopedTimer t(&time_.comm_wait);
+      TraceSpan s(cfg_.tracer, "outer all-gather", kTraceCompute, {{"group", g.layout.group}});
       up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), g.sdt);
     }
     if (g.sdt == DType::kE4M3) {
@@ -115,6 +117,7 @@ void Engine::PrepareMx() {
   if (!any) return;  // ②: quantized per gather instead
   {
     ScopedTimer t(&time_.cast);
+    TraceSpan s(cfg_.tracer, "G (mxfp8)", kTraceCompute);
     mx_->Quantize(mains, codes);
   }
   for (auto& gp : groups_)

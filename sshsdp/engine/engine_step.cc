@@ -15,6 +15,22 @@
 #include "sshsdp/kernels/elementwise.h"
 
 namespace sshsdp {
+namespace {
+
+// A communication-thread task inside a span of that lane, with the bytes the collective moved
+// (its communicator's counters), when tracing.
+std::function<void()> Traced(Tracer* t, const char* name, int group, Communicator* comm,
+                             std::function<void()> task) {
+  if (!t || !t->on()) return task;
+  return [=, task = std::move(task)] {
+    TraceSpan s(t, name, kTraceComm, {{"group", group}});
+    const CommCounters c0 = comm->counters();
+    task();
+    s.Arg("bytes", static_cast<int64_t>(Delta(comm->counters(), c0).total()));
+  };
+}
+
+}  // namespace
 
 void Engine::StartGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
@@ -24,7 +40,8 @@ void Engine::StartGather(int gi) {
   g.w_full->AttachExternal(g.gather_block, bytes);
   g.gather_started = true;
   counters_.gathers++;
-  g.gather_handle = comm_thread_->Submit(path_->GatherTask(g, rt_zero3_.get()));
+  g.gather_handle = comm_thread_->Submit(Traced(cfg_.tracer, "all-gather", gi, rt_zero3_.get(),
+                                                path_->GatherTask(g, rt_zero3_.get())));
 }
 
 void Engine::WaitGather(int gi) {
@@ -33,6 +50,7 @@ void Engine::WaitGather(int gi) {
   StartGather(gi);
   {
     ScopedTimer t(&time_.comm_wait);
+    TraceSpan s(cfg_.tracer, "wait all-gather", kTraceCompute, {{"group", gi}});
     g.gather_handle.Wait();
   }
   path_->GatherArrived(g);
@@ -75,6 +93,7 @@ void Engine::ForwardPass(bool release_all) {
     std::vector<TensorRef> w = path_->Weights(*groups_[g]);
     {
       ScopedTimer t(&time_.compute);
+      TraceSpan s(cfg_.tracer, "forward", kTraceCompute, {{"group", g}});
       model_.Forward(g, w);
     }
     if (release_all || (cfg_.reshard_after_forward && g + 1 < n)) ReleaseGather(g);
@@ -88,6 +107,7 @@ double Engine::Evaluate(const BatchFn& batch, int batches) {
                "sequence length must be set (EngineConfig::seq_len)");
   std::vector<int32_t> tokens(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
       targets(tokens.size());
+  TraceSpan eval_span(cfg_.tracer, "evaluate", kTraceCompute, {{"batches", batches}});
   double loss_sum = 0;
   for (int i = 0; i < batches; ++i) {
     batch(i, tokens.data(), targets.data());
@@ -120,6 +140,7 @@ void Engine::BackwardGroup(int gi, int mb) {
   std::vector<TensorRef> grads = path_->GradTargets(G);
   {
     ScopedTimer t(&time_.compute);
+    TraceSpan s(cfg_.tracer, "backward", kTraceCompute, {{"group", gi}, {"microbatch", mb}});
     model_.Backward(gi, w, grads, mode);
   }
   if (!skip_rs_) {
@@ -132,7 +153,8 @@ void Engine::BackwardGroup(int gi, int mb) {
     }
     std::function<void()> task = path_->ReduceTask(G, rt_zero2_.get(), mb > 0, ro);
     G.g_full->Release();
-    G.rs_handle = comm_thread_->Submit(std::move(task));
+    G.rs_handle = comm_thread_->Submit(
+        Traced(cfg_.tracer, "reduce-scatter", gi, rt_zero2_.get(), std::move(task)));
   }
   ReleaseGather(gi);
 }
@@ -141,6 +163,7 @@ void Engine::FinishReduceScatter(int gi) {
   RuntimeGroup& P = *groups_[gi];
   {
     ScopedTimer t(&time_.comm_wait);
+    TraceSpan s(cfg_.tracer, "wait reduce-scatter", kTraceCompute, {{"group", gi}});
     P.rs_handle.Wait();
   }
   if (grad_slots_) {
@@ -159,6 +182,7 @@ StepStats Engine::Step(const BatchFn& batch) {
   const int B = cfg_.batch_size;
   const int T = cfg_.seq_len;
   SSHSDP_CHECK(T > 0, ConfigError, "sequence length must be set (EngineConfig::seq_len)");
+  TraceSpan step_span(cfg_.tracer, "step", kTraceCompute, {{"step", step_ + 1}});
   counters_ = {};
   copy_meter_.Reset();
   time_ = {};
@@ -191,6 +215,7 @@ StepStats Engine::Step(const BatchFn& batch) {
   }
   {
     ScopedTimer t(&time_.comm_wait);
+    TraceSpan s(cfg_.tracer, "wait communication", kTraceCompute);
     comm_thread_->Drain();
   }
 
@@ -225,12 +250,14 @@ void Engine::UpdatePhase(double loss_sum, StepStats* st) {
     RuntimeGroup& g = *gp;
     {
       ScopedTimer t(&time_.comm_wait);
+      TraceSpan s(cfg_.tracer, "outer reduce-scatter", kTraceCompute, {{"group", g.layout.group}});
       if (up_replica_rs_->size() > 1)
         up_replica_rs_->ReduceScatter(g.g_z2->data(), DType::kF32, g.g_z1, DType::kF32, g.z1.size(),
                                       false);
       if (up_hsdp_->size() > 1) up_hsdp_->AllReduce(g.g_z1, g.z1.size(), DType::kF32);
     }
     ScopedTimer t(&time_.optimizer);
+    TraceSpan s(cfg_.tracer, "gradient norm", kTraceCompute, {{"group", g.layout.group}});
     if (count_norm)
       for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
         sumsq += kernels::SumSquares(g.g_z1 + f.shard_offset, static_cast<int64_t>(f.length));
@@ -238,6 +265,7 @@ void Engine::UpdatePhase(double loss_sum, StepStats* st) {
   float red[2] = {static_cast<float>(loss_sum), static_cast<float>(sumsq)};
   {
     ScopedTimer t(&time_.comm_wait);
+    TraceSpan s(cfg_.tracer, "loss/norm all-reduce", kTraceCompute);
     world_.AllReduce(red, 2, DType::kF32);
   }
   const double norm_scale = 1.0 / (static_cast<double>(M) * world_.size());
@@ -262,6 +290,7 @@ void Engine::UpdatePhase(double loss_sum, StepStats* st) {
   {
     // F on the ZeRO-1 fragments: AdamW, then Muon (its split units point to point).
     ScopedTimer t(&time_.optimizer);
+    TraceSpan s(cfg_.tracer, "update (F)", kTraceCompute);
     std::vector<Zero1State> state;
     for (auto& gp : groups_) {
       RuntimeGroup& g = *gp;

@@ -72,10 +72,15 @@ std::function<void()> RedundantPath::GatherTask(RuntimeGroup& g, Communicator* z
     if (R_.weight_copies) tmp = g.cast_tmp = c_.pool->Acquire(count * es);
   }
   if (!cast || tmp) c_.meter->Count(count * es, &CopyBytes::weight_copy_in);  // ③ copy-in
+  Tracer* tr = c_.cfg->tracer;
+  const int gi = g.layout.group;
   return [=] {
-    if (cast)
-      FloatToBf16(static_cast<const float*>(src), static_cast<bf16*>(tmp ? tmp : slice), count);
-    if (tmp || !cast) std::memcpy(slice, tmp ? tmp : src, count * es);
+    {
+      TraceSpan s(tr, cast ? "② cast + ③ copy-in" : "③ copy-in", kTraceComm, {{"group", gi}});
+      if (cast)
+        FloatToBf16(static_cast<const float*>(src), static_cast<bf16*>(tmp ? tmp : slice), count);
+      if (tmp || !cast) std::memcpy(slice, tmp ? tmp : src, count * es);
+    }
     zero3->AllGatherInPlace(dst, count, dt);
   };
 }
@@ -122,6 +127,7 @@ std::vector<TensorRef> RedundantPath::Weights(RuntimeGroup& g) {
       elems += rp.numel;
     }
   }
+  TraceSpan span(c_.cfg->tracer, "③ copy-out / ① pack", kTraceCompute, {{"group", L.group}});
   g.rt_bytes = elems * es;
   g.rt_block = elems > 0 ? c_.pool->Acquire(g.rt_bytes) : nullptr;
   char* blk = static_cast<char*>(g.rt_block);
@@ -199,7 +205,9 @@ std::function<void()> RedundantPath::FinishGrads(RuntimeGroup& g) {
                         g.pg_offsets[u.runtime] + g.part_offset[pc.update] + pc.offset, pc.valid});
       c_.meter->Count(pc.valid * 4, &CopyBytes::grad_copy);
     }
-    return [gp, pg, pieces = std::move(pieces), uncovered = g.uncovered] {
+    return [gp, pg, pieces = std::move(pieces), uncovered = g.uncovered, tr = c_.cfg->tracer,
+            gi = L.group] {
+      TraceSpan s(tr, "④ gradient copy-in", kTraceComm, {{"group", gi}});
       for (const auto& [a, b] : uncovered) std::fill(gp + a, gp + b, 0.0f);  // padding, gaps
       for (const Piece& p : pieces) std::memcpy(gp + p.dst, pg + p.src, p.n * 4);
     };
@@ -239,9 +247,12 @@ std::function<void()> RedundantPath::ReduceTask(RuntimeGroup& g, Communicator* z
   float* tmp = static_cast<float*>(g.rs_tmp);
   float* into = g.g_z2->data_as<float>();
   const DType gdt = c_.grad_dtype;
+  Tracer* tr = c_.cfg->tracer;
+  const int gi = g.layout.group;
   return [=, copy_in = std::move(copy_in)] {
     if (copy_in) copy_in();
     zero2->ReduceScatterPartials(src, gdt, tmp, DType::kF32, count, false, ro);
+    TraceSpan s(tr, "⑤ separate add", kTraceComm, {{"group", gi}});
     kernels::Add(into, tmp, into, static_cast<int64_t>(count));
   };
 }
