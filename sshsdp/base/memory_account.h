@@ -45,7 +45,6 @@ class MemoryAccount {
     auto it = by_category_.find(category);
     return it == by_category_.end() ? 0 : it->second.current;
   }
-  uint64_t total() const { return total_; }
   uint64_t peak_total() const { return peak_total_; }
 
  private:

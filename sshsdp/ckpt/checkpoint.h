@@ -116,7 +116,6 @@ struct Manifest {
 
   std::string ManifestPath() const;
   std::string FilePath(int file) const;
-  const CheckpointTensor* Find(const std::string& name) const;
   uint64_t DataBytes() const;  // sum of the rank files
 };
 

@@ -155,11 +155,6 @@ std::string Manifest::ManifestPath() const { return (fs::path(dir) / kManifestFi
 std::string Manifest::FilePath(int file) const {
   return (fs::path(dir) / files.at(file).name).string();
 }
-const CheckpointTensor* Manifest::Find(const std::string& name) const {
-  for (const auto& t : tensors)
-    if (t.name == name) return &t;
-  return nullptr;
-}
 uint64_t Manifest::DataBytes() const {
   uint64_t b = 0;
   for (const auto& f : files) b += f.bytes;

@@ -7,7 +7,6 @@
 //                inter-node-first all-gather, node-local reduction first (DirectCommunicator)
 //
 //   CommPath p = ParseCommPath("direct");   // ConfigError naming the accepted values otherwise
-//   std::string_view s = CommPathName(p);   // "direct"
 #pragma once
 
 #include <string>
@@ -18,10 +17,6 @@
 namespace sshsdp {
 
 enum class CommPath { kCollective = 0, kDirect = 1 };
-
-inline std::string_view CommPathName(CommPath p) {
-  return p == CommPath::kDirect ? "direct" : "collective";
-}
 
 inline CommPath ParseCommPath(std::string_view s) {
   if (s == "collective") return CommPath::kCollective;

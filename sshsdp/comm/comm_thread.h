@@ -63,7 +63,6 @@ class CommThread {
   void Drain();
   // Tasks submitted and not yet finished.
   size_t pending() const;
-  const std::string& name() const { return name_; }
   // How long a destructor running during exception unwinding waits for the running task
   // before abandoning it (default 5 s).
   void set_unwind_grace(std::chrono::milliseconds grace) { unwind_grace_ = grace; }

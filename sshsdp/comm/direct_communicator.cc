@@ -270,10 +270,6 @@ void DirectCommunicator::Rendezvous(Descriptor& mine, const std::string& where,
   }
 }
 
-uint64_t* DirectCommunicator::InterFlag(int k) const {
-  return reinterpret_cast<uint64_t*>(control_->base() + kFlagStride * k);
-}
-
 uint64_t* DirectCommunicator::DoneFlag(int owner_l, int from_l) const {
   return reinterpret_cast<uint64_t*>(control_->local_base(owner_l) +
                                      kFlagStride * (geo_.K + from_l));

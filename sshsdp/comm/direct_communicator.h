@@ -167,8 +167,6 @@ class DirectCommunicator final : public Communicator {
   std::unique_ptr<Communicator> Duplicate() override;
 
   const NodeGeometry& geometry() const { return geo_; }
-  MpiCommunicator& inner() { return *inner_; }
-  void set_label(std::string label) { inner_->set_label(std::move(label)); }
 
  private:
   struct Registered;
@@ -186,7 +184,6 @@ class DirectCommunicator final : public Communicator {
   void GrowWorkspace(size_t slot_bytes);
 
   // Control-block flags.
-  uint64_t* InterFlag(int k) const;                   // mine, written by node k's counterpart (RMA)
   uint64_t* DoneFlag(int owner_l, int from_l) const;  // in node peer owner_l's block
   void SignalArrival(int target_position, uint64_t s);
   bool ArrivalSeen(int k, uint64_t s);
@@ -229,10 +226,6 @@ class RegisteredSlots {
   void* Acquire();
   // Throws CommError unless p was acquired here and not released since.
   void Release(void* p);
-  size_t slot_bytes() const { return slot_bytes_; }
-  int slots() const { return static_cast<int>(ptrs_.size()); }
-  int in_use() const;
-  const DataNode& root() const { return *root_; }
 
  private:
   std::string name_;

@@ -48,8 +48,4 @@ void RegisteredSlots::Release(void* p) {
   throw CommError(fmt::format("registered slots '{}': {} is not one of its slots", name_, p));
 }
 
-int RegisteredSlots::in_use() const {
-  return static_cast<int>(std::count(used_.begin(), used_.end(), true));
-}
-
 }  // namespace sshsdp

@@ -58,7 +58,6 @@ struct NodeGeometry {
   // ranks_per_node > 0 and every node the group touches holds the same number of members.
   static NodeGeometry Of(const std::vector<int>& world_ranks, int my_position, int ranks_per_node,
                          const std::string& who);
-  int position() const { return at[k0][l0]; }
 };
 
 // One symmetric allocation: `bytes` per member, 64-byte aligned, zero-filled.
@@ -73,14 +72,11 @@ class RmaWindow {
   RmaWindow(const RmaWindow&) = delete;
   RmaWindow& operator=(const RmaWindow&) = delete;
 
-  const std::string& name() const { return name_; }
   size_t bytes() const { return bytes_; }
   char* base() const { return local_bases_[geo_l0_]; }
   // Base of node peer l's region, addressable by load/store from this process.
   char* local_base(int l) const { return local_bases_[l]; }
-  bool has_rma() const { return rma_ != MPI_WIN_NULL; }
   MPI_Win rma() const { return rma_; }
-  MPI_Win shm() const { return shm_; }
   // Whether [p, p + n) lies inside this rank's region; *offset = p - base().
   bool Contains(const void* p, size_t n, size_t* offset) const;
 

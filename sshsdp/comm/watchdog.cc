@@ -78,12 +78,6 @@ void SetCommTimeout(double seconds) {
   r.timeout = seconds;
 }
 
-double CommTimeout() {
-  Registry& r = Get();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.timeout;
-}
-
 WaitScope::WaitScope(const char* op, const std::string& group, std::vector<int> peers) {
   Registry& r = Get();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -23,7 +23,6 @@ inline constexpr double kDefaultCommTimeoutSeconds = 600;
 // Sets the timeout for the rest of the process (seconds, > 0; 0 disables the watchdog).
 // Throws ConfigError for a negative or non-finite value.
 void SetCommTimeout(double seconds);
-double CommTimeout();
 
 // One blocking wait, watched while the scope is open. Cheap: one lock and one map entry.
 class WaitScope {

@@ -41,7 +41,7 @@
 //   mx.Quantize(main_z1, codes_z1);          // G: ZeRO-1 main → codes + S ZeRO-1 slices
 //   ... outer AG of codes and of mx.s_z3(g); ZeRO-3 AG of S into mx.s_full(g) ...
 //   mx.Relayout(g);                          // Tw: S → S′
-//   TensorRef{codes, DType::kE4M3, mx.scales(g, r), mx.layout()};
+//   TensorRef{codes, DType::kE4M3, mx.scales(g, r), ScaleLayout::kCublasSwizzle};
 #pragma once
 
 #include <cstdint>
@@ -77,7 +77,6 @@ class MxWeights {
   ~MxWeights();
 
   bool is_mx(int g) const { return groups_[g].mx; }
-  ScaleLayout layout() const { return layout_; }
 
   // G at ZeRO-1 for every MX group: main_z1[g] (fp32, this rank's ZeRO-1 chunk) → codes_z1[g]
   // (E4M3, same elements) and the ZeRO-1 slice of S inside s_z3(g). Collective over the
@@ -89,11 +88,10 @@ class MxWeights {
   // Tw: relayout s_full(g) into S′ of every runtime parameter of group g.
   void Relayout(int g);
 
-  // S buffers of group g: its ZeRO-3 chunk (ZeRO-1 slice at s_z1_offset(g)) and the full S.
+  // S buffers of group g: its ZeRO-3 chunk (the ZeRO-1 slice lies inside it) and the full S.
   uint8_t* s_z3(int g) { return groups_[g].s_z3.data(); }
   size_t s_z3_count(int g) const { return groups_[g].z3.size(); }
   size_t s_z1_count(int g) const { return groups_[g].z1.size(); }
-  size_t s_z1_offset(int g) const { return groups_[g].z1.begin - groups_[g].z3.begin; }
   uint8_t* s_full(int g) { return groups_[g].s_full.data(); }
   // Relaid-out scales (S′) of runtime parameter r of group g, for its [rows, cols] operand.
   const uint8_t* scales(int g, int r) const {
@@ -108,7 +106,6 @@ class MxWeights {
     uint64_t bands_executed = 0, split_bands = 0, bytes_sent = 0;
   };
   const Stats& last_stats() const { return stats_; }
-  const UpdatePlan* plan() const { return plan_.get(); }
 
  private:
   struct Group {

@@ -9,18 +9,6 @@
 
 namespace sshsdp {
 
-const char* StructuredUpdatesName(StructuredUpdates s) {
-  switch (s) {
-    case StructuredUpdates::kUnits:
-      return "p2p-units";
-    case StructuredUpdates::kFullTensor:
-      return "full-tensor";
-    case StructuredUpdates::kUnsupported:
-      return "unsupported";
-  }
-  return "?";
-}
-
 const char* ShardLayoutName(ShardLayout l) {
   switch (l) {
     case ShardLayout::kFlat:

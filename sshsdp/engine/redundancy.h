@@ -85,7 +85,6 @@ enum class StructuredUpdates {
   kFullTensor,   // FSDP2: every rank all-gathers whole matrices (full_tensor) ⑥
   kUnsupported,  // Megatron-FSDP: structured optimizers are refused
 };
-const char* StructuredUpdatesName(StructuredUpdates s);
 
 enum class ShardLayout { kFlat, kDim0, kAligned };
 const char* ShardLayoutName(ShardLayout l);
@@ -98,8 +97,6 @@ struct Redundancies {
   bool separate_add = false;                                         // ⑤
   StructuredUpdates structured_updates = StructuredUpdates::kUnits;  // ⑥
   bool replicate_optimizer = false;                                  // ⑦
-  bool any_weight() const { return tw_every_use || cast_every_gather || weight_copies; }
-  bool any_grad() const { return grad_copies || separate_add; }
   // "①②③④⑤⑥⑦"-style summary of the switches that are on ("none" when all are off).
   std::string ToString() const;
 };

@@ -15,9 +15,10 @@
 //   WeightView w{codes, DType::kE4M3, scales, ScaleLayout::kCublasSwizzle};
 //   LinearForward(x, w, y, /*m=*/BT, /*n=*/3 * d, /*k=*/d);          // y = x · dequant(W)ᵀ
 //   LinearBackwardData(dy, w, dx, BT, 3 * d, d, /*accumulate=*/false);
-//   LinearBackwardWeight(dy, x, LinearComputeDType(w.dtype), dw, DType::kBF16, BT, 3 * d, d,
-//   false); std::vector<float> f(n * k); MxDequantizeOperand(codes, DType::kE4M3, scales, layout,
-//   n, k, f.data());
+//   LinearBackwardWeight(dy, x, LinearComputeDType(w.dtype), dw, DType::kBF16,
+//                        BT, 3 * d, d, /*accumulate=*/false);           // matmul.h
+//   std::vector<float> f(n * k);                     // the weight itself, dequantized:
+//   MxDequantizeOperand(codes, DType::kE4M3, scales, w.layout, n, k, f.data());
 //
 // fp32 and bf16 weights pass straight to matmul.h (scales ignored).
 #pragma once

@@ -83,8 +83,6 @@ class DataNode {
   const std::vector<std::unique_ptr<DataNode>>& children() const { return children_; }
   DataNode* FindChild(const std::string& name) const;
 
-  DType dtype() const { return dtype_; }
-  const std::vector<int64_t>& shape() const { return shape_; }
   size_t numel() const;
   size_t bytes() const { return bytes_; }
   size_t offset() const { return offset_; }            // bytes from the parent's start

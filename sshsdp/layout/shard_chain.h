@@ -65,7 +65,6 @@ class ShardChain {
 
   const TensorList& list() const { return list_; }
   const Topology& topology() const { return topo_; }
-  int rank() const { return rank_; }
 
   // Elements of the padded buffer in one chunk at `level` (padded_numel / degree).
   size_t ChunkSize(Shard level) const;

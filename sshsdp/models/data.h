@@ -33,8 +33,6 @@ class TokenSource {
  public:
   virtual ~TokenSource() = default;
   virtual int vocab() const = 0;
-  // Longest T a sample may have.
-  virtual int max_seq_len() const = 0;
   // tokens[0..T) and targets[0..T) of global sample `index` (targets[t] = tokens[t+1] of the
   // underlying stream).
   virtual void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const = 0;
@@ -52,7 +50,6 @@ class SyntheticTokens final : public TokenSource {
   SyntheticTokens(int vocab, uint64_t seed, int branching = 4, int max_seq_len = 1 << 20);
 
   int vocab() const override { return vocab_; }
-  int max_seq_len() const override { return max_seq_len_; }
   void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const override;
 
   // Entropy rate of the chain in nats: the lowest expected loss any model can reach.
@@ -86,7 +83,6 @@ class TokenFile final : public TokenSource {
   TokenFile& operator=(const TokenFile&) = delete;
 
   int vocab() const override { return vocab_; }
-  int max_seq_len() const override { return seq_len_; }
   void Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) const override;
 
   int64_t num_tokens() const { return count_; }
@@ -95,7 +91,6 @@ class TokenFile final : public TokenSource {
   // (bytes) below 256, GPT-2's 50,257 below that, else max_token + 1. --vocab-size overrides.
   static int InferVocab(int max_token);
   bool is_llmc_format() const { return llmc_; }
-  const std::string& path() const { return path_; }
 
  private:
   std::string path_;

@@ -32,18 +32,6 @@ uint64_t HashName(const std::string& s) {
 
 }  // namespace
 
-const char* UpdateKindName(UpdateKind k) {
-  switch (k) {
-    case UpdateKind::kMatrix:
-      return "matrix";
-    case UpdateKind::kVector:
-      return "vector";
-    case UpdateKind::kEmbedding:
-      return "embedding";
-  }
-  return "?";
-}
-
 int64_t UpdatePart::numel() const { return Product(shape); }
 int64_t RuntimeParamSpec::numel() const { return Product(shape); }
 

@@ -38,7 +38,6 @@ enum class UpdateKind {
   kVector,     // norm gain (1-D): AdamW
   kEmbedding,  // embedding / LM-head table: AdamW by default
 };
-const char* UpdateKindName(UpdateKind k);
 
 // How an update part is initialised. Values depend only on (seed, part name, element index),
 // so every sharding of the same parameter produces the same weights (see FillInit).

@@ -73,12 +73,9 @@ class FullTensorMuon {
 
   void Run(const std::vector<Zero1State>& state, const ScalarState& scalars);
 
-  const std::vector<UpdateUnit>& units() const { return units_; }
   const std::vector<GatherItem>& items() const { return items_; }
   const UpdateRunStats& last_run() const { return stats_; }
   uint64_t temporary_bytes() const;
-  // Newton–Schulz FLOPs every rank runs per step (all units).
-  double exec_cost() const { return exec_cost_; }
   // Bytes this rank sends per step: Σ_items (so − 1) · send_count · sizeof(u).
   uint64_t BytesSent() const;
 

@@ -18,18 +18,6 @@ LrSchedule::Kind LrSchedule::Parse(const std::string& name) {
   throw ConfigError(fmt::format("--lr-schedule must be constant, cosine or wsd, got '{}'", name));
 }
 
-const char* LrSchedule::Name(Kind kind) {
-  switch (kind) {
-    case Kind::kConstant:
-      return "constant";
-    case Kind::kCosine:
-      return "cosine";
-    case Kind::kWsd:
-      return "wsd";
-  }
-  return "?";
-}
-
 void LrSchedule::Validate() const {
   SSHSDP_CHECK(warmup >= 0, ConfigError, "--warmup must be >= 0 steps, got {}", warmup);
   SSHSDP_CHECK(total >= 0, ConfigError, "--steps must be >= 0, got {}", total);

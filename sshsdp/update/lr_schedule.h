@@ -25,7 +25,6 @@ struct LrSchedule {
 
   // "constant" | "cosine" | "wsd"; ConfigError naming the choices otherwise.
   static Kind Parse(const std::string& name);
-  static const char* Name(Kind kind);
   // ConfigError naming the option (--warmup, --steps, --lr-min, --decay-steps) when the
   // fields cannot make a schedule.
   void Validate() const;

@@ -22,8 +22,6 @@ void ValidateMuon(const MuonConfig& c) {
                "Muon Newton-Schulz steps (--muon-ns-steps) must be >= 1, got {}", c.ns_steps);
 }
 
-const char* MuonScaleName(MuonScale s) { return s == MuonScale::kReference ? "reference" : "rms"; }
-
 MuonScale ParseMuonScale(const std::string& s) {
   if (s == "reference") return MuonScale::kReference;
   if (s == "rms") return MuonScale::kRms;

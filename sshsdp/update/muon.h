@@ -32,7 +32,6 @@
 namespace sshsdp {
 
 enum class MuonScale { kReference, kRms };
-const char* MuonScaleName(MuonScale s);  // "reference", "rms"
 // Parses "reference" | "rms"; ConfigError otherwise.
 MuonScale ParseMuonScale(const std::string& s);
 

@@ -136,10 +136,6 @@ UpdatePlan::UpdatePlan(UpdateProgram program, std::vector<UpdateUnit> units,
   }
 }
 
-bool UpdatePlan::has_unit_stage() const {
-  return std::find(kinds_.begin(), kinds_.end(), StageKind::kUnit) != kinds_.end();
-}
-
 double UpdatePlan::ExecCost(int rank) const {
   double c = 0;
   for (const UnitPlacement& p : placements_)

@@ -81,8 +81,6 @@ class UpdatePlan {
   const std::vector<UnitPlacement>& placements() const { return placements_; }
   // Every message of the replica, in posting order (stage by stage, fetches then returns).
   const std::vector<PlannedMessage>& messages() const { return messages_; }
-  int replica() const { return replica_; }
-  bool has_unit_stage() const;
 
   // Cost of the units `rank` executes (local and split), and the bytes it sends.
   double ExecCost(int rank) const;
