@@ -63,7 +63,9 @@ void LinearBackwardData(const float* dy, const void* w, DType w_dtype, float* dx
 
 // dw[n,k] (=|+=) dyᵀ · x, dy [m,n], x [m,k]. compute_dtype is the runtime weight's dtype:
 // for bf16 the operands are rounded to bf16 first, as in the other two products. dw is
-// fp32 or bf16 (a bf16 runtime-gradient buffer).
+// fp32 or bf16 (a bf16 runtime-gradient buffer). On the fp32 GEMM path a dy whose rows are a
+// multiple of 2 KiB (n = 512, 1024, ...) is first copied into rows 16 floats longer (kernel
+// scratch): oneDNN runs the transposed product about twice as fast that way on AVX2.
 void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, void* dw,
                           DType dw_dtype, int64_t m, int64_t n, int64_t k, bool accumulate);
 

@@ -26,7 +26,10 @@ struct Shape {
   int64_t m, n, k;
 };
 
-const Shape kShapes[] = {{1, 1, 1}, {3, 5, 7}, {17, 33, 65}, {64, 48, 80}, {130, 7, 257}};
+// {33, 512, 9} and {40, 1024, 6}: n a multiple of 512, the padded-rows path of
+// LinearBackwardWeight.
+const Shape kShapes[] = {{1, 1, 1},     {3, 5, 7},    {17, 33, 65}, {64, 48, 80},
+                         {130, 7, 257}, {33, 512, 9}, {40, 1024, 6}};
 
 // Naive C = op(A)·op(B) in double; also returns Σ|a·b| per element (the error scale).
 struct Ref {
