@@ -26,6 +26,10 @@ reduce-scatter on every microbatch.
 
   torchrun --standalone --nproc_per_node 2 bench/peers/fsdp2_peer.py --inputs out/peer/b4 \
       --out out/peer/b4/fsdp2_peer.json [--check-steps 3 --check-tol 1e-4]
+
+With --eager (one process only) the same model trains as a plain eager PyTorch loop — no
+FSDP, no process-group collectives in the step, bf16 workloads under torch.autocast — the
+single-process peer of issue 20 (run_fsdp2_peer.sh with PEER=eager NP=1).
 """
 import argparse
 import json
@@ -170,6 +174,8 @@ def main():
     ap.add_argument("--check-steps", type=int, default=0,
                     help="compare the first N step losses with sshsdp's (fairness check)")
     ap.add_argument("--check-tol", type=float, default=1e-4, help="relative loss tolerance")
+    ap.add_argument("--eager", action="store_true",
+                    help="one process, plain eager PyTorch (no FSDP): the single-process peer")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -181,6 +187,8 @@ def main():
     steps_total = wl["warmup"] + wl["steps"]
     if wl["world"] != W:
         raise SystemExit(f"workload was written for {wl['world']} ranks, running on {W}")
+    if args.eager and W != 1:
+        raise SystemExit(f"--eager runs one process, got {W} (torchrun --nproc_per_node 1)")
     raw = np.fromfile(os.path.join(args.inputs, "batches.bin"), dtype="<i4")
     shape = (steps_total, M, W, B, T)
     n = int(np.prod(shape))
@@ -194,11 +202,15 @@ def main():
     bf16 = wl["weight_dtype"] == "bf16"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32,
                               reduce_dtype=torch.float32)
-    fully_shard(model.emb, mp_policy=mp)
-    for b in model.blocks:
-        fully_shard(b, mp_policy=mp)
-    fully_shard(model.head, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    if not args.eager:
+        fully_shard(model.emb, mp_policy=mp)
+        for b in model.blocks:
+            fully_shard(b, mp_policy=mp)
+        fully_shard(model.head, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.eager and bf16)
+    label = "torch eager (real)" if args.eager else "torch-fsdp2 (real)"
+    who = "eager peer" if args.eager else "fsdp2 peer"
 
     a = wl["adamw"]
     decay = [p for name, p in model.named_parameters() if not name.endswith(".g")]
@@ -208,11 +220,11 @@ def main():
          {"params": no_decay, "weight_decay": 0.0}],
         lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"])
     if rank == 0:
-        print(f"fsdp2 peer: torch {torch.__version__}, gloo, {W} ranks, {torch.get_num_threads()} "
+        print(f"{who}: torch {torch.__version__}, gloo, {W} ranks, {torch.get_num_threads()} "
               f"thread(s)/rank, GPT d={m['d_model']} L={m['n_layer']} H={m['n_head']} T={T}, "
-              f"batch {M}x{B}x{T} per rank, weights {wl['weight_dtype']}; note: gloo emulates "
-              "reduce-scatter with all-reduce, so this is what a CPU user of FSDP2 actually gets",
-              flush=True)
+              f"batch {M}x{B}x{T} per rank, weights {wl['weight_dtype']}"
+              + ("" if args.eager else "; note: gloo emulates reduce-scatter with all-reduce, "
+                 "so this is what a CPU user of FSDP2 actually gets"), flush=True)
 
     losses, secs = [], []
     for s in range(steps_total):
@@ -220,7 +232,8 @@ def main():
         t0 = time.perf_counter()
         loss_sum = torch.zeros(())
         for mb in range(M):
-            loss = model(tokens[s, mb, rank], targets[s, mb, rank])
+            with autocast:
+                loss = model(tokens[s, mb, rank], targets[s, mb, rank])
             (loss / M).backward()
             loss_sum += loss.detach().float()
         if wl["clip"] > 0:
@@ -242,7 +255,7 @@ def main():
         tps = M * B * T * W / median
         ref = next((r for r in wl["rows"] if r["config"] == "sshsdp"), wl["rows"][0])
         row = {
-            "batch_size": B, "tokens_per_microbatch": B * T, "config": "torch-fsdp2 (real)",
+            "batch_size": B, "tokens_per_microbatch": B * T, "config": label,
             "median_step_s": median, "tokens_per_s": tps,
             "sshsdp_tokens_per_s": ref["tokens_per_s"],
             "sshsdp_over_peer": ref["tokens_per_s"] / tps,
@@ -250,9 +263,9 @@ def main():
             "peak_rss_mib": rss.item(), "losses": losses, "warmup": wl["warmup"],
             "timed_steps": wl["steps"], "torch": torch.__version__,
             "step_s": secs, "step_s_min": min(secs), "step_s_max": max(secs),
-            "note": "gloo emulates reduce-scatter with all-reduce",
+            "note": "eager, no FSDP" if args.eager else "gloo emulates reduce-scatter with all-reduce",
         }
-        print(f"fsdp2 peer: {len(secs)} timed steps after {wl['warmup']} warm-up: median "
+        print(f"{who}: {len(secs)} timed steps after {wl['warmup']} warm-up: median "
               f"{median * 1e3:.1f} ms, {tps:.0f} tok/s, MFU {100 * row['mfu']:.2f}%, peak RSS "
               f"{rss.item():.0f} MiB; sshsdp {ref['tokens_per_s']:.0f} tok/s = "
               f"{row['sshsdp_over_peer']:.2f}x this peer", flush=True)

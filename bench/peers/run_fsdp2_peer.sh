@@ -4,6 +4,8 @@
 #
 #   bench/peers/run_fsdp2_peer.sh                      # defaults below
 #   BATCHES=1,2,4,8 MODEL=small NP=2 bench/peers/run_fsdp2_peer.sh
+#   PEER=eager NP=1 MODEL=base EXTRA="--seq-len 256" bench/peers/run_fsdp2_peer.sh
+#       one process: sshsdp against a plain eager PyTorch loop (fsdp2_peer.py --eager)
 #
 # 1. installs torch + numpy from PyPI into a virtual environment on first use, outside the
 #    source tree so every clone shares it ($SSHSDP_PEER_VENV, default
@@ -35,6 +37,12 @@ DTYPE=${DTYPE:-fp32}
 REPEATS=${REPEATS:-3}
 CHECK_TOL=${CHECK_TOL:-1e-4}
 EXTRA=${EXTRA:-}   # more `sshsdp bench` options, e.g. "--layers 2 --seq-len 64"
+PEER_MODE=${PEER:-fsdp2}  # fsdp2 | eager (one process: NP=1)
+case "$PEER_MODE" in
+  fsdp2) PEER_ARGS=() ;;
+  eager) PEER_ARGS=(--eager); [ "$NP" = 1 ] || { echo "run_fsdp2_peer.sh: PEER=eager needs NP=1" >&2; exit 2; } ;;
+  *) echo "run_fsdp2_peer.sh: PEER must be fsdp2 or eager, got '$PEER_MODE'" >&2; exit 2 ;;
+esac
 
 [ -x "$SSHSDP" ] || { echo "run_fsdp2_peer.sh: $SSHSDP not built (scripts/build.sh, or set SSHSDP)" >&2; exit 2; }
 if ! "$VENV/bin/python" -c "import torch, numpy" 2>/dev/null; then
@@ -55,7 +63,7 @@ echo "== fairness check (fp32 weights, batch $first, 3 steps) =="
 "${MPIRUN[@]}" "$SSHSDP" bench --model "$MODEL" $EXTRA --batch-size "$first" \
   --microbatches "$MICROBATCHES" --weight-dtype fp32 --presets sshsdp --warmup 0 --steps 3 \
   --peer-inputs "$OUT/check"
-"${TORCHRUN[@]}" "$PEER" --inputs "$OUT/check/b$first" --check-steps 3 --check-tol "$CHECK_TOL" \
+"${TORCHRUN[@]}" "$PEER" "${PEER_ARGS[@]}" --inputs "$OUT/check/b$first" --check-steps 3 --check-tol "$CHECK_TOL" \
   --out "$OUT/check/b$first/fsdp2_peer.json" || true
 verdict=$(cat "$OUT/check/b$first/fsdp2_peer.json.check" 2>/dev/null || echo '{"passed": false}')
 grep -q '"passed": true' <<<"$verdict" || { echo "fairness check failed (or wrote no verdict)" >&2; exit 1; }
@@ -66,7 +74,7 @@ for rep in $(seq 1 "$REPEATS"); do
     --microbatches "$MICROBATCHES" --warmup "$WARMUP" --steps "$STEPS" --weight-dtype "$DTYPE" \
     --peer-inputs "$OUT/timing$rep" --json "$OUT/bench$rep.json" | grep -E "^paired|^workload"
   for b in ${BATCHES//,/ }; do
-    "${TORCHRUN[@]}" "$PEER" --inputs "$OUT/timing$rep/b$b" --out "$OUT/timing$rep/b$b/fsdp2_peer.json"
+    "${TORCHRUN[@]}" "$PEER" "${PEER_ARGS[@]}" --inputs "$OUT/timing$rep/b$b" --out "$OUT/timing$rep/b$b/fsdp2_peer.json"
   done
 done
 "$VENV/bin/python" - "$OUT" "$BATCHES" "$REPEATS" <<'PY'
@@ -74,7 +82,7 @@ import json, statistics, sys
 out, batches, reps = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 print("\n== summary (tokens/s medians over repeats; ratios: sshsdp over the other, median "
       "[min-max] over repeats) ==")
-print(f"{'tokens/mb':>9} {'sshsdp':>9} {'torch FSDP2':>12} {'vs fsdp2 preset':>22} {'vs torch FSDP2':>22}")
+print(f"{'tokens/mb':>9} {'sshsdp':>9} {'torch peer':>12} {'vs fsdp2 preset':>22} {'vs torch peer':>22}")
 for b in batches:
     s_tps, p_tps, r_pre, r_peer = [], [], [], []
     for rep in range(1, reps + 1):
