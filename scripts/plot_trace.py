@@ -56,7 +56,7 @@ def main():
                     help="start every process's step at 0 (bench traces)")
     a = ap.parse_args()
     try:
-        with open(a.trace) as f:
+        with open(a.trace, encoding="utf-8") as f:
             doc = json.load(f)
     except (OSError, ValueError) as e:
         sys.exit(f"plot_trace.py: {a.trace}: not a readable trace ({e})")

@@ -9,6 +9,10 @@ namespace {
 std::string Escaped(const std::string& s) {
   std::string out;
   for (char c : s) {
+    if (static_cast<unsigned char>(c) < 0x20) {  // control characters: \u00XX
+      out += fmt::format("\\u{:04x}", static_cast<int>(c));
+      continue;
+    }
     if (c == '"' || c == '\\') out.push_back('\\');
     out.push_back(c);
   }

@@ -223,7 +223,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     Tracer tracer;  // --trace: the first batch size's configurations, one step each
     std::vector<std::string> trace_rows;
     if (!o.trace.empty()) StartTrace(tracer, *world);
-    for (int B : o.batch_sizes) {
+    for (const int& B : o.batch_sizes) {  // a reference: the first is traced
       std::vector<std::pair<std::string, EngineConfig>> configs;
       std::vector<QkvModel> qkv;  // per configuration: the QKV its users write
       EngineConfig wb = base;
@@ -243,7 +243,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           }
         }
       }
-      const bool tracing = !o.trace.empty() && B == o.batch_sizes.front();
+      const bool tracing = !o.trace.empty() && &B == &o.batch_sizes.front();
       for (auto& [label, c] : configs) {
         if (!tracing) continue;
         c.tracer = &tracer;

@@ -15,10 +15,14 @@ namespace sshsdp {
 TraceWindow ParseTraceSteps(const std::string& spec) {
   TraceWindow w;
   long long a = 0, b = 0;
-  char tail = 0;
-  const int n = std::sscanf(spec.c_str(), "%lld:%lld%c", &a, &b, &tail);
-  if (n == 1 && spec.find(':') == std::string::npos) b = a;
-  SSHSDP_CHECK((n == 2 || (n == 1 && b == a)) && a >= 1 && b >= a, ConfigError,
+  int used = -1;  // characters consumed: the whole text must be "A:B" or "A"
+  int n = std::sscanf(spec.c_str(), "%lld:%lld%n", &a, &b, &used);
+  if (n != 2 || used != static_cast<int>(spec.size())) {
+    used = -1;
+    n = std::sscanf(spec.c_str(), "%lld%n", &a, &used) == 1 ? 1 : 0;
+    b = a;
+  }
+  SSHSDP_CHECK(n >= 1 && used == static_cast<int>(spec.size()) && a >= 1 && b >= a, ConfigError,
                "--trace-steps must be A:B with 1 <= A <= B (steps A to B traced) or one step A, "
                "got '{}'",
                spec);

@@ -65,6 +65,8 @@ expect_error "--trace-steps 0:2 refused" "--trace-steps must be A:B" \
   --trace-steps 0:2
 expect_error "--trace-steps 3:2 refused" "--trace-steps must be A:B" \
   "${mpirun[@]}" -np 1 "$bin" train --model tiny --steps 1 --trace-steps 3:2
+expect_error "--trace-steps 3-5 refused" "--trace-steps must be A:B" \
+  "${mpirun[@]}" -np 1 "$bin" train --model tiny --steps 1 --trace-steps 3-5
 expect_error "--trace into a missing directory refused" "does not exist" \
   "${mpirun[@]}" -np 1 "$bin" train --model tiny --steps 1 --trace "$tmp/no/such/t.json"
 finish_checks

@@ -76,7 +76,8 @@ std::function<void()> RedundantPath::GatherTask(RuntimeGroup& g, Communicator* z
   const int gi = g.layout.group;
   return [=] {
     {
-      TraceSpan s(tr, cast ? "② cast + ③ copy-in" : "③ copy-in", kTraceComm, {{"group", gi}});
+      TraceSpan s(tr, cast ? (tmp ? "② cast + ③ copy-in" : "② cast") : "③ copy-in", kTraceComm,
+                  {{"group", gi}});
       if (cast)
         FloatToBf16(static_cast<const float*>(src), static_cast<bf16*>(tmp ? tmp : slice), count);
       if (tmp || !cast) std::memcpy(slice, tmp ? tmp : src, count * es);
@@ -157,6 +158,10 @@ std::vector<TensorRef> RedundantPath::Weights(RuntimeGroup& g) {
 
 void RedundantPath::ReleaseWeights(RuntimeGroup& g) {
   RecycleCastTmp(g);  // a prefetched gather released before use
+  if (g.f32_block) {  // ② with MXFP8, released before GatherArrived quantized it
+    c_.pool->Recycle(g.f32_block);
+    g.f32_block = nullptr;
+  }
   g.rt_views.clear();
   if (g.rt_block) c_.pool->Recycle(g.rt_block);
   g.rt_block = nullptr;
