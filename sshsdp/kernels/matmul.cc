@@ -401,22 +401,30 @@ void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, 
   const void* a = dy;
   const void* b = x;
   DType ab = compute_dtype;
+  const bool widened = compute_dtype == DType::kBF16 && PathLocked(s) == Bf16GemmPath::kWidened;
+  // dyᵀ is read down columns of rows 2 / 4 KiB apart, which map to the same cache sets: on
+  // AVX2 (Zen 3) oneDNN's fp32 GEMM runs at 30-37 GFLOP/s there against 60-76 with rows
+  // 16 floats longer (fc1's weight gradient, n = d_ff = 1024: 29 -> 14 ms at m = 2048). dy
+  // goes into rows of n + 16 in the same pass that (widened path) rounds it through bf16.
+  const bool pad =
+      (compute_dtype == DType::kF32 || widened) && n >= kPadRowsFrom && n % kPadRowsFrom == 0;
   if (compute_dtype == DType::kBF16) {
-    a = Bf16Activation(s, s.scratch_a, s.wide_a, dy, m * n);
+    if (!pad) a = Bf16Activation(s, s.scratch_a, s.wide_a, dy, m * n);
     b = Bf16Activation(s, s.scratch_b, s.wide_b, x, m * k);
-    if (PathLocked(s) == Bf16GemmPath::kWidened) ab = DType::kF32;
+    if (widened) ab = DType::kF32;
   } else {
     ToDnnl(compute_dtype);
   }
-  if (ab == DType::kF32 && n >= kPadRowsFrom && n % kPadRowsFrom == 0) {
-    // dyᵀ is read down columns of rows 2 / 4 KiB apart, which map to the same cache sets: on
-    // AVX2 (Zen 3) oneDNN's fp32 GEMM runs at 30-37 GFLOP/s there against 60-76 with rows
-    // 16 floats longer (fc1's weight gradient, n = d_ff = 1024: 29 -> 14 ms at m = 2048).
-    // Copying dy into rows of n + 16 costs m·n·4 bytes of scratch bandwidth, ~1 ms there.
+  if (pad) {
     const int64_t lda = n + 16;
     if (s.pad_a.size() < static_cast<size_t>(m * lda)) s.pad_a.resize(static_cast<size_t>(m * lda));
-    const float* src = static_cast<const float*>(a);
-    for (int64_t r = 0; r < m; ++r) std::memcpy(s.pad_a.data() + r * lda, src + r * n, n * 4);
+    for (int64_t r = 0; r < m; ++r) {
+      if (widened) {
+        RoundThroughBf16(dy + r * n, s.pad_a.data() + r * lda, n);
+      } else {
+        std::memcpy(s.pad_a.data() + r * lda, dy + r * n, n * 4);
+      }
+    }
     GemmLocked(s, Key{true, false, 1, n, k, m, lda, k, k, ab, dw_dtype, accumulate, 1.0f},
                s.pad_a.data(), b, dw);
     return;

@@ -23,6 +23,7 @@
 
 #include "sshsdp/comm/direct_communicator.h"
 #include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/comm/testing/mpi_test_util.h"
 
 namespace sshsdp::testing::direct {
 
@@ -31,19 +32,9 @@ inline bool SameBytes(const void* a, const void* b, size_t n) {
   return n == 0 || std::memcmp(a, b, n) == 0;
 }
 
-inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-inline int WorldSize() {
-  int n = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &n);
-  return n;
-}
-
-inline int WorldRank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
+using mpi::kNaN;  // shared with the ring collectives' tests (mpi_test_util.h)
+using mpi::WorldRank;
+using mpi::WorldSize;
 
 // ranks_per_node for 1, 2 and 4 simulated nodes (where they divide the world) and 1 rank per
 // node: all-intra, balanced multi-node, and all-inter.
