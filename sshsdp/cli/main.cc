@@ -18,6 +18,7 @@
 #include "sshsdp/cli/bench.h"
 #include "sshsdp/cli/ckpt_cli.h"
 #include "sshsdp/cli/generate.h"
+#include "sshsdp/cli/plan_cli.h"
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/cli/train.h"
 
@@ -28,7 +29,8 @@ struct Commands {
   sshsdp::CkptOptions ckpt;
   sshsdp::BenchOptions bench;
   sshsdp::GenerateOptions generate;
-  CLI::App *t = nullptr, *c = nullptr, *b = nullptr, *g = nullptr;
+  sshsdp::PlanOptions plan;
+  CLI::App *t = nullptr, *c = nullptr, *b = nullptr, *g = nullptr, *p = nullptr;
 };
 
 std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
@@ -42,6 +44,12 @@ std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
   app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd.t = app->add_subcommand("train", "train a reference model (run under mpirun)");
   sshsdp::AddTrainOptions(*cmd.t, cmd.train);
+  cmd.p = app->add_subcommand(
+      "plan",
+      "print what a train run will allocate and move on every rank: memory by category, bytes "
+      "of every collective (intra / inter node), the Muon update plan, the ZeRO-1 owner map "
+      "(one process, no mpirun; takes train's options, e.g. sshsdp plan -n 4 --model small)");
+  sshsdp::AddPlanOptions(*cmd.p, cmd.plan);
   cmd.g = app->add_subcommand(
       "generate", "sample text from a checkpoint or safetensors file (one process, no mpirun)");
   sshsdp::AddGenerateOptions(*cmd.g, cmd.generate);
@@ -54,7 +62,8 @@ std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
   return app;
 }
 
-// Parses `user` (argv[1..]) with `prefix` inserted right after "train": later arguments win.
+// Parses `user` (argv[1..]) with `prefix` inserted right after "train" (or "plan"): later
+// arguments win.
 bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
            const std::vector<std::string>& user, const std::vector<std::string>& prefix,
            int* exit_code) {
@@ -62,7 +71,7 @@ bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
   app = MakeApp(*cmd);
   std::vector<std::string> args;
   size_t i = 0;
-  while (i < user.size() && user[i] != "train") args.push_back(user[i++]);
+  while (i < user.size() && user[i] != "train" && user[i] != "plan") args.push_back(user[i++]);
   if (i < user.size()) args.push_back(user[i++]);
   args.insert(args.end(), prefix.begin(), prefix.end());
   args.insert(args.end(), user.begin() + static_cast<std::ptrdiff_t>(i), user.end());
@@ -114,6 +123,19 @@ int main(int argc, char** argv) {
       fmt::print(stderr, "sshsdp train: error: {}\n", e.what());
       return 1;
     }
+  }
+  if (cmd->p->parsed()) {
+    if (!cmd->plan.train.config.empty()) {
+      try {  // the --config file of the run being planned; the command line wins
+        const std::vector<std::string> from_config =
+            sshsdp::ConfigFileArgs(*cmd->p, cmd->plan.train.config);
+        if (!Parse(cmd, app, user, from_config, &rc)) return rc;
+      } catch (const sshsdp::Error& e) {
+        fmt::print(stderr, "sshsdp plan: error: {}\n", e.what());
+        return 1;
+      }
+    }
+    return sshsdp::RunPlanCommand(cmd->plan);
   }
   if (cmd->b->parsed()) return sshsdp::RunBench(argc, argv, cmd->bench);
   if (cmd->g->parsed()) return sshsdp::RunGenerate(cmd->generate);

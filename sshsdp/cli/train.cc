@@ -127,37 +127,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // bf16 GEMMs run for bf16 weights and the bf16 parts of mxfp8 runs: a bad
     // SSHSDP_BF16_GEMM fails here, before any collective.
     if (o.weight_dtype != "fp32") kernels::ActiveBf16GemmPath();
-    EngineConfig cfg;
-    cfg.ranks_per_node = o.ranks_per_node;
-    cfg.microbatches = o.microbatches;
-    cfg.batch_size = o.batch_size;
-    cfg.seq_len = T;
+    EngineConfig cfg = EngineConfigOf(o, WorldSize(), T);
     if (!o.trace.empty()) cfg.tracer = &tracer;
-    SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32" || o.weight_dtype == "mxfp8",
-                 ConfigError, "--weight-dtype must be bf16, fp32 or mxfp8, got '{}'",
-                 o.weight_dtype);
-    cfg.weight_dtype = o.weight_dtype == "mxfp8" ? DType::kE4M3 : ParseDType(o.weight_dtype);
-    cfg.scale_layout = ParseScaleLayout(o.scale_layout);
-    cfg.reduce = ParseReduceMode(o.reduce);
-    cfg.sr_seed = o.sr_seed;
-    cfg.reshard_after_forward = !o.keep_gathered;
-    cfg.prefetch = !o.no_prefetch;
-    cfg.comm_path = ParseCommPath(o.comm_path);
-    cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
-    cfg.clip_norm = o.clip;
-    SSHSDP_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError,
-                 "--optimizer must be adamw or muon, got '{}'", o.optimizer);
-    SSHSDP_CHECK(o.muon_unit == "head" || o.muon_unit == "matrix", ConfigError,
-                 "--muon-unit must be head or matrix, got '{}'", o.muon_unit);
-    cfg.optimizer = o.optimizer == "muon" ? OptimizerKind::kMuon : OptimizerKind::kAdamW;
-    cfg.muon_unit = ParseUnitRule(o.muon_unit);
-    cfg.muon.lr = o.muon_lr;
-    cfg.muon.momentum = o.muon_momentum;
-    cfg.muon.nesterov = o.muon_nesterov;
-    cfg.muon.scale = ParseMuonScale(o.muon_scale);
-    cfg.muon.weight_decay = o.muon_weight_decay;
-    cfg.muon.ns_steps = o.muon_ns_steps;
-    cfg.on_nonfinite = ParseNonFinitePolicy(o.on_nonfinite);
     ValidateEngineConfig(cfg);  // hyperparameter ranges, before any collective
     LrSchedule schedule;
     schedule.kind = LrSchedule::Parse(o.lr_schedule);
@@ -170,13 +141,6 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     schedule.Validate();
 
     const int world_size = WorldSize();
-    // Unset degrees: so = W, sg = sw if given else so, sw = sg — fully sharded without any.
-    SSHSDP_CHECK(o.sw >= 0 && o.sg >= 0 && o.so >= 0, ConfigError,
-                 "--sw, --sg and --so must be >= 1 (or left out), got {}, {}, {}", o.sw, o.sg,
-                 o.so);
-    cfg.so = o.so ? o.so : world_size;
-    cfg.sg = o.sg ? o.sg : o.sw ? o.sw : cfg.so;
-    cfg.sw = o.sw ? o.sw : cfg.sg;
     SSHSDP_CHECK(o.save_every >= 0 && o.keep >= 0, ConfigError,
                  "--save-every and --keep must be >= 0, got {} and {}", o.save_every, o.keep);
     SSHSDP_CHECK(o.save_every == 0 || !o.ckpt_dir.empty(), ConfigError,

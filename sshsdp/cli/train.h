@@ -78,6 +78,10 @@ struct TrainOptions {
 
 // train_options.cc.
 void AddTrainOptions(CLI::App& app, TrainOptions& o);
+// The engine configuration the options ask for on `world_size` ranks with `seq_len` tokens
+// per sample (unset degrees: fully sharded); ConfigError naming a bad value. `train` and
+// `plan` build theirs with it.
+EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len);
 // Initializes MPI, trains, returns the process exit code; errors on any rank end the job.
 int RunTrain(int argc, char** argv, const TrainOptions& o);
 

@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 
 #include "sshsdp/cli/train.h"
+#include "sshsdp/comm/comm_path.h"
+#include "sshsdp/numerics/scale_layout.h"
 
 namespace sshsdp {
 
@@ -201,6 +203,45 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "all-gather, node-local reduction first; needs ZeRO-3/ZeRO-2 groups spread "
                  "evenly over --ranks-per-node nodes)")
       ->capture_default_str();
+}
+
+EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) {
+  EngineConfig cfg;
+  cfg.ranks_per_node = o.ranks_per_node;
+  cfg.microbatches = o.microbatches;
+  cfg.batch_size = o.batch_size;
+  cfg.seq_len = seq_len;
+  SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32" || o.weight_dtype == "mxfp8",
+               ConfigError, "--weight-dtype must be bf16, fp32 or mxfp8, got '{}'", o.weight_dtype);
+  cfg.weight_dtype = o.weight_dtype == "mxfp8" ? DType::kE4M3 : ParseDType(o.weight_dtype);
+  cfg.scale_layout = ParseScaleLayout(o.scale_layout);
+  cfg.reduce = ParseReduceMode(o.reduce);
+  cfg.sr_seed = o.sr_seed;
+  cfg.reshard_after_forward = !o.keep_gathered;
+  cfg.prefetch = !o.no_prefetch;
+  cfg.comm_path = ParseCommPath(o.comm_path);
+  cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
+  cfg.clip_norm = o.clip;
+  SSHSDP_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError,
+               "--optimizer must be adamw or muon, got '{}'", o.optimizer);
+  SSHSDP_CHECK(o.muon_unit == "head" || o.muon_unit == "matrix", ConfigError,
+               "--muon-unit must be head or matrix, got '{}'", o.muon_unit);
+  cfg.optimizer = o.optimizer == "muon" ? OptimizerKind::kMuon : OptimizerKind::kAdamW;
+  cfg.muon_unit = ParseUnitRule(o.muon_unit);
+  cfg.muon.lr = o.muon_lr;
+  cfg.muon.momentum = o.muon_momentum;
+  cfg.muon.nesterov = o.muon_nesterov;
+  cfg.muon.scale = ParseMuonScale(o.muon_scale);
+  cfg.muon.weight_decay = o.muon_weight_decay;
+  cfg.muon.ns_steps = o.muon_ns_steps;
+  cfg.on_nonfinite = ParseNonFinitePolicy(o.on_nonfinite);
+  // Unset degrees: so = W, sg = sw if given else so, sw = sg — fully sharded without any.
+  SSHSDP_CHECK(o.sw >= 0 && o.sg >= 0 && o.so >= 0, ConfigError,
+               "--sw, --sg and --so must be >= 1 (or left out), got {}, {}, {}", o.sw, o.sg, o.so);
+  cfg.so = o.so ? o.so : world_size;
+  cfg.sg = o.sg ? o.sg : o.sw ? o.sw : cfg.so;
+  cfg.sw = o.sw ? o.sw : cfg.sg;
+  return cfg;
 }
 
 }  // namespace sshsdp

@@ -9,6 +9,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/comm/ring_bytes.h"
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/numerics/stochastic_rounding.h"
 
@@ -209,7 +210,6 @@ void MpiCommunicator::RingStep(const void* send, size_t send_bytes, void* recv, 
     Check(MPI_Isend(s + off, len, MPI_BYTE, next, tag, comm_, &req), op, "MPI_Isend");
     requests_.push_back(req);
   }
-  CountSend(next, send_bytes);
   if (requests_.empty()) return;
   statuses_.resize(requests_.size());
   WaitScope watched(op, name(), {world_rank(prev), world_rank(next)});
@@ -329,6 +329,7 @@ void MpiCommunicator::AllGatherInPlace(void* buf, size_t count, DType dtype) {
                count);
   counters_.calls++;
   if (count == 0) return;
+  CountSend((rank_ + 1) % size(), RingAllGatherSendBytes(size(), count, DTypeSize(dtype)));
   RingAllGather(static_cast<char*>(buf), Chunks::Even(count).Times(DTypeSize(dtype)),
                 "AllGatherInPlace");
 }
@@ -353,6 +354,7 @@ void MpiCommunicator::AllGather(const void* send, void* recv, size_t count, DTyp
     std::memcpy(own, send, count * e);
     counters_.local_copy_bytes += count * e;
   }
+  CountSend((rank_ + 1) % size(), RingAllGatherSendBytes(size(), count, e));
   RingAllGather(static_cast<char*>(recv), Chunks::Even(count).Times(e), "AllGather");
 }
 
@@ -386,6 +388,8 @@ void MpiCommunicator::ReduceScatterPartials(const void* send, DType send_dtype, 
                where, send_bytes, recv_bytes);
   counters_.calls++;
   if (count == 0) return;
+  CountSend((rank_ + 1) % size(),
+            RingReduceScatterSendBytes(size(), count, DTypeSize(options.partial_dtype)));
   RingReduceScatter(send, send_dtype, Chunks::Even(count), recv, recv_dtype, accumulate,
                     "ReduceScatter", &options);
 }
@@ -402,6 +406,9 @@ void MpiCommunicator::AllReduce(void* buf, size_t count, DType dtype) {
   if (count == 0) return;
   const Chunks chunks = Chunks::Cut(count, size());
   char* own = static_cast<char*>(buf) + chunks.offset(rank_) * DTypeSize(dtype);
+  // Partials travel as fp32 (4 bytes) for fp32 and bf16 buffers alike.
+  CountSend((rank_ + 1) % size(),
+            RingAllReduceSendBytes(size(), rank_, count, 4, DTypeSize(dtype)));
   RingReduceScatter(buf, dtype, chunks, own, dtype, /*accumulate=*/false, "AllReduce");
   RingAllGather(static_cast<char*>(buf), chunks.Times(DTypeSize(dtype)), "AllReduce");
 }

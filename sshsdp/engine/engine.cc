@@ -26,16 +26,15 @@ std::unique_ptr<DataNode> FullViews(const std::string& name, const GroupLayout& 
 
 std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes, MemoryAccount* acct,
                                  const std::string& category) {
-  auto root = std::make_unique<DataNode>(name, std::max<size_t>(bytes, 64));
+  auto root = std::make_unique<DataNode>(name, BufferBytes(bytes));
   root->Finalize();
   root->Allocate(acct, category);
   return root;
 }
 
-// ⑦: optimizer state replicated across replica groups = no outer ZeRO-1 (so = sg).
-int EffectiveSo(const EngineConfig& c) { return c.redundancies.replicate_optimizer ? c.sg : c.so; }
-
 }  // namespace
+
+int EffectiveSo(const EngineConfig& c) { return c.redundancies.replicate_optimizer ? c.sg : c.so; }
 
 NonFinitePolicy ParseNonFinitePolicy(const std::string& name) {
   if (name == "stop") return NonFinitePolicy::kStop;
@@ -59,14 +58,7 @@ void ValidateEngineConfig(const EngineConfig& cfg) {
                cfg.seq_len);
 }
 
-Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
-    : model_(model),
-      world_(world),
-      cfg_(cfg),
-      topo_(world.size(), cfg.ranks_per_node > 0 ? cfg.ranks_per_node : world.size(), cfg.sw,
-            cfg.sg, EffectiveSo(cfg)),
-      rank_(world.rank()),
-      pool_(std::make_unique<TransientPool>(&memory_)) {
+EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const Topology& topo) {
   ValidateEngineConfig(cfg);
   SSHSDP_CHECK(cfg.weight_dtype == DType::kF32 || cfg.weight_dtype == DType::kBF16 ||
                    cfg.weight_dtype == DType::kE4M3,
@@ -88,8 +80,9 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
                  "collective comm path (of the baselines only ② quantize-every-gather), got {}",
                  cfg.redundancies.ToString());
   }
-  grad_dtype_ = GradDType(cfg.reduce);
-  SSHSDP_CHECK(grad_dtype_ == DType::kF32 ||
+  EngineModes m;
+  m.grad_dtype = GradDType(cfg.reduce);
+  SSHSDP_CHECK(m.grad_dtype == DType::kF32 ||
                    (cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.grad_copies),
                ConfigError,
                "reduce mode {} writes bf16 gradients straight into G′: it needs the flat shard "
@@ -99,17 +92,33 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
                cfg.microbatches);
   SSHSDP_CHECK(cfg.batch_size >= 1, ConfigError, "batch size must be >= 1, got {}", cfg.batch_size);
   SSHSDP_CHECK(model.num_groups() >= 1, ConfigError, "model has no runtime groups");
-  cfg_.so = topo_.so();
-  const Redundancies& R = cfg_.redundancies;
-  SSHSDP_CHECK(cfg_.shard_layout != ShardLayout::kDim0 || (R.weight_copies && R.grad_copies),
+  const Redundancies& R = cfg.redundancies;
+  SSHSDP_CHECK(cfg.shard_layout != ShardLayout::kDim0 || (R.weight_copies && R.grad_copies),
                ConfigError,
                "the dim-0 shard layout interleaves parameters by rank in the gathered buffer: "
                "it needs weight copy-out (③) and gradient copies (④) on, got {}",
                R.ToString());
-  store_dtype_ = R.cast_every_gather ? DType::kF32 : cfg_.weight_dtype;
-  const bool grads_direct = cfg_.shard_layout == ShardLayout::kFlat && !R.grad_copies;
-  skip_gather_ = topo_.sw() == 1 && store_dtype_ == cfg_.weight_dtype && !R.weight_copies;
-  skip_rs_ = topo_.sg() == 1 && grads_direct && !R.separate_add && grad_dtype_ == DType::kF32;
+  m.store_dtype = R.cast_every_gather ? DType::kF32 : cfg.weight_dtype;
+  const bool grads_direct = cfg.shard_layout == ShardLayout::kFlat && !R.grad_copies;
+  m.skip_gather = topo.sw() == 1 && m.store_dtype == cfg.weight_dtype && !R.weight_copies;
+  m.skip_rs = topo.sg() == 1 && grads_direct && !R.separate_add && m.grad_dtype == DType::kF32;
+  return m;
+}
+
+Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
+    : model_(model),
+      world_(world),
+      cfg_(cfg),
+      topo_(world.size(), cfg.ranks_per_node > 0 ? cfg.ranks_per_node : world.size(), cfg.sw,
+            cfg.sg, EffectiveSo(cfg)),
+      rank_(world.rank()),
+      pool_(std::make_unique<TransientPool>(&memory_)) {
+  const EngineModes modes = CheckEngineSetup(model, cfg, topo_);
+  cfg_.so = topo_.so();
+  grad_dtype_ = modes.grad_dtype;
+  store_dtype_ = modes.store_dtype;
+  skip_gather_ = modes.skip_gather;
+  skip_rs_ = modes.skip_rs;
   if (cfg_.comm_path == CommPath::kDirect) {
     // Plan-time checks of the direct path, before any collective.
     SSHSDP_CHECK(dynamic_cast<MpiCommunicator*>(&world) != nullptr, ConfigError,
@@ -161,8 +170,8 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
       chains.push_back(gp->chain.get());
       mx_groups.push_back(gp->wdt == DType::kE4M3);
     }
-    mx_ = std::make_unique<MxWeights>(layouts, chains, topo_, rank_, cfg_.scale_layout, *up_p2p_,
-                                      &memory_, mx_groups);
+    mx_ = std::make_unique<MxWeights>(layouts, chains, topo_, rank_, cfg_.scale_layout,
+                                      up_p2p_.get(), &memory_, mx_groups);
   }
   DataPathContext ctx;
   ctx.cfg = &cfg_;
@@ -179,33 +188,14 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
 void Engine::BuildUpdate() {
   // Which optimizer and unit every update parameter gets, and the plans (metadata only: every
   // rank computes the same plan of its replica without communicating).
-  UpdateOptions o;
-  o.optimizer = cfg_.optimizer;
-  o.adamw = cfg_.adamw;
-  o.muon = cfg_.muon;
-  o.muon_unit = cfg_.muon_unit;
-  o.overrides = cfg_.unit_overrides;
-  // ⑥ (Megatron-FSDP's refusal was checked in the constructor): FSDP2's full_tensor path
-  // gathers whole matrices on every rank of the ZeRO-1 group (FullTensorMuon), on any shard
-  // layout; sshsdp / veScale move split units point to point.
-  o.full_tensor = cfg_.redundancies.structured_updates == StructuredUpdates::kFullTensor;
+  const UpdateOptions o = UpdateOptionsOf(cfg_);
   if (o.full_tensor && !first_structured_.empty()) {
     // The ZeRO-1 group of this rank's replica, ordered by chunk (collective over the world;
     // the condition is the same on every rank).
     up_zero1_ = world_.Split(topo_.Coord(rank_).d, topo_.ChunkIndex(Shard::kZero1, rank_));
   }
   std::vector<UpdateGroupView> views;
-  for (auto& gp : groups_) {
-    UpdateGroupView v{&gp->layout, gp->chain.get(), gp->pieces};
-    bool identity = gp->pieces.size() == gp->layout.update.size();
-    for (size_t m = 0; m < gp->pieces.size(); ++m) {
-      const MemberPiece& pc = gp->pieces[m];
-      identity = identity && pc.update == static_cast<int>(m) && pc.offset == 0 &&
-                 pc.valid == gp->layout.list.member(m).numel;
-    }
-    if (identity) v.pieces.clear();
-    views.push_back(std::move(v));
-  }
+  for (auto& gp : groups_) views.push_back(UpdateViewOf(*gp));
   update_ =
       std::make_unique<StructuredUpdate>(views, o, rank_, *up_p2p_, &memory_, up_zero1_.get());
   for (size_t g = 0; g < groups_.size(); ++g)
@@ -253,8 +243,7 @@ std::map<std::string, Zero1Array> Engine::StateLayout(const GroupLayout& layout,
 
 void Engine::AllocateState(RuntimeGroup& g) {
   g.opt_state = StateLayout(g.layout, g.pieces, g.chain->Fragments(Shard::kZero1));
-  size_t elems = 0;
-  for (const auto& [f, a] : g.opt_state) elems += a.packed ? a.stored() : g.z1.size();
+  const size_t elems = StateElements(g.opt_state, g.z1.size());
   g.state = Buffer(fmt::format("group{}.optimizer_state", g.layout.group), elems * 4, &memory_,
                    "optimizer_state");
   size_t at = 0;
@@ -318,48 +307,93 @@ Engine::~Engine() {
   }
 }
 
-void Engine::BuildGroup(int gi) {
+std::unique_ptr<RuntimeGroup> PlanRuntimeGroup(const Model& model, int gi, const EngineConfig& cfg,
+                                               const Topology& topo, int rank) {
   auto g = std::make_unique<RuntimeGroup>();
-  {
-    EngineLayout E = BuildEngineLayout(cfg_.shard_layout, gi, model_.GroupParams(gi),
-                                       cfg_.weight_dtype, topo_.sw(), topo_.so());
-    g->layout = std::move(E.layout);
-    g->pieces = std::move(E.pieces);
-    g->uncovered = std::move(E.uncovered);
-    g->contiguous = std::move(E.contiguous);
-    g->part_offset.assign(g->layout.update.size(), 0);
-    for (const RuntimeParam& rp : g->layout.runtime) {
-      size_t off = 0;
-      for (int i = rp.first_member; i < rp.first_member + rp.num_members; ++i) {
-        g->part_offset[i] = off;
-        off += NumElements(g->layout.update[i].shape);
-      }
+  EngineLayout E = BuildEngineLayout(cfg.shard_layout, gi, model.GroupParams(gi), cfg.weight_dtype,
+                                     topo.sw(), topo.so());
+  g->layout = std::move(E.layout);
+  g->pieces = std::move(E.pieces);
+  g->uncovered = std::move(E.uncovered);
+  g->contiguous = std::move(E.contiguous);
+  g->part_offset.assign(g->layout.update.size(), 0);
+  for (const RuntimeParam& rp : g->layout.runtime) {
+    size_t off = 0;
+    for (int i = rp.first_member; i < rp.first_member + rp.num_members; ++i) {
+      g->part_offset[i] = off;
+      off += NumElements(g->layout.update[i].shape);
     }
   }
-  g->chain = std::make_unique<ShardChain>(g->layout.list, topo_, rank_);
+  g->chain = std::make_unique<ShardChain>(g->layout.list, topo, rank);
   g->z3 = g->chain->LocalRange(Shard::kZero3);
   g->z2 = g->chain->LocalRange(Shard::kZero2);
   g->z1 = g->chain->LocalRange(Shard::kZero1);
   g->padded = g->layout.list.padded_numel();
-  g->wdt = cfg_.weight_dtype;
-  if (g->wdt == DType::kE4M3 && !model_.GroupConsumesMx(gi)) g->wdt = DType::kBF16;
-  g->sdt = cfg_.redundancies.cast_every_gather ? DType::kF32 : g->wdt;
-  const size_t ws = DTypeSize(g->sdt);
+  g->wdt = cfg.weight_dtype;
+  if (g->wdt == DType::kE4M3 && !model.GroupConsumesMx(gi)) g->wdt = DType::kBF16;
+  g->sdt = cfg.redundancies.cast_every_gather ? DType::kF32 : g->wdt;
+  return g;
+}
+
+GroupBufferSizes BufferSizes(const RuntimeGroup& g, const Topology& topo) {
+  GroupBufferSizes b;
+  b.w_z3 = g.z3.size() * DTypeSize(g.sdt);
+  if (g.sdt != DType::kF32) b.main_z1 = g.z1.size() * 4;  // fp32: a view of Wᶻ³'s ZeRO-1 slice
+  b.g_z2 = g.z2.size() * 4;
+  if (topo.so() != topo.sg()) b.g_z1 = g.z1.size() * 4;  // so = sg: a view of G′ᶻ²
+  return b;
+}
+
+size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1) {
+  size_t elems = 0;
+  for (const auto& [f, a] : fields) elems += a.packed ? a.stored() : z1;
+  return elems;
+}
+
+UpdateOptions UpdateOptionsOf(const EngineConfig& cfg) {
+  UpdateOptions o;
+  o.optimizer = cfg.optimizer;
+  o.adamw = cfg.adamw;
+  o.muon = cfg.muon;
+  o.muon_unit = cfg.muon_unit;
+  o.overrides = cfg.unit_overrides;
+  // ⑥ (Megatron-FSDP's refusal is checked at construction): FSDP2's full_tensor path gathers
+  // whole matrices on every rank of the ZeRO-1 group (FullTensorMuon), on any shard layout;
+  // sshsdp / veScale move split units point to point.
+  o.full_tensor = cfg.redundancies.structured_updates == StructuredUpdates::kFullTensor;
+  return o;
+}
+
+UpdateGroupView UpdateViewOf(const RuntimeGroup& g) {
+  UpdateGroupView v{&g.layout, g.chain.get(), g.pieces};
+  bool identity = g.pieces.size() == g.layout.update.size();
+  for (size_t m = 0; m < g.pieces.size(); ++m) {
+    const MemberPiece& pc = g.pieces[m];
+    identity = identity && pc.update == static_cast<int>(m) && pc.offset == 0 &&
+               pc.valid == g.layout.list.member(m).numel;
+  }
+  if (identity) v.pieces.clear();
+  return v;
+}
+
+void Engine::BuildGroup(int gi) {
+  std::unique_ptr<RuntimeGroup> g = PlanRuntimeGroup(model_, gi, cfg_, topo_, rank_);
+  const GroupBufferSizes b = BufferSizes(*g, topo_);
   const std::string p = "group" + std::to_string(gi);
 
-  g->w_z3 = Buffer(p + ".w_z3", g->z3.size() * ws, &memory_, "weights");
-  if (g->sdt == DType::kF32) {
+  g->w_z3 = Buffer(p + ".w_z3", b.w_z3, &memory_, "weights");
+  if (b.main_z1 == 0) {
     // Zero copy: fp32 runtime weights ARE the main weights; the ZeRO-1 slice of Wᶻ³ holds them.
     g->main_z1 = g->w_z3->data_as<float>() + (g->z1.begin - g->z3.begin);
   } else {
-    g->main_own = Buffer(p + ".main_z1", g->z1.size() * 4, &memory_, "main_weights");
+    g->main_own = Buffer(p + ".main_z1", b.main_z1, &memory_, "main_weights");
     g->main_z1 = g->main_own->data_as<float>();
   }
-  g->g_z2 = Buffer(p + ".g_z2", g->z2.size() * 4, &memory_, "gradients");
-  if (topo_.so() == topo_.sg()) {
+  g->g_z2 = Buffer(p + ".g_z2", b.g_z2, &memory_, "gradients");
+  if (b.g_z1 == 0) {
     g->g_z1 = g->g_z2->data_as<float>();  // same shard: a view
   } else {
-    g->g_z1_own = Buffer(p + ".g_z1", g->z1.size() * 4, &memory_, "gradients");
+    g->g_z1_own = Buffer(p + ".g_z1", b.g_z1, &memory_, "gradients");
     g->g_z1 = g->g_z1_own->data_as<float>();
   }
 

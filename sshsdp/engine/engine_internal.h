@@ -83,11 +83,48 @@ struct RuntimeGroup {
   std::vector<TensorRef> Views(const DataNode& root, DType dt) const;
 };
 
+// ⑦: optimizer state replicated across replica groups = no outer ZeRO-1 (the effective so is
+// sg); the Topology of a run is built with it.
+int EffectiveSo(const EngineConfig& cfg);
+
+// The checks of a configuration against a model that need no communication (dtypes, reduce
+// mode, shard layout; ConfigError naming the setting), and the modes they imply.
+struct EngineModes {
+  DType grad_dtype = DType::kF32;    // G′: fp32, or bf16 in the bf16 reduce modes
+  DType store_dtype = DType::kBF16;  // persistent ZeRO-3 weights (fp32 with ②)
+  bool skip_gather = false;          // sw = 1 and nothing to cast or copy: W′ is Wᶻ³
+  bool skip_rs = false;              // sg = 1 and direct fused accumulation: G′ is G′ᶻ²
+};
+EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const Topology& topo);
+
+// The geometry of runtime group `gi` on `rank` — layout, member pieces, shard chain, local
+// ranges, dtypes — without any buffer: Engine::BuildGroup allocates for it, and the plan
+// (plan.h) sizes from it, so the two cannot disagree.
+std::unique_ptr<RuntimeGroup> PlanRuntimeGroup(const Model& model, int gi, const EngineConfig& cfg,
+                                               const Topology& topo, int rank);
+
+// Bytes of a group's persistent buffers before the 64-byte minimum of BufferBytes; 0 where the
+// buffer is a view of another (fp32 main weights inside Wᶻ³, Gᶻ¹ = G′ᶻ² when so = sg).
+struct GroupBufferSizes {
+  size_t w_z3 = 0, main_z1 = 0, g_z2 = 0, g_z1 = 0;
+};
+GroupBufferSizes BufferSizes(const RuntimeGroup& g, const Topology& topo);
+// What a data-tree root of `bytes` allocates (and accounts): at least 64 bytes.
+inline size_t BufferBytes(size_t bytes) { return bytes < 64 ? 64 : bytes; }
+// Elements of a group's optimizer-state allocation: dense fields cover the ZeRO-1 chunk
+// (`z1` elements), packed ones their stored runs.
+size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1);
+// The update's options of an engine configuration, and a group as the update sees it.
+UpdateOptions UpdateOptionsOf(const EngineConfig& cfg);
+UpdateGroupView UpdateViewOf(const RuntimeGroup& g);
+
 // Transient gather / gradient / copy buffers, reused by size (best fit), accounted as
-// "transient": the pool holds as many blocks as are live at once, not one per size.
+// "transient": the pool holds as many blocks as are live at once, not one per size. A dry
+// pool (plan.h) hands out distinct placeholder addresses and allocates nothing, so a replay
+// of the schedule accounts exactly what the engine's pool would.
 class TransientPool {
  public:
-  explicit TransientPool(MemoryAccount* memory) : memory_(memory) {}
+  explicit TransientPool(MemoryAccount* memory, bool dry = false) : memory_(memory), dry_(dry) {}
   ~TransientPool();
   TransientPool(const TransientPool&) = delete;
   TransientPool& operator=(const TransientPool&) = delete;
@@ -96,6 +133,7 @@ class TransientPool {
 
  private:
   MemoryAccount* memory_;
+  bool dry_ = false;
   std::multimap<size_t, void*> free_;
   std::vector<std::pair<void*, size_t>> all_;
 };

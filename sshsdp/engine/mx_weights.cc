@@ -24,7 +24,7 @@ bool MxWeights::GroupIsMx(const GroupLayout& layout) {
 
 MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
                      const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
-                     ScaleLayout layout, Communicator& p2p, MemoryAccount* account,
+                     ScaleLayout layout, Communicator* p2p, MemoryAccount* account,
                      const std::vector<bool>& mx_groups)
     : topo_(topo),
       rank_(rank),
@@ -156,6 +156,8 @@ void MxWeights::Quantize(const std::vector<const float*>& main_z1,
                          const std::vector<uint8_t*>& codes_z1) {
   stats_ = {};
   if (!exec_) return;
+  SSHSDP_CHECK(p2p_ != nullptr, PlanError,
+               "MxWeights: built for a plan (no communicator); G cannot run");
   codes_z1_ = codes_z1;
   std::vector<Zero1State> state(groups_.size());
   for (size_t g = 0; g < groups_.size(); ++g) {
@@ -168,31 +170,50 @@ void MxWeights::Quantize(const std::vector<const float*>& main_z1,
 
   // Scales: the execution rank of each band → the owners of the band's S elements.
   std::vector<P2POp> sends, recvs;
-  for (size_t u = 0; u < bands_.size(); ++u) {
-    const BandRef& br = bands_[u];
-    Group& G = groups_[br.group];
-    const int exec = plan_->placements()[u].exec_rank;
-    const size_t kb = static_cast<size_t>(MxBlocks(G.cols[br.member]));
-    const size_t s0 = G.s_list.member(br.member).offset + static_cast<size_t>(br.band) * kb;
-    const size_t s1 = s0 + kb;
-    for (size_t j = s0 / G.s_chunk; j * G.s_chunk < s1; ++j) {
-      const int owner = topo_.Zero1ChunkOwner(static_cast<int>(j), replica_);
-      if (exec != rank_ && owner != rank_) continue;
-      const size_t lo = std::max(s0, j * G.s_chunk), hi = std::min(s1, (j + 1) * G.s_chunk);
-      // This rank's own S elements (only formed when it owns them: lo is in its ZeRO-1 slice).
-      auto dst = [&] { return G.s_z3.data() + (G.z1.begin - G.z3.begin) + (lo - G.z1.begin); };
-      if (exec == rank_ && owner == rank_) {
-        std::memcpy(dst(), band_scales_[u].data() + (lo - s0), hi - lo);
-      } else if (exec == rank_) {
-        sends.push_back({owner, band_scales_[u].data() + (lo - s0), hi - lo, kMxScaleTag});
-        stats_.bytes_sent += hi - lo;
-      } else {
-        recvs.push_back({exec, dst(), hi - lo, kMxScaleTag});
-      }
+  for (const ScaleMessage& m : ScaleMessages()) {
+    if (m.exec != rank_ && m.owner != rank_) continue;
+    Group& G = groups_[m.group];
+    const size_t s0 = ScaleBandBegin(m.unit);
+    // This rank's own S elements (only formed when it owns them: lo is in its ZeRO-1 slice).
+    auto dst = [&] { return G.s_z3.data() + (G.z1.begin - G.z3.begin) + (m.lo - G.z1.begin); };
+    uint8_t* src = band_scales_[m.unit].data() + (m.lo - s0);
+    if (m.exec == rank_ && m.owner == rank_) {
+      std::memcpy(dst(), src, m.hi - m.lo);
+    } else if (m.exec == rank_) {
+      sends.push_back({m.owner, src, m.hi - m.lo, kMxScaleTag});
+      stats_.bytes_sent += m.hi - m.lo;
+    } else {
+      recvs.push_back({m.exec, dst(), m.hi - m.lo, kMxScaleTag});
     }
   }
-  if (!sends.empty() || !recvs.empty()) p2p_.Exchange(sends, recvs);
+  if (!sends.empty() || !recvs.empty()) p2p_->Exchange(sends, recvs);
   codes_z1_.clear();
+}
+
+uint64_t MxWeights::temporary_bytes() const { return exec_ ? exec_->temporary_bytes() : 0; }
+
+size_t MxWeights::ScaleBandBegin(size_t u) const {
+  const BandRef& br = bands_[u];
+  const Group& G = groups_[br.group];
+  return G.s_list.member(br.member).offset +
+         static_cast<size_t>(br.band) * static_cast<size_t>(MxBlocks(G.cols[br.member]));
+}
+
+std::vector<MxWeights::ScaleMessage> MxWeights::ScaleMessages() const {
+  std::vector<ScaleMessage> out;
+  for (size_t u = 0; u < bands_.size(); ++u) {
+    const BandRef& br = bands_[u];
+    const Group& G = groups_[br.group];
+    const int exec = plan_->placements()[u].exec_rank;
+    const size_t s0 = ScaleBandBegin(u);
+    const size_t s1 = s0 + static_cast<size_t>(MxBlocks(G.cols[br.member]));
+    for (size_t j = s0 / G.s_chunk; j * G.s_chunk < s1; ++j) {
+      const int owner = topo_.Zero1ChunkOwner(static_cast<int>(j), replica_);
+      out.push_back({br.group, exec, owner, u, std::max(s0, j * G.s_chunk),
+                     std::min(s1, (j + 1) * G.s_chunk)});
+    }
+  }
+  return out;
 }
 
 void MxWeights::QuantizeFull(int g, const float* full_main, uint8_t* codes) {

@@ -70,9 +70,10 @@ class MxWeights {
   // model's Model::GroupConsumesMx; empty = GroupIsMx of every layout). Builds S, its chain
   // and buffers, the band units and the G plan (metadata only). Throws ConfigError when a
   // layout is not usable (e.g. kBlockRowMajor with parts whose rows are not multiples of 32).
+  // A null p2p builds the plan only (engine/plan.h): sizes and messages, Quantize refuses.
   MxWeights(const std::vector<const GroupLayout*>& layouts,
             const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
-            ScaleLayout layout, Communicator& p2p, MemoryAccount* account,
+            ScaleLayout layout, Communicator* p2p, MemoryAccount* account,
             const std::vector<bool>& mx_groups = {});
   ~MxWeights();
 
@@ -106,6 +107,17 @@ class MxWeights {
     uint64_t bands_executed = 0, split_bands = 0, bytes_sent = 0;
   };
   const Stats& last_stats() const { return stats_; }
+  // Bytes of the G executor's update temporaries per Quantize.
+  uint64_t temporary_bytes() const;
+  // The G plan (band units, execution ranks, code fetches / returns), or null without bands.
+  const UpdatePlan* plan() const { return plan_.get(); }
+  // Every scale message of Quantize in this rank's replica: the band's execution rank sends
+  // S elements [lo, hi) of group `group` to their ZeRO-1 owner (exec == owner: a local copy).
+  struct ScaleMessage {
+    int group = 0, exec = 0, owner = 0;
+    size_t unit = 0, lo = 0, hi = 0;
+  };
+  std::vector<ScaleMessage> ScaleMessages() const;
 
  private:
   struct Group {
@@ -120,13 +132,14 @@ class MxWeights {
     std::vector<size_t> rt_offset, rt_bytes;
   };
   std::vector<MxScaleGrid> Parts(int g, int r) const;
+  size_t ScaleBandBegin(size_t unit) const;  // first S element of band unit `unit`
 
   std::vector<Group> groups_;
   const Topology& topo_;
   int rank_;
   int replica_;
   ScaleLayout layout_;
-  Communicator& p2p_;
+  Communicator* p2p_;  // null: plan only
   MemoryAccount* account_;
   std::vector<const ShardChain*> chains_;
   std::shared_ptr<const UpdatePlan> plan_;

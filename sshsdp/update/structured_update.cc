@@ -2,6 +2,8 @@
 // structured_update.h).
 #include "sshsdp/update/structured_update.h"
 
+#include <algorithm>
+
 #include "sshsdp/base/error.h"
 
 namespace sshsdp {
@@ -17,6 +19,19 @@ std::vector<std::string> OptimizerStateFields(OptimizerKind k) {
 StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
                                    const UpdateOptions& options, int rank, Communicator& p2p,
                                    MemoryAccount* account, Communicator* zero1) {
+  Build(groups, options, rank, &p2p, account, zero1);
+}
+
+StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
+                                   const UpdateOptions& options, int rank) {
+  SSHSDP_CHECK(!options.full_tensor, PlanError,
+               "structured update: a plan-only update cannot model full_tensor (⑥) Muon");
+  Build(groups, options, rank, nullptr, nullptr, nullptr);
+}
+
+void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
+                             const UpdateOptions& options, int rank, Communicator* p2p,
+                             MemoryAccount* account, Communicator* zero1) {
   SSHSDP_CHECK(!groups.empty(), PlanError, "structured update: no runtime groups");
   SSHSDP_CHECK(options.muon_unit == UnitRule::kHead || options.muon_unit == UnitRule::kMatrix,
                ConfigError, "Muon unit must be 'head' or 'matrix', got '{}'",
@@ -146,6 +161,13 @@ const UpdatePlan* StructuredUpdate::plan(OptimizerKind opt) const {
   for (size_t i = 0; i < kinds_.size(); ++i)
     if (kinds_[i] == opt) return &executors_[i]->plan();
   return nullptr;
+}
+
+uint64_t StructuredUpdate::peak_temporary_bytes() const {
+  uint64_t b = 0;
+  for (const auto& ex : executors_) b = std::max(b, ex->temporary_bytes());
+  if (full_tensor_) b = std::max(b, full_tensor_->temporary_bytes());
+  return b;
 }
 
 uint64_t StructuredUpdate::temporary_bytes() const {

@@ -70,6 +70,10 @@ class StructuredUpdate {
   StructuredUpdate(const std::vector<UpdateGroupView>& groups, const UpdateOptions& options,
                    int rank, Communicator& p2p, MemoryAccount* account = nullptr,
                    Communicator* zero1 = nullptr);
+  // Plan only (engine/plan.h): the same selection, plans and executors' temporaries for
+  // `rank`, without communicators; Run refuses. Not for options.full_tensor (PlanError).
+  StructuredUpdate(const std::vector<UpdateGroupView>& groups, const UpdateOptions& options,
+                   int rank);
 
   // optimizers()[g][u]: which optimizer updates update parameter u of group g.
   const std::vector<std::vector<OptimizerKind>>& optimizers() const { return optimizers_; }
@@ -85,10 +89,15 @@ class StructuredUpdate {
   // Statistics of the last Run, summed over both programs.
   const UpdateRunStats& last_run() const { return stats_; }
   uint64_t temporary_bytes() const;
+  // The largest of the executors' temporaries: the peak of "update_temporaries" (the
+  // programs run one after another, each releasing its roots before the next).
+  uint64_t peak_temporary_bytes() const;
   // Share of parameters (elements) that Muon updates.
   double muon_share() const;
 
  private:
+  void Build(const std::vector<UpdateGroupView>& groups, const UpdateOptions& options, int rank,
+             Communicator* p2p, MemoryAccount* account, Communicator* zero1);
   std::vector<std::vector<OptimizerKind>> optimizers_;
   std::vector<std::unique_ptr<UpdateExecutor>> executors_;  // AdamW first, then Muon
   std::vector<OptimizerKind> kinds_;

@@ -25,7 +25,7 @@ bool UsesField(const UpdateStage& s, const std::string& f) {
 
 UpdateExecutor::UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
                                const std::vector<const ShardChain*>& chains, int rank,
-                               Communicator& comm, MemoryAccount* account)
+                               Communicator* comm, MemoryAccount* account)
     : plan_(std::move(plan)), rank_(rank), comm_(comm), account_(account) {
   const UpdateProgram& prog = plan_->program();
   const std::vector<UpdateUnit>& units = plan_->units();
@@ -34,12 +34,12 @@ UpdateExecutor::UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
 
   // The exchange communicator is ordered like the topology: position = rank.
   const Topology& topo = chains.front()->topology();
-  SSHSDP_CHECK(comm_.size() == topo.world() && comm_.rank() == rank_, LayoutError,
+  SSHSDP_CHECK(!comm_ || (comm_->size() == topo.world() && comm_->rank() == rank_), LayoutError,
                "update '{}': communicator {} has {} ranks (this one at {}), but the layout {} "
                "needs one ordered like its {} ranks with this rank at {}; pass the world "
                "communicator or a duplicate",
-               prog.name, comm_.name(), comm_.size(), comm_.rank(), topo.ToString(), topo.world(),
-               rank_);
+               prog.name, comm_->name(), comm_->size(), comm_->rank(), topo.ToString(),
+               topo.world(), rank_);
 
   // Update-scoped roots: temporaries (whole-unit views where a unit stage needs them) and
   // scratch for state operands of split units executed here.
@@ -241,12 +241,15 @@ void UpdateExecutor::Exchange(const std::vector<Xfer>& sends, const std::vector<
     stats_.bytes_sent += x.bytes;
   }
   for (const Xfer& x : recvs) r.push_back({x.peer, Ptr(x.loc), x.bytes, tag});
-  comm_.Exchange(s, r);
+  comm_->Exchange(s, r);
   stats_.exchanges++;
 }
 
 void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState& scalars) {
   const UpdateProgram& prog = plan_->program();
+  SSHSDP_CHECK(comm_ != nullptr, PlanError,
+               "update '{}': this executor was built for a plan (no communicator); it cannot run",
+               prog.name);
   stats_ = {};
   // Resolve the state pointers of every group that has units.
   state_ptr_.assign(z1_begin_.size(), std::vector<const Zero1Array*>(prog.fields.size(), nullptr));

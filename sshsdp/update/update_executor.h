@@ -91,9 +91,10 @@ class UpdateExecutor {
  public:
   // `chains[g]` is this rank's shard chain of group g (as given to the plan); `comm` carries
   // the point-to-point messages and is ordered like the topology (position = rank: the world
-  // communicator or a duplicate of it). Throws LayoutError when it is not.
+  // communicator or a duplicate of it). Throws LayoutError when it is not. A null `comm`
+  // builds a plan-only executor (engine/plan.h: its temporaries are sized, Run refuses).
   UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
-                 const std::vector<const ShardChain*>& chains, int rank, Communicator& comm,
+                 const std::vector<const ShardChain*>& chains, int rank, Communicator* comm,
                  MemoryAccount* account = nullptr);
   ~UpdateExecutor();
   UpdateExecutor(const UpdateExecutor&) = delete;
@@ -147,7 +148,7 @@ class UpdateExecutor {
 
   std::shared_ptr<const UpdatePlan> plan_;
   int rank_;
-  Communicator& comm_;
+  Communicator* comm_;  // null: plan only
   MemoryAccount* account_;
   std::vector<size_t> z1_begin_;  // per group
   std::vector<std::unique_ptr<DataNode>> roots_;

@@ -1,0 +1,129 @@
+// RunPlan against real multi-rank steps (issue 18): for every layout of the parity tests at
+// this world size (HSDP replicas, sw < sg, so > sg, uneven shards, simulated nodes) and for
+// AdamW and Muon per head / per matrix, bf16 / fp32 / MXFP8 runtime weights, the bf16sr
+// reduction, weight reuse off (keep-gathered, no prefetch) and the MoE model, each rank's
+// plan — computed in this process without communicating — equals what its engine counted in
+// a real step: runtime and update bytes intra / inter node, runtime calls and local copies,
+// gathers, point-to-point bytes, Newton–Schulz cost, MXFP8 G bytes, and the peak of every
+// memory category the engine accounts (activations, the model's own, excepted).
+#include "sshsdp/engine/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/presets.h"
+#include "sshsdp/engine/testing/parity_harness.h"
+
+namespace sshsdp {
+namespace {
+
+using testing::Layout;
+
+struct PlanCase {
+  std::string name;
+  testing::ModelFactory make;
+  std::function<EngineConfig(const Layout&)> cfg;
+};
+
+void ExpectBytes(const CommCounters& got, const CommCounters& want, const char* what) {
+  EXPECT_EQ(got.intra_node_bytes, want.intra_node_bytes) << what << " intra-node bytes";
+  EXPECT_EQ(got.inter_node_bytes, want.inter_node_bytes) << what << " inter-node bytes";
+}
+
+void CheckCase(const PlanCase& c, const Layout& l) {
+  const int W = testing::WorldSize();
+  SCOPED_TRACE(c.name + " " + testing::Describe(W, l));
+  auto world = MpiCommunicator::World(l.rpn);
+  const EngineConfig cfg = c.cfg(l);
+  std::unique_ptr<Model> model = c.make();
+  const RunPlan plan = PlanRun(*model, W, cfg);  // no communication
+  ASSERT_EQ(plan.ranks.size(), static_cast<size_t>(W));
+  const RankPlan& rp = plan.ranks[world->rank()];
+  EXPECT_EQ(rp.rank, world->rank());
+
+  Engine eng(*model, *world, cfg);
+  eng.InitWeights(5);
+  int64_t step = 0;
+  const BatchFn batch = testing::MakeBatch(&step, cfg.microbatches, W, world->rank(),
+                                           cfg.batch_size, cfg.seq_len, 61);
+  for (int s = 0; s < 2; ++s) {  // the second step runs with every buffer already in place
+    const StepStats st = eng.Step(batch);
+    const StepCounters& k = st.counters;
+    ExpectBytes(k.runtime_comm, rp.runtime_comm, "runtime");
+    EXPECT_EQ(k.runtime_comm.calls, rp.runtime_comm.calls);
+    EXPECT_EQ(k.runtime_comm.local_copy_bytes, rp.runtime_comm.local_copy_bytes);
+    ExpectBytes(k.update_comm, rp.update_comm, "update");
+    ExpectBytes(k.update_p2p, rp.update_p2p, "update point-to-point");
+    EXPECT_EQ(k.gathers, rp.gathers);
+    EXPECT_DOUBLE_EQ(k.update_exec_cost, rp.update_exec_cost);
+    EXPECT_EQ(k.mx_p2p_bytes, rp.mx_p2p_bytes);
+  }
+  std::map<std::string, uint64_t> accounted;
+  for (const auto& [cat, u] : eng.memory().by_category())
+    if (cat != "activations" && u.peak > 0) accounted[cat] = u.peak;
+  EXPECT_EQ(accounted, rp.memory);
+}
+
+std::vector<PlanCase> Cases() {
+  using testing::BaseConfig;
+  using testing::GptOf;
+  using testing::MuonEngineConfig;
+  const testing::ModelFactory gpt = GptOf(testing::TestGpt());
+  std::vector<PlanCase> out;
+  out.push_back(
+      {"adamw bf16 M=2", gpt, [](const Layout& l) { return BaseConfig(l, 2, DType::kBF16); }});
+  out.push_back(
+      {"adamw fp32 M=1", gpt, [](const Layout& l) { return BaseConfig(l, 1, DType::kF32); }});
+  out.push_back({"muon per head bf16", gpt, [](const Layout& l) {
+                   return MuonEngineConfig(l, 2, DType::kBF16, UnitRule::kHead, DType::kBF16);
+                 }});
+  out.push_back({"muon per matrix fp32", gpt, [](const Layout& l) {
+                   return MuonEngineConfig(l, 1, DType::kF32, UnitRule::kMatrix, DType::kF32);
+                 }});
+  out.push_back({"mxfp8", gpt, [](const Layout& l) { return BaseConfig(l, 2, DType::kE4M3); }});
+  out.push_back({"bf16sr, keep gathered, no prefetch", gpt, [](const Layout& l) {
+                   EngineConfig c = BaseConfig(l, 3, DType::kBF16);
+                   c.reduce = ReduceMode::kBf16Sr;
+                   c.reshard_after_forward = false;
+                   c.prefetch = false;
+                   return c;
+                 }});
+  out.push_back({"moe muon per expert", testing::MoeOf(testing::TestMoe()), [](const Layout& l) {
+                   return MuonEngineConfig(l, 2, DType::kBF16, UnitRule::kHead, DType::kBF16);
+                 }});
+  return out;
+}
+
+TEST(RunPlan, EqualsTheCountersAndMemoryOfRealSteps) {
+  const int W = testing::WorldSize();
+  const std::vector<Layout> layouts = testing::LayoutsFor(W);
+  ASSERT_FALSE(layouts.empty()) << "no layouts at world size " << W;
+  for (const PlanCase& c : Cases())
+    for (const Layout& l : layouts) CheckCase(c, l);
+}
+
+TEST(RunPlan, RefusesWhatTheEngineRefusesAndWhatItDoesNotModel) {
+  const int W = testing::WorldSize();
+  Gpt model(testing::TestGpt());
+  EngineConfig bad = testing::BaseConfig({1, 1, 1, 1}, 1, DType::kBF16);
+  bad.sw = W + 1;  // not a divisor chain of W
+  EXPECT_THROW(PlanRun(model, W, bad), LayoutError);
+  EngineConfig lr = testing::BaseConfig({1, 1, W, W}, 1, DType::kBF16);
+  lr.adamw.lr = -1;
+  EXPECT_THROW(PlanRun(model, W, lr), ConfigError);
+  EngineConfig direct = testing::BaseConfig({1, 1, W, W}, 1, DType::kBF16);
+  direct.comm_path = CommPath::kDirect;
+  EXPECT_THROW(PlanRun(model, W, direct), ConfigError);
+  EngineConfig fsdp2 = testing::BaseConfig({1, 1, W, W}, 1, DType::kBF16);
+  ApplyPreset("fsdp2", &fsdp2);
+  EXPECT_THROW(PlanRun(model, W, fsdp2), ConfigError);
+}
+
+}  // namespace
+}  // namespace sshsdp
