@@ -128,7 +128,8 @@ void PrintText(const RunPlan& p, const std::string& model, int max_columns) {
   for (const RankPlan& r : p.ranks) peak.push_back(MiB(r.peak));
   fmt::print("  {:<26}{}\n\n", "peak (sum)", Row(peak, columns, "{:>12.3f}"));
 
-  fmt::print("bytes sent per optimizer step, MiB (intra-node + inter-node)\n  {:<34}{:>6}{}\n",
+  fmt::print("bytes each rank sends per optimizer step, MiB (ring collectives: to the next rank "
+             "of the group)\n  {:<34}{:>6}{}\n",
              "collective [group: ranks]", "calls", head);
   std::vector<std::string> names;
   for (const RankPlan& r : p.ranks)
@@ -143,14 +144,14 @@ void PrintText(const RunPlan& p, const std::string& model, int max_columns) {
     const PlannedCollective* first = nullptr;
     for (const RankPlan& r : p.ranks)
       if ((first = find(r, n))) break;
-    std::vector<double> intra, inter;
+    std::vector<double> total, inter;
     for (const RankPlan& r : p.ranks) {
       const PlannedCollective* k = find(r, n);
-      intra.push_back(k ? MiB(k->sent.intra_node_bytes) : 0);
+      total.push_back(k ? MiB(k->sent.total()) : 0);
       inter.push_back(k ? MiB(k->sent.inter_node_bytes) : 0);
     }
     const std::string label = fmt::format("{} [{}: {}]", n, first->group, first->group_size);
-    fmt::print("  {:<34}{:>6}{}\n", label, first->calls, Row(intra, columns, "{:>12.3f}"));
+    fmt::print("  {:<34}{:>6}{}\n", label, first->calls, Row(total, columns, "{:>12.3f}"));
     if (*std::max_element(inter.begin(), inter.end()) > 0)
       fmt::print("  {:<34}{:>6}{}\n", "  of it inter-node", "", Row(inter, columns, "{:>12.3f}"));
   }

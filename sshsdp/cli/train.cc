@@ -31,6 +31,7 @@
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
+#include "sshsdp/engine/plan.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
@@ -524,9 +525,14 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       fmt::print("memory per rank (accounted, rank 0):");
       for (const auto& [cat, u] : engine.memory().by_category())
         fmt::print(" {} {:.2f} MiB;", cat, u.peak / 1048576.0);
-      fmt::print("\nanalytic (shards + at most two live transient buffers):");
-      for (const auto& [cat, bytes] : engine.AnalyticMemory())
-        fmt::print(" {} {:.2f} MiB;", cat, bytes / 1048576.0);
+      // What `sshsdp plan` predicted for this rank (the same construction code, run without
+      // communicators; activations are the model's own and not planned).
+      if (cfg.comm_path == CommPath::kCollective) {
+        const RunPlan plan = PlanRun(model, W, cfg);
+        fmt::print("\nplanned (sshsdp plan, rank 0):");
+        for (const auto& [cat, bytes] : plan.ranks[0].memory)
+          fmt::print(" {} {:.2f} MiB;", cat, bytes / 1048576.0);
+      }
       fmt::print("\n");
     }
     return 0;

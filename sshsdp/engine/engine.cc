@@ -418,28 +418,4 @@ std::vector<UpdateParam> Engine::UpdateParams() const {
   return out;
 }
 
-std::map<std::string, uint64_t> Engine::AnalyticMemory() const {
-  std::map<std::string, uint64_t> a;
-  size_t ws = 0;
-  for (const auto& g : groups_) ws = std::max(ws, DTypeSize(g->wdt));
-  size_t max_full = 0;
-  for (const auto& g : groups_) {
-    a["weights"] += std::max<size_t>(g->z3.size() * DTypeSize(g->sdt), 64);
-    if (g->sdt != DType::kF32) a["main_weights"] += std::max<size_t>(g->z1.size() * 4, 64);
-    a["gradients"] += std::max<size_t>(g->z2.size() * 4, 64);
-    if (topo_.so() != topo_.sg()) a["gradients"] += std::max<size_t>(g->z1.size() * 4, 64);
-    a["optimizer_state"] += std::max<size_t>(g->state->bytes(), 64);
-    max_full = std::max(max_full, g->padded);
-  }
-  // At most two gathered layers and two gradient buffers live at once (prefetch depth 1).
-  uint64_t transient = 0;
-  if (topo_.sw() > 1) transient += 2 * max_full * ws;
-  if (topo_.sg() > 1) transient += 2 * max_full * 4;
-  a["transient(max)"] = transient;
-  // Update-scoped temporaries (Muon's u and v: whole units executed here, local fragments of
-  // the others), allocated for the update phase only.
-  a["update_temporaries(max)"] = update_->temporary_bytes();
-  return a;
-}
-
 }  // namespace sshsdp

@@ -266,8 +266,6 @@ class Engine {
   const StructuredUpdate& structured_update() const { return *update_; }
   // Update parameters in model order (name, shape, kind).
   std::vector<UpdateParam> UpdateParams() const;
-  // Analytic bytes of persistent shards and peak transient buffers (for reports).
-  std::map<std::string, uint64_t> AnalyticMemory() const;
 
  private:
   void PrepareMx();  // MXFP8: G on bands, S gathers, Tw

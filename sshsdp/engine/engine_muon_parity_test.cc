@@ -137,7 +137,7 @@ void RunMuonParity(const Layout& l, const ModelFactory& make, DType wdt, UnitRul
 
 // Each optimizer keeps only its own state: m for every element of the chunk, AdamW's second
 // moment v only for the AdamW parameters' ZeRO-1 fragments (none for Muon parameters), so
-// the account's optimizer_state is exactly that and the analytic figure agrees.
+// the account's optimizer_state is exactly that.
 void ExpectOwnState(Engine& eng) {
   uint64_t expect = 0;
   for (const Engine::Zero1Field& f : eng.Zero1Fields()) {
