@@ -128,9 +128,10 @@ void PrintText(const RunPlan& p, const std::string& model, int max_columns) {
   for (const RankPlan& r : p.ranks) peak.push_back(MiB(r.peak));
   fmt::print("  {:<26}{}\n\n", "peak (sum)", Row(peak, columns, "{:>12.3f}"));
 
-  fmt::print("bytes each rank sends per optimizer step, MiB (ring collectives: to the next rank "
-             "of the group)\n  {:<34}{:>6}{}\n",
-             "collective [group: ranks]", "calls", head);
+  fmt::print(
+      "bytes each rank sends per optimizer step, MiB (ring collectives: to the next rank "
+      "of the group)\n  {:<34}{:>6}{}\n",
+      "collective [group: ranks]", "calls", head);
   std::vector<std::string> names;
   for (const RankPlan& r : p.ranks)
     for (const PlannedCollective& k : r.collectives)
