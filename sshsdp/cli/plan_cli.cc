@@ -228,6 +228,14 @@ int RunPlanCommand(const PlanOptions& o) {
   try {
     const TrainOptions& t = o.train;
     SSHSDP_CHECK(o.world_size >= 1, ConfigError, "--world-size must be >= 1, got {}", o.world_size);
+    SSHSDP_CHECK(t.resume.empty(), ConfigError,
+                 "sshsdp plan does not read checkpoints: give the layout the resumed run will use "
+                 "(--sw/--sg/--so/--ranks-per-node; without them a resume adopts the saved one, "
+                 "which `sshsdp ckpt inspect {}` prints)",
+                 t.resume);
+    SSHSDP_CHECK(t.vocab_size >= 0 && t.vocab_size <= 65536, ConfigError,
+                 "--vocab-size must lie in 1..65536 (uint16 token files; 0: from the data), got {}",
+                 t.vocab_size);
     const int T = t.seq_len ? t.seq_len : MakeGptConfig(t, 256).seq_len;
     int vocab = t.vocab_size ? t.vocab_size : 256;
     if (t.data != "synthetic") vocab = TokenFile(t.data, t.vocab_size, T, t.seed).vocab();

@@ -67,4 +67,6 @@ expect_error "plan: direct path not modelled" "drop --comm-path direct" "$bin" p
   --comm-path direct
 expect_error "plan: bad dtype" "--weight-dtype must be bf16, fp32 or mxfp8" "$bin" plan -n 2 \
   --weight-dtype fp16
+expect_error "plan: a resume is not read" "does not read checkpoints" "$bin" plan -n 2 \
+  --resume "$tmp"
 finish_checks

@@ -528,10 +528,14 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       // What `sshsdp plan` predicted for this rank (the same construction code, run without
       // communicators; activations are the model's own and not planned).
       if (cfg.comm_path == CommPath::kCollective) {
-        const RunPlan plan = PlanRun(model, W, cfg);
-        fmt::print("\nplanned (sshsdp plan, rank 0):");
-        for (const auto& [cat, bytes] : plan.ranks[0].memory)
-          fmt::print(" {} {:.2f} MiB;", cat, bytes / 1048576.0);
+        try {  // a report only: the run has finished, whatever happens here
+          const RunPlan plan = PlanRun(model, W, cfg);
+          fmt::print("\nplanned (sshsdp plan, rank 0):");
+          for (const auto& [cat, bytes] : plan.ranks[0].memory)
+            fmt::print(" {} {:.2f} MiB;", cat, bytes / 1048576.0);
+        } catch (const Error& e) {
+          fmt::print("\nno plan of this run: {}", e.what());
+        }
       }
       fmt::print("\n");
     }

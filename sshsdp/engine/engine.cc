@@ -338,9 +338,11 @@ std::unique_ptr<RuntimeGroup> PlanRuntimeGroup(const Model& model, int gi, const
 GroupBufferSizes BufferSizes(const RuntimeGroup& g, const Topology& topo) {
   GroupBufferSizes b;
   b.w_z3 = g.z3.size() * DTypeSize(g.sdt);
-  if (g.sdt != DType::kF32) b.main_z1 = g.z1.size() * 4;  // fp32: a view of Wᶻ³'s ZeRO-1 slice
+  b.main_is_view = g.sdt == DType::kF32;  // fp32: a view of Wᶻ³'s ZeRO-1 slice
+  if (!b.main_is_view) b.main_z1 = g.z1.size() * 4;
   b.g_z2 = g.z2.size() * 4;
-  if (topo.so() != topo.sg()) b.g_z1 = g.z1.size() * 4;  // so = sg: a view of G′ᶻ²
+  b.g_z1_is_view = topo.so() == topo.sg();  // a view of G′ᶻ²
+  if (!b.g_z1_is_view) b.g_z1 = g.z1.size() * 4;
   return b;
 }
 
@@ -382,7 +384,7 @@ void Engine::BuildGroup(int gi) {
   const std::string p = "group" + std::to_string(gi);
 
   g->w_z3 = Buffer(p + ".w_z3", b.w_z3, &memory_, "weights");
-  if (b.main_z1 == 0) {
+  if (b.main_is_view) {
     // Zero copy: fp32 runtime weights ARE the main weights; the ZeRO-1 slice of Wᶻ³ holds them.
     g->main_z1 = g->w_z3->data_as<float>() + (g->z1.begin - g->z3.begin);
   } else {
@@ -390,7 +392,7 @@ void Engine::BuildGroup(int gi) {
     g->main_z1 = g->main_own->data_as<float>();
   }
   g->g_z2 = Buffer(p + ".g_z2", b.g_z2, &memory_, "gradients");
-  if (b.g_z1 == 0) {
+  if (b.g_z1_is_view) {
     g->g_z1 = g->g_z2->data_as<float>();  // same shard: a view
   } else {
     g->g_z1_own = Buffer(p + ".g_z1", b.g_z1, &memory_, "gradients");

@@ -103,10 +103,11 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
 std::unique_ptr<RuntimeGroup> PlanRuntimeGroup(const Model& model, int gi, const EngineConfig& cfg,
                                                const Topology& topo, int rank);
 
-// Bytes of a group's persistent buffers before the 64-byte minimum of BufferBytes; 0 where the
-// buffer is a view of another (fp32 main weights inside Wᶻ³, Gᶻ¹ = G′ᶻ² when so = sg).
+// Bytes of a group's persistent buffers before the 64-byte minimum of BufferBytes, and which
+// are views of another instead (fp32 main weights inside Wᶻ³, Gᶻ¹ = G′ᶻ² when so = sg).
 struct GroupBufferSizes {
   size_t w_z3 = 0, main_z1 = 0, g_z2 = 0, g_z1 = 0;
+  bool main_is_view = false, g_z1_is_view = false;
 };
 GroupBufferSizes BufferSizes(const RuntimeGroup& g, const Topology& topo);
 // What a data-tree root of `bytes` allocates (and accounts): at least 64 bytes.

@@ -41,7 +41,8 @@ class CollectiveTally {
     c.sent.local_copy_bytes += calls * local_copy;
     return c;
   }
-  // One point-to-point message of `bytes` to world rank `to`.
+  // One point-to-point message of `bytes` to world rank `to` (`calls` counts messages; the
+  // engine's counters count one call per batched exchange, so sent.calls leaves them out).
   void Message(const char* name, int to, uint64_t bytes) {
     PlannedCollective& c = Find(name, "world", t_.world());
     c.calls += 1;
@@ -159,9 +160,9 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
       const RuntimeGroup& g = *gp;
       const GroupBufferSizes b = BufferSizes(g, topo);
       mem["weights"] += BufferBytes(b.w_z3);
-      if (b.main_z1) mem["main_weights"] += BufferBytes(b.main_z1);
+      if (!b.main_is_view) mem["main_weights"] += BufferBytes(b.main_z1);
       mem["gradients"] += BufferBytes(b.g_z2);
-      if (b.g_z1) mem["gradients"] += BufferBytes(b.g_z1);
+      if (!b.g_z1_is_view) mem["gradients"] += BufferBytes(b.g_z1);
       const auto state = Engine::StateLayout(g.layout, g.pieces, g.chain->Fragments(Shard::kZero1));
       mem["optimizer_state"] += BufferBytes(StateElements(state, g.z1.size()) * 4);
     }
@@ -232,19 +233,19 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
       rp.update_exec_cost += up->ExecCost(r);
       for (const PlannedMessage& m : up->messages())
         if (m.src == r) {
-          tally.Message("update point-to-point", m.dst, m.bytes);
+          tally.Message("update point-to-point (messages)", m.dst, m.bytes);
           AddSend(&rp.update_p2p, topo, r, m.dst, m.bytes);
         }
     }
     if (mx && mx->plan()) {
       for (const PlannedMessage& m : mx->plan()->messages())
         if (m.src == r) {
-          tally.Message("G point-to-point (mxfp8 codes)", m.dst, m.bytes);
+          tally.Message("G point-to-point (mxfp8 code messages)", m.dst, m.bytes);
           rp.mx_p2p_bytes += m.bytes;
         }
       for (const MxWeights::ScaleMessage& m : mx->ScaleMessages())
         if (m.exec == r && m.owner != r) {
-          tally.Message("G point-to-point (mxfp8 scales)", m.owner, m.hi - m.lo);
+          tally.Message("G point-to-point (mxfp8 scale messages)", m.owner, m.hi - m.lo);
           rp.mx_p2p_bytes += m.hi - m.lo;
         }
     }

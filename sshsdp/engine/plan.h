@@ -71,6 +71,7 @@ struct RankPlan {
   // Per step, as StepCounters reports them.
   CommCounters runtime_comm;  // ZeRO-3 all-gathers and ZeRO-2 reduce-scatters (+ MXFP8 S)
   CommCounters update_comm;   // outer RS / HSDP all-reduce / norm / point to point / outer AG
+                              // (calls: the ring collectives'; exchanges are not counted)
   CommCounters update_p2p;    // the structured update's point-to-point messages
   uint64_t gathers = 0, reduce_scatters = 0;
   double update_exec_cost = 0;  // Newton–Schulz FLOPs this rank runs
