@@ -46,9 +46,12 @@ planned = {k: v / 1048576 for k, v in r0["memory_bytes"].items()}
 assert set(measured) == set(planned), (measured, planned)
 for k in planned:
     assert abs(measured[k] - planned[k]) <= 0.006, (k, measured[k], planned[k])
+printed = [l for l in open(sys.argv[3]) if l.startswith("planned (sshsdp plan, rank 0)")][0]
+assert dict(re.findall(r" (\w+) ([0-9.]+) MiB;", printed)) == {
+    k: f"{measured[k]:.2f}" for k in measured}, (printed, line)
 print("plan = run:", want, {k: round(v, 3) for k, v in planned.items()})
 PY
-check "plan equals the run's rank-0 bytes and accounted memory" $?
+check "plan equals the run's rank-0 bytes and accounted memory; train prints the plan" $?
 
 printf 'model = "tiny"\nsw = 2\nseq-len = 32\noptimizer = "muon"\n' >"$tmp/run.toml"
 "$bin" plan -n 4 --config "$tmp/run.toml" >"$tmp/text" 2>&1 &&
@@ -62,6 +65,7 @@ check "--config, Muon split units and the owner map" $?
 check "16 ranks, HSDP: min/mean/max columns and inter-node bytes" $?
 
 expect_error "plan: missing world size" "--world-size is required" "$bin" plan --model tiny
+expect_error "plan: zero ranks" "--world-size must be >= 1" "$bin" plan -n 0
 expect_error "plan: bad layout" "sg=2 must divide so=3" "$bin" plan -n 3 --sw 2
 expect_error "plan: direct path not modelled" "drop --comm-path direct" "$bin" plan -n 2 \
   --comm-path direct

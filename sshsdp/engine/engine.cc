@@ -161,18 +161,8 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   up_p2p_ = world_.Duplicate();
   BuildUpdate();
   for (auto& gp : groups_) AllocateState(*gp);
-  if (cfg_.weight_dtype == DType::kE4M3) {
-    std::vector<const GroupLayout*> layouts;
-    std::vector<const ShardChain*> chains;
-    std::vector<bool> mx_groups;
-    for (auto& gp : groups_) {
-      layouts.push_back(&gp->layout);
-      chains.push_back(gp->chain.get());
-      mx_groups.push_back(gp->wdt == DType::kE4M3);
-    }
-    mx_ = std::make_unique<MxWeights>(layouts, chains, topo_, rank_, cfg_.scale_layout,
-                                      up_p2p_.get(), &memory_, mx_groups);
-  }
+  if (cfg_.weight_dtype == DType::kE4M3)
+    mx_ = MakeMxWeights(groups_, topo_, rank_, cfg_.scale_layout, up_p2p_.get(), &memory_);
   DataPathContext ctx;
   ctx.cfg = &cfg_;
   ctx.zero3_position = topo_.GroupPosition(Group::kZero3, rank_);
@@ -350,6 +340,21 @@ size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1)
   size_t elems = 0;
   for (const auto& [f, a] : fields) elems += a.packed ? a.stored() : z1;
   return elems;
+}
+
+std::unique_ptr<MxWeights> MakeMxWeights(const std::vector<std::unique_ptr<RuntimeGroup>>& groups,
+                                         const Topology& topo, int rank, ScaleLayout scale_layout,
+                                         Communicator* p2p, MemoryAccount* memory) {
+  std::vector<const GroupLayout*> layouts;
+  std::vector<const ShardChain*> chains;
+  std::vector<bool> mx_groups;
+  for (const auto& g : groups) {
+    layouts.push_back(&g->layout);
+    chains.push_back(g->chain.get());
+    mx_groups.push_back(g->wdt == DType::kE4M3);
+  }
+  return std::make_unique<MxWeights>(layouts, chains, topo, rank, scale_layout, p2p, memory,
+                                     mx_groups);
 }
 
 UpdateOptions UpdateOptionsOf(const EngineConfig& cfg) {

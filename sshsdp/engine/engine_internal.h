@@ -115,6 +115,12 @@ inline size_t BufferBytes(size_t bytes) { return bytes < 64 ? 64 : bytes; }
 // Elements of a group's optimizer-state allocation: dense fields cover the ZeRO-1 chunk
 // (`z1` elements), packed ones their stored runs.
 size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1);
+// The MXFP8 machinery of these groups on `rank` (its MX groups: wdt = kE4M3). A null p2p
+// builds the plan only (plan.h); `memory` may be null (nothing accounted).
+class MxWeights;
+std::unique_ptr<MxWeights> MakeMxWeights(const std::vector<std::unique_ptr<RuntimeGroup>>& groups,
+                                         const Topology& topo, int rank, ScaleLayout scale_layout,
+                                         Communicator* p2p, MemoryAccount* memory);
 // The update's options of an engine configuration, and a group as the update sees it.
 UpdateOptions UpdateOptionsOf(const EngineConfig& cfg);
 UpdateGroupView UpdateViewOf(const RuntimeGroup& g);
@@ -138,8 +144,6 @@ class TransientPool {
   std::multimap<size_t, void*> free_;
   std::vector<std::pair<void*, size_t>> all_;
 };
-
-class MxWeights;
 
 // What the data paths read and count (the engine's own members; counters and timers are
 // reset by the engine every step).

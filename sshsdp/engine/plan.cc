@@ -168,16 +168,7 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
     }
     std::unique_ptr<MxWeights> mx;
     if (cfg.weight_dtype == DType::kE4M3) {
-      std::vector<const GroupLayout*> layouts;
-      std::vector<const ShardChain*> chains;
-      std::vector<bool> mx_groups;
-      for (auto& g : groups) {
-        layouts.push_back(&g->layout);
-        chains.push_back(g->chain.get());
-        mx_groups.push_back(g->wdt == DType::kE4M3);
-      }
-      mx = std::make_unique<MxWeights>(layouts, chains, topo, r, cfg.scale_layout, nullptr, nullptr,
-                                       mx_groups);
+      mx = MakeMxWeights(groups, topo, r, cfg.scale_layout, /*p2p=*/nullptr, /*memory=*/nullptr);
       mem["scales"] = mx->persistent_bytes();
     }
     const uint64_t temps =

@@ -17,6 +17,8 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/engine.h"
+#include "sshsdp/engine/engine_internal.h"
+#include "sshsdp/engine/mx_weights.h"
 #include "sshsdp/engine/presets.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 
@@ -123,6 +125,32 @@ TEST(RunPlan, RefusesWhatTheEngineRefusesAndWhatItDoesNotModel) {
   EngineConfig fsdp2 = testing::BaseConfig({1, 1, W, W}, 1, DType::kBF16);
   ApplyPreset("fsdp2", &fsdp2);
   EXPECT_THROW(PlanRun(model, W, fsdp2), ConfigError);
+}
+
+// The parts the plan builds without communicators size themselves but refuse to run: a plan
+// can never move bytes or update weights by mistake.
+TEST(RunPlan, PlanOnlyPartsRefuseToRun) {
+  const int W = testing::WorldSize();
+  Gpt model(testing::TestGpt());
+  EngineConfig cfg =
+      testing::MuonEngineConfig({1, 1, W, W}, 1, DType::kE4M3, UnitRule::kHead, DType::kBF16);
+  const Topology topo(W, W, 1, 1, W);
+  std::vector<std::unique_ptr<RuntimeGroup>> groups;
+  for (int g = 0; g < model.num_groups(); ++g)
+    groups.push_back(PlanRuntimeGroup(model, g, cfg, topo, 0));
+  std::vector<UpdateGroupView> views;
+  for (auto& g : groups) views.push_back(UpdateViewOf(*g));
+  StructuredUpdate update(views, UpdateOptionsOf(cfg), 0);
+  ASSERT_NE(update.plan(OptimizerKind::kMuon), nullptr);
+  EXPECT_GT(update.peak_temporary_bytes(), 0u);
+  EXPECT_THROW(update.Run({}, ScalarState{}), PlanError);
+  std::unique_ptr<MxWeights> mx =
+      MakeMxWeights(groups, topo, 0, cfg.scale_layout, nullptr, nullptr);
+  ASSERT_NE(mx->plan(), nullptr);
+  EXPECT_THROW(mx->Quantize({}, {}), PlanError);
+  UpdateOptions full = UpdateOptionsOf(cfg);
+  full.full_tensor = true;  // ⑥ needs the ZeRO-1 group's communicator: no plan-only form
+  EXPECT_THROW(StructuredUpdate(views, full, 0), PlanError);
 }
 
 }  // namespace
