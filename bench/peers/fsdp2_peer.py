@@ -30,6 +30,16 @@ reduce-scatter on every microbatch.
 With --eager (one process only) the same model trains as a plain eager PyTorch loop — no
 FSDP, no process-group collectives in the step, bf16 workloads under torch.autocast — the
 single-process peer of issue 20 (run_fsdp2_peer.sh with PEER=eager NP=1).
+
+With --profile, two more steps (the last step's batches again) run under torch.profiler after
+the timed ones, and rank 0 prints where they went in the categories of `sshsdp bench
+--profile`: each op's self CPU time by its name (aten::mm / addmm / bmm -> gemm, scaled dot
+product attention -> attention, gelu -> activation, log_softmax / nll_loss -> loss,
+embedding -> embedding, c10d / gloo collectives -> comm, _foreach_* / AdamW -> optimizer,
+every other aten op -> "norm +
+elementwise", since this model's RMSNorm is written in elementwise ops as users write it) and
+"other" for the rest of the wall time (dispatcher, autograd engine, Python). The profiler's own
+overhead lands in "other"; the shares are of the profiled steps' wall time.
 """
 import argparse
 import json
@@ -167,6 +177,49 @@ class Gpt(nn.Module):
         self.head.lm_head.weight.copy_(t("lm_head"))
 
 
+def op_category(name):
+    """The `sshsdp bench --profile` category of a PyTorch op, by its name."""
+    n = name.lower()
+    if any(k in n for k in ("c10d", "gloo", "allreduce", "all_reduce", "all_gather",
+                            "allgather", "reduce_scatter")):
+        return "comm"
+    if "scaled_dot_product" in n or "flash_attention" in n:
+        return "attention"
+    if n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
+             "aten::linear"):
+        return "gemm"
+    if "gelu" in n:
+        return "activation"
+    if "log_softmax" in n or "nll_loss" in n or "cross_entropy" in n:
+        return "loss"
+    if "embedding" in n:
+        return "embedding"
+    if "_foreach" in n or "adam" in n or "optimizer" in n or "clip_grad" in n:
+        return "optimizer"
+    if n.startswith("aten::"):
+        return "norm + elementwise"
+    return "other"
+
+
+PROFILE_ORDER = ["gemm", "attention", "norm + elementwise", "activation", "loss", "embedding",
+                 "comm", "optimizer", "other"]
+
+
+def profile_steps(run_step, steps):
+    """Runs run_step() `steps` times under torch.profiler; ms per step by category."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            run_step()
+        wall = time.perf_counter() - t0
+    ms = {c: 0.0 for c in PROFILE_ORDER}
+    for e in prof.key_averages():
+        ms[op_category(e.key)] += e.self_cpu_time_total / 1e3
+    ms["other"] += wall * 1e3 - sum(ms.values())
+    return {c: v / steps for c, v in ms.items()}, wall * 1e3 / steps
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--inputs", required=True, help="directory written by sshsdp bench --peer-inputs")
@@ -176,6 +229,8 @@ def main():
     ap.add_argument("--check-tol", type=float, default=1e-4, help="relative loss tolerance")
     ap.add_argument("--eager", action="store_true",
                     help="one process, plain eager PyTorch (no FSDP): the single-process peer")
+    ap.add_argument("--profile", action="store_true",
+                    help="after the timed steps, profile two more and print the step profile")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -226,10 +281,7 @@ def main():
               + ("" if args.eager else "; note: gloo emulates reduce-scatter with all-reduce, "
                  "so this is what a CPU user of FSDP2 actually gets"), flush=True)
 
-    losses, secs = [], []
-    for s in range(steps_total):
-        dist.barrier()
-        t0 = time.perf_counter()
+    def step(s):
         loss_sum = torch.zeros(())
         for mb in range(M):
             with autocast:
@@ -240,12 +292,24 @@ def main():
             torch.nn.utils.clip_grad_norm_(model.parameters(), wl["clip"])
         opt.step()
         opt.zero_grad(set_to_none=True)
+        return loss_sum
+
+    losses, secs = [], []
+    for s in range(steps_total):
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss_sum = step(s)
         dt = torch.tensor([time.perf_counter() - t0])
         dist.all_reduce(dt, op=dist.ReduceOp.MAX)
         dist.all_reduce(loss_sum)
         losses.append(loss_sum.item() / (M * W))
         if s >= wl["warmup"]:
             secs.append(dt.item())
+
+    profiled = None
+    if args.profile:
+        dist.barrier()
+        profiled = profile_steps(lambda: step(steps_total - 1), 2)
 
     rss = torch.tensor([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0])
     dist.all_reduce(rss, op=dist.ReduceOp.MAX)
@@ -269,6 +333,13 @@ def main():
               f"{median * 1e3:.1f} ms, {tps:.0f} tok/s, MFU {100 * row['mfu']:.2f}%, peak RSS "
               f"{rss.item():.0f} MiB; sshsdp {ref['tokens_per_s']:.0f} tok/s = "
               f"{row['sshsdp_over_peer']:.2f}x this peer", flush=True)
+        if profiled is not None:
+            ms, wall = profiled
+            row["profile"] = {"step_ms": wall, "ms": ms}
+            print(f"{who} step profile (2 profiled steps, {wall:.1f} ms per step under the "
+                  "profiler; ms per step and % of it):", flush=True)
+            print("  " + "  ".join(f"{c} {ms[c]:.1f} ({100 * ms[c] / wall:.1f}%)"
+                                   for c in PROFILE_ORDER), flush=True)
         if args.check_steps > 0:
             theirs = ref["losses"][: args.check_steps]
             worst = max(abs(x - y) / abs(y) for x, y in zip(losses, theirs))

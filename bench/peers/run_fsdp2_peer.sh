@@ -6,6 +6,8 @@
 #   BATCHES=1,2,4,8 MODEL=small NP=2 bench/peers/run_fsdp2_peer.sh
 #   PEER=eager NP=1 MODEL=base EXTRA="--seq-len 256" bench/peers/run_fsdp2_peer.sh
 #       one process: sshsdp against a plain eager PyTorch loop (fsdp2_peer.py --eager)
+#   PROFILE=1 PEER=eager NP=1 MODEL=base EXTRA="--seq-len 256" bench/peers/run_fsdp2_peer.sh
+#       also the step profile of both sides (sshsdp bench --profile, fsdp2_peer.py --profile)
 #
 # 1. installs torch + numpy from PyPI into a virtual environment on first use, outside the
 #    source tree so every clone shares it ($SSHSDP_PEER_VENV, default
@@ -37,6 +39,9 @@ DTYPE=${DTYPE:-fp32}
 REPEATS=${REPEATS:-3}
 CHECK_TOL=${CHECK_TOL:-1e-4}
 EXTRA=${EXTRA:-}   # more `sshsdp bench` options, e.g. "--layers 2 --seq-len 64"
+PROFILE=${PROFILE:-0}  # 1: step profiles of both sides in the timing runs
+BENCH_PROFILE=(); PEER_PROFILE=(); SHOW='^paired|^workload'
+if [ "$PROFILE" = 1 ]; then BENCH_PROFILE=(--profile); PEER_PROFILE=(--profile); SHOW='^paired|^workload|^step profile|^config  |^sshsdp |^fsdp2 |^megatron|^vescale'; fi
 PEER_MODE=${PEER:-fsdp2}  # fsdp2 | eager (one process: NP=1)
 case "$PEER_MODE" in
   fsdp2) PEER_ARGS=() ;;
@@ -72,9 +77,9 @@ echo "== timing ($DTYPE weights, batches $BATCHES, $REPEATS interleaved repeats)
 for rep in $(seq 1 "$REPEATS"); do
   "${MPIRUN[@]}" "$SSHSDP" bench --model "$MODEL" $EXTRA --batch-size "$BATCHES" \
     --microbatches "$MICROBATCHES" --warmup "$WARMUP" --steps "$STEPS" --weight-dtype "$DTYPE" \
-    --peer-inputs "$OUT/timing$rep" --json "$OUT/bench$rep.json" | grep -E "^paired|^workload"
+    --peer-inputs "$OUT/timing$rep" --json "$OUT/bench$rep.json" "${BENCH_PROFILE[@]}" | grep -E "$SHOW"
   for b in ${BATCHES//,/ }; do
-    "${TORCHRUN[@]}" "$PEER" "${PEER_ARGS[@]}" --inputs "$OUT/timing$rep/b$b" --out "$OUT/timing$rep/b$b/fsdp2_peer.json"
+    "${TORCHRUN[@]}" "$PEER" "${PEER_ARGS[@]}" "${PEER_PROFILE[@]}" --inputs "$OUT/timing$rep/b$b" --out "$OUT/timing$rep/b$b/fsdp2_peer.json"
   done
 done
 "$VENV/bin/python" - "$OUT" "$BATCHES" "$REPEATS" <<'PY'

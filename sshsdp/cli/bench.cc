@@ -6,6 +6,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/cli/bench_profile.h"
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/cli/model_config.h"
 #include "sshsdp/cli/process_memory.h"
@@ -70,6 +72,7 @@ struct Row {
   double ratio_paired = 0;  // round-robin: median over rounds of sshsdp step / this step
   bool has_paired = false;  // false with --sequential (steps of different rows never paired)
   std::string reference;    // the row ratios are taken against
+  StepProfile profile;      // --profile
 };
 
 nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
@@ -124,6 +127,7 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
         {"optimizer", r.time.optimizer},
         {"other", r.time.other}}},
       {"losses", r.losses}};
+  if (r.profile.step_s > 0) j["profile"] = StepProfileJson(r.profile);
   return j;
 }
 
@@ -264,6 +268,11 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         int64_t cur = 0;
         std::vector<double> secs, cat_sum = std::vector<double>(8, 0.0);
         bool traced = false;
+        OpProfile profile;  // --profile: the model's kernels, timed steps only
+      };
+      auto make_model = [&](Live& L, size_t ci) {
+        L.model = MakeModel(o, gc, qkv[ci]);
+        if (o.profile) L.model->SetOpProfile(&L.profile);
       };
       std::vector<Live> live(configs.size());
       auto run_step = [&](Live& L, bool timed) {
@@ -286,7 +295,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         std::vector<float> all(kF * static_cast<size_t>(W));
         world->AllGather(local, all.data(), kF, DType::kF32);
         L.row.losses.push_back(st.loss);
-        if (!timed) return;
+        if (!timed) {
+          L.profile.Reset();
+          return;
+        }
         double slowest = 0;
         for (int r = 0; r < W; ++r) {
           slowest = std::max(slowest, static_cast<double>(all[kF * r]));
@@ -300,6 +312,21 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         const double n = static_cast<double>(o.steps) * W;
         const auto& c = L.cat_sum;
         row.time = {c[1] / n, c[2] / n, c[3] / n, c[4] / n, c[5] / n, c[6] / n, c[7] / n};
+        if (o.profile) {
+          // Kernel categories: mean over ranks and timed steps, like the time split.
+          std::array<float, kOpCategories> mine{};
+          for (int k = 0; k < kOpCategories; ++k)
+            mine[k] = static_cast<float>(L.profile.seconds(static_cast<OpCategory>(k)));
+          std::vector<float> all(kOpCategories * static_cast<size_t>(W));
+          world->AllGather(mine.data(), all.data(), kOpCategories, DType::kF32);
+          StepProfile& p = row.profile;
+          for (int r = 0; r < W; ++r)
+            for (int k = 0; k < kOpCategories; ++k) p.kernels[k] += all[kOpCategories * r + k] / n;
+          p.time = row.time;
+          p.step_s = row.time.compute + row.time.comm_wait + row.time.copy + row.time.cast +
+                     row.time.add + row.time.optimizer + row.time.other;
+          p.profiled = L.profile.total() > 0;
+        }
         row.median_s = Median(L.secs);
         row.step_s = L.secs;
         const double tokens = static_cast<double>(o.microbatches) * B * T * W;
@@ -341,7 +368,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
         malloc_trim(0);
         ResetPeakRss();
         const double rss0 = CurrentRssMiB();
-        L.model = MakeModel(o, gc, qkv[ci]);
+        make_model(L, ci);
         L.engine = std::make_unique<Engine>(*L.model, *world, cfg);
         Engine& engine = *L.engine;
         engine.InitWeights(o.seed);
@@ -385,7 +412,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       if (!o.sequential) {
         for (size_t ci = 0; ci < configs.size(); ++ci) {  // rebuild, same warm-up, then time
           Live& L = live[ci];
-          L.model = MakeModel(o, gc, qkv[ci]);
+          make_model(L, ci);
           L.engine = std::make_unique<Engine>(*L.model, *world, configs[ci].second);
           L.engine->InitWeights(o.seed);
           L.cur = 0;
@@ -476,6 +503,11 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
             pr.push_back(fmt::format("{} {:.2f}x", r.label, r.ratio_paired));
           fmt::print("paired ratios (median over rounds of the per-round tok/s ratio): {}\n",
                      fmt::join(pr, ", "));
+        }
+        if (o.profile) {
+          std::vector<std::pair<std::string, StepProfile>> prof;
+          for (const Row& r : rows) prof.emplace_back(r.label, r.profile);
+          fmt::print("{}", StepProfileTable(prof));
         }
         if (muon) {
           // The update phase: optimizer time, Newton–Schulz work and update bytes per rank.

@@ -22,6 +22,10 @@
 // timed steps). Every configuration trains the same model on the same data from the same initial
 // weights, so their first losses must agree; the table says how closely they do.
 //
+// --profile adds the step profile (bench_profile.h): the model's kernel time by category
+// (GEMM, attention, norms, activations, loss, ...) next to the engine's split, per
+// configuration, in ms and % of the step (and "profile" in the JSON rows).
+//
 // --peer-inputs DIR writes, per workload, DIR/b<B>/{init.safetensors, batches.bin,
 // workload.json}: the initial weights (update-parameter names), the exact token batches of
 // every step ([steps, microbatches, ranks, B, T] int32 tokens, then targets) and the
@@ -61,6 +65,7 @@ struct BenchOptions {
   std::string json;
   std::string trace;  // Chrome trace of each configuration's first timed step (trace_file.h)
   std::string peer_inputs;
+  bool profile = false;  // time the model's kernels by category (bench_profile.h)
 };
 
 void AddBenchOptions(CLI::App& app, BenchOptions& o);

@@ -59,6 +59,10 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
   app.add_option("--trace", o.trace,
                  "write a Chrome trace of each configuration's first timed step (first "
                  "--batch-size): a row per configuration and rank (scripts/plot_trace.py)");
+  app.add_flag("--profile", o.profile,
+               "add the step profile: the model's kernel time by category (gemm, attention, "
+               "norm, activation, loss, embedding, elementwise, routing) next to comm wait, "
+               "copies, optimizer and other, in ms and % of the step");
   app.add_option("--peer-inputs", o.peer_inputs,
                  "write initial weights, token batches and the workload for the PyTorch peer "
                  "(bench/peers/fsdp2_peer.py) under this directory");

@@ -80,6 +80,28 @@ assert all(x['ratio_to_sshsdp_paired'] is None for x in r), r   # nothing paired
 " || rc=1
 check "--sequential: ratios against sshsdp, no paired ratios claimed" $rc
 
+# --profile: the step profile table, and JSON shares that add up to the step: the model's
+# kernels by category inside compute, the engine's categories around it; the MoE model keeps
+# no kernel profile and says so.
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --presets sshsdp,fsdp2 \
+  --profile --json "$tmp/prof.json" >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "^step profile" "$tmp/out" && python3 -c "
+import json; r=json.load(open('$tmp/prof.json'))
+for x in r:
+    p=x['profile']; s=p['seconds']
+    assert p['profiled'] and s['gemm'] > 0 and s['attention'] > 0 and s['norm'] > 0, p
+    assert abs(sum(s.values()) - p['step_s']) < 1e-6 * max(1.0, p['step_s']), p
+    assert abs(sum(v for k, v in s.items() if k not in ('comm wait', 'copy+cast+add', 'optimizer', 'other')) - x['time_s']['compute']) < 1e-9, x
+" || rc=1
+[ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/out" | tail -20
+check "--profile: kernel categories add up to compute, all categories to the step" $rc
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench --model moe-tiny --layers 1 --seq-len 16 --microbatches 2 \
+  --warmup 1 --steps 1 --batch-size 1 --presets sshsdp --profile >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "this model keeps no kernel profile" "$tmp/out"
+check "--profile on the MoE model says it keeps no kernel profile" $?
+
 timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --weight-dtype e4m3 >"$tmp/out" 2>&1
 rc=$?
 [ $rc -ne 0 ] && grep -q "bench compares presets with bf16 or fp32 weights, got 'e4m3'" "$tmp/out"

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/parallel.h"
 
 namespace sshsdp::kernels {
 
@@ -21,8 +22,11 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// Residual adds of the models: split over the kernel threads (parallel.h) from 64K elements.
 void Add(const float* a, const float* b, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  ParallelFor(n, 65536, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+  });
 }
 
 double SumSquares(const float* x, int64_t n) {

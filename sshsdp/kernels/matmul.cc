@@ -18,6 +18,7 @@
 #include <dnnl.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -56,8 +57,13 @@ struct Key {
   DType ab, c;
   bool accumulate;
   float alpha;
+  // GemmBatchedStrided: a [outer, batch] grid of products at these element strides (outer
+  // and inner stride of A, B, C); outer == 0 for every other product.
+  int64_t outer = 0;
+  std::array<int64_t, 6> grid_strides{};
   auto Tie() const {
-    return std::tie(trans_a, trans_b, batch, m, n, k, lda, ldb, ldc, ab, c, accumulate, alpha);
+    return std::tie(trans_a, trans_b, batch, m, n, k, lda, ldb, ldc, ab, c, accumulate, alpha,
+                    outer, grid_strides);
   }
   bool operator<(const Key& o) const { return Tie() < o.Tie(); }
 };
@@ -212,14 +218,37 @@ dnnl::memory::desc MatrixDesc(int64_t batch, int64_t rows, int64_t cols, bool tr
                             dnnl::memory::dims{rows * cols, strides[0], strides[1]});
 }
 
+// A [outer, inner] grid of logical [rows, cols] matrices at element strides so and si.
+dnnl::memory::desc GridDesc(int64_t outer, int64_t inner, int64_t rows, int64_t cols,
+                            bool transposed, int64_t ld, int64_t so, int64_t si, dt type) {
+  dnnl::memory::dims strides = transposed ? dnnl::memory::dims{1, ld} : dnnl::memory::dims{ld, 1};
+  try {
+    return dnnl::memory::desc({outer, inner, rows, cols}, type,
+                              dnnl::memory::dims{so, si, strides[0], strides[1]});
+  } catch (const dnnl::error& e) {
+    throw NumericsError(fmt::format(
+        "GemmBatchedStrided: oneDNN refuses a [{}, {}, {}, {}] operand at strides [{}, {}, {}, "
+        "{}]: {}",
+        outer, inner, rows, cols, so, si, strides[0], strides[1], e.what()));
+  }
+}
+
 Cached& GetPrimitive(State& s, const Key& key) {
   auto it = s.cache.find(key);
   if (it != s.cache.end()) return *it->second;
   dt ab = ToDnnl(key.ab);
   dt c = ToDnnl(key.c);
-  auto a_md = MatrixDesc(key.batch, key.m, key.k, key.trans_a, key.lda, ab);
-  auto b_md = MatrixDesc(key.batch, key.k, key.n, key.trans_b, key.ldb, ab);
-  auto c_md = MatrixDesc(key.batch, key.m, key.n, false, key.ldc, c);
+  dnnl::memory::desc a_md, b_md, c_md;
+  if (key.outer > 0) {
+    const auto& g = key.grid_strides;
+    a_md = GridDesc(key.outer, key.batch, key.m, key.k, key.trans_a, key.lda, g[0], g[1], ab);
+    b_md = GridDesc(key.outer, key.batch, key.k, key.n, key.trans_b, key.ldb, g[2], g[3], ab);
+    c_md = GridDesc(key.outer, key.batch, key.m, key.n, false, key.ldc, g[4], g[5], c);
+  } else {
+    a_md = MatrixDesc(key.batch, key.m, key.k, key.trans_a, key.lda, ab);
+    b_md = MatrixDesc(key.batch, key.k, key.n, key.trans_b, key.ldb, ab);
+    c_md = MatrixDesc(key.batch, key.m, key.n, false, key.ldc, c);
+  }
   dnnl::primitive_attr attr;
   if (key.alpha != 1.0f) attr.set_output_scales(0, {key.alpha});
   if (key.accumulate) {
@@ -369,6 +398,37 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
   GemmLocked(s,
              Key{trans_a, trans_b, 1, m, n, k, lda, ldb, ldc, ab_dtype, c_dtype, accumulate, alpha},
              a, b, c);
+}
+
+void GemmBatchedStrided(bool trans_a, bool trans_b, int64_t outer, int64_t inner, int64_t m,
+                        int64_t n, int64_t k, const float* a, int64_t lda, GridStrides sa,
+                        const float* b, int64_t ldb, GridStrides sb, float* c, int64_t ldc,
+                        GridStrides sc, bool accumulate, float alpha) {
+  SSHSDP_CHECK(outer >= 0 && inner >= 0 && m >= 0 && n >= 0 && k >= 0, NumericsError,
+               "GemmBatchedStrided: invalid shape {}x{} grid, m={} n={} k={}", outer, inner, m, n,
+               k);
+  SSHSDP_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n, NumericsError,
+               "GemmBatchedStrided: leading dimensions lda={} ldb={} ldc={} too small for m={} "
+               "n={} k={}",
+               lda, ldb, ldc, m, n, k);
+  if (outer == 0 || inner == 0 || m == 0 || n == 0) return;
+  if (k == 0) {
+    if (accumulate) return;
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t i = 0; i < inner; ++i) {
+        for (int64_t r = 0; r < m; ++r)
+          std::fill_n(c + o * sc.outer + i * sc.inner + r * ldc, n, 0.0f);
+      }
+    }
+    return;
+  }
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  Key key{trans_a, trans_b, inner,       m,           n,          k,    lda,
+          ldb,     ldc,     DType::kF32, DType::kF32, accumulate, alpha};
+  key.outer = outer;
+  key.grid_strides = {sa.outer, sa.inner, sb.outer, sb.inner, sc.outer, sc.inner};
+  Execute(s, key, a, b, c);
 }
 
 void LinearForward(const float* x, const void* w, DType w_dtype, float* y, int64_t m, int64_t n,

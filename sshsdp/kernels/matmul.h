@@ -53,6 +53,23 @@ void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, co
                  int64_t lda, const void* b, int64_t ldb, DType ab_dtype, void* c, int64_t ldc,
                  DType c_dtype, bool accumulate, float alpha = 1.0f);
 
+// Element strides between the matrices of a two-level batch grid (GemmBatchedStrided).
+struct GridStrides {
+  int64_t outer = 0, inner = 0;
+};
+
+// fp32 products over an [outer, inner] grid in one oneDNN call, each operand a strided view:
+// for o < outer, i < inner, C[o,i] (=|+=) alpha · op(A[o,i]) · op(B[o,i]), where X[o,i]
+// starts at x + o·sx.outer + i·sx.inner and has row stride ldx (stored as in GemmStrided).
+// Attention's per-(batch, head) products on packed QKV rows are one such call:
+//   GemmBatchedStrided(false, true, B, H, T, T, dh, q, 3 * d, {T * 3 * d, dh},
+//                      k, 3 * d, {T * 3 * d, dh}, s, T, {H * T * T, T * T}, false, scale);
+// Any count may be 0; k == 0 writes zeros (overwrite) or leaves C as it is (accumulate).
+void GemmBatchedStrided(bool trans_a, bool trans_b, int64_t outer, int64_t inner, int64_t m,
+                        int64_t n, int64_t k, const float* a, int64_t lda, GridStrides sa,
+                        const float* b, int64_t ldb, GridStrides sb, float* c, int64_t ldc,
+                        GridStrides sc, bool accumulate, float alpha = 1.0f);
+
 // y[m,n] = x[m,k] · wᵀ, w [n,k] in w_dtype (fp32 or bf16). y is always overwritten.
 void LinearForward(const float* x, const void* w, DType w_dtype, float* y, int64_t m, int64_t n,
                    int64_t k);

@@ -11,6 +11,8 @@
 #include <string_view>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/base/op_profile.h"
+#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/mx_linear.h"
@@ -28,8 +30,6 @@ namespace {
 kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales, t.scale_layout}; }
 }  // namespace
 
-using layers::AttentionBackward;
-using layers::AttentionForward;
 using layers::EmbeddingBackward;
 using layers::EmbeddingForward;
 using layers::GeluBackwardInPlace;
@@ -144,15 +144,15 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
   // Arena: one allocation, each tensor 64-byte aligned.
   const int64_t L = c_.n_layer, d = c_.d_model, ff = c_.ff(), V = c_.padded_vocab(), H = c_.n_head;
   float** slots[] = {
-      &acts_.residual, &acts_.ln1,     &acts_.ln1_rstd, &acts_.qkv,  &acts_.att,      &acts_.atty,
-      &acts_.res_mid,  &acts_.ln2,     &acts_.ln2_rstd, &acts_.fch,  &acts_.fch_gelu, &acts_.lnf,
-      &acts_.lnf_rstd, &acts_.probs,   &acts_.losses,   &acts_.dres, &acts_.dtmp,     &acts_.dqkv,
-      &acts_.dfch,     &acts_.dlogits, &acts_.datt};
+      &acts_.residual, &acts_.ln1,     &acts_.ln1_rstd,   &acts_.qkv,  &acts_.lse,      &acts_.atty,
+      &acts_.res_mid,  &acts_.ln2,     &acts_.ln2_rstd,   &acts_.fch,  &acts_.fch_gelu, &acts_.lnf,
+      &acts_.lnf_rstd, &acts_.probs,   &acts_.losses,     &acts_.dres, &acts_.dtmp,     &acts_.dqkv,
+      &acts_.dfch,     &acts_.dlogits, &acts_.att_scratch};
   const int64_t sizes[] = {(L + 1) * BT * d,
                            L * BT * d,
                            L * BT,
                            L * BT * 3 * d,
-                           L * B * H * T * T,
+                           L * B * H * T,
                            L * BT * d,
                            L * BT * d,
                            L * BT * d,
@@ -168,7 +168,7 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
                            BT * 3 * d,
                            BT * ff,
                            BT * V,
-                           static_cast<int64_t>(T) * T};
+                           kernels::AttentionScratchFloats(B, T, c_.n_head)};
   static_assert(sizeof(slots) / sizeof(slots[0]) == sizeof(sizes) / sizeof(sizes[0]));
   int64_t offsets[sizeof(sizes) / sizeof(sizes[0])];
   int64_t total = 0;
@@ -267,6 +267,7 @@ void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<Ten
 }
 
 void Gpt::ForwardEmbedding(const std::vector<TensorRef>& w) {
+  OpScope s(profile_, OpCategory::kEmbedding);
   EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.d_model, acts_.residual);
 }
 
@@ -276,7 +277,7 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   float* out = acts_.residual + (l + 1) * BT * d;
   float* ln1 = acts_.ln1 + l * BT * d;
   float* qkv = acts_.qkv + l * BT * 3 * d;
-  float* att = acts_.att + l * B_ * c_.n_head * static_cast<int64_t>(T_) * T_;
+  float* lse = acts_.lse + l * B_ * c_.n_head * static_cast<int64_t>(T_);
   float* atty = acts_.atty + l * BT * d;
   float* res_mid = acts_.res_mid + l * BT * d;
   float* ln2 = acts_.ln2 + l * BT * d;
@@ -284,23 +285,59 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   float* fch_gelu = acts_.fch_gelu + l * BT * ff;
 
   const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
-  RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
-  QkvForward(ln1, w, qkv);
-  AttentionForward(qkv, att, atty, B_, T_, c_.n_head, c_.head_dim());
-  LinearForward(atty, View(w[q + 1]), res_mid, BT, d, d);
-  kernels::Add(x, res_mid, res_mid, BT * d);
-  RmsNormForward(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d);
-  LinearForward(ln2, View(w[q + 3]), fch, BT, ff, d);
-  GeluForward(fch, fch_gelu, BT * ff);
-  LinearForward(fch_gelu, View(w[q + 4]), out, BT, d, ff);
+  {
+    OpScope s(profile_, OpCategory::kNorm);
+    RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    QkvForward(ln1, w, qkv);
+  }
+  {
+    OpScope s(profile_, OpCategory::kAttention);
+    kernels::CausalAttentionForward(qkv, atty, lse, acts_.att_scratch, B_, T_, c_.n_head,
+                                    c_.head_dim());
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearForward(atty, View(w[q + 1]), res_mid, BT, d, d);
+  }
+  {
+    OpScope s(profile_, OpCategory::kElementwise);
+    kernels::Add(x, res_mid, res_mid, BT * d);
+  }
+  {
+    OpScope s(profile_, OpCategory::kNorm);
+    RmsNormForward(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d);
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearForward(ln2, View(w[q + 3]), fch, BT, ff, d);
+  }
+  {
+    OpScope s(profile_, OpCategory::kActivation);
+    GeluForward(fch, fch_gelu, BT * ff);
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearForward(fch_gelu, View(w[q + 4]), out, BT, d, ff);
+  }
+  OpScope s(profile_, OpCategory::kElementwise);
   kernels::Add(res_mid, out, out, BT * d);
 }
 
 void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
-  RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
-  LinearForward(acts_.lnf, View(w[1]), acts_.probs, BT, V, d);
+  {
+    OpScope s(profile_, OpCategory::kNorm);
+    RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearForward(acts_.lnf, View(w[1]), acts_.probs, BT, V, d);
+  }
+  OpScope s(profile_, OpCategory::kLoss);
   loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, c_.vocab, V) /
           static_cast<double>(BT);
 }
@@ -309,11 +346,18 @@ void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tensor
                        bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
-  SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V,
-                              static_cast<float>(1.0 / static_cast<double>(BT)));
-  LinearBackwardWeight(acts_.dlogits, acts_.lnf, kernels::LinearComputeDType(w[1].dtype),
-                       grad[1].data, grad[1].dtype, BT, V, d, acc);
-  LinearBackwardData(acts_.dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
+  {
+    OpScope s(profile_, OpCategory::kLoss);
+    SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V,
+                                static_cast<float>(1.0 / static_cast<double>(BT)));
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearBackwardWeight(acts_.dlogits, acts_.lnf, kernels::LinearComputeDType(w[1].dtype),
+                         grad[1].data, grad[1].dtype, BT, V, d, acc);
+    LinearBackwardData(acts_.dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
+  }
+  OpScope s(profile_, OpCategory::kNorm);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.lnf_rstd, acts_.dres, dgain_scratch_.data(), BT,
                   d, /*accumulate_dx=*/false);
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
@@ -325,7 +369,7 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   const float* x = acts_.residual + l * BT * d;
   const float* ln1 = acts_.ln1 + l * BT * d;
   const float* qkv = acts_.qkv + l * BT * 3 * d;
-  const float* att = acts_.att + l * B_ * c_.n_head * static_cast<int64_t>(T_) * T_;
+  const float* lse = acts_.lse + l * B_ * c_.n_head * static_cast<int64_t>(T_);
   const float* atty = acts_.atty + l * BT * d;
   const float* res_mid = acts_.res_mid + l * BT * d;
   const float* ln2 = acts_.ln2 + l * BT * d;
@@ -337,23 +381,46 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   const int proj = q + 1, g2 = q + 2, fc1 = q + 3, fc2 = q + 4;
 
   // MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))).
-  LinearBackwardWeight(dres, fch_gelu, kernels::LinearComputeDType(w[fc2].dtype), grad[fc2].data,
-                       grad[fc2].dtype, BT, d, ff, acc);
-  LinearBackwardData(dres, View(w[fc2]), acts_.dfch, BT, d, ff, false);
-  GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
-  LinearBackwardWeight(acts_.dfch, ln2, kernels::LinearComputeDType(w[fc1].dtype), grad[fc1].data,
-                       grad[fc1].dtype, BT, ff, d, acc);
-  LinearBackwardData(acts_.dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
-  RmsNormBackward(acts_.dtmp, res_mid, Gain(w[g2]), acts_.ln2_rstd + l * BT, dres,
-                  dgain_scratch_.data(), BT, d, /*accumulate_dx=*/true);
-  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[g2].data, grad[g2].dtype, d, acc);
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearBackwardWeight(dres, fch_gelu, kernels::LinearComputeDType(w[fc2].dtype), grad[fc2].data,
+                         grad[fc2].dtype, BT, d, ff, acc);
+    LinearBackwardData(dres, View(w[fc2]), acts_.dfch, BT, d, ff, false);
+  }
+  {
+    OpScope s(profile_, OpCategory::kActivation);
+    GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearBackwardWeight(acts_.dfch, ln2, kernels::LinearComputeDType(w[fc1].dtype), grad[fc1].data,
+                         grad[fc1].dtype, BT, ff, d, acc);
+    LinearBackwardData(acts_.dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
+  }
+  {
+    OpScope s(profile_, OpCategory::kNorm);
+    RmsNormBackward(acts_.dtmp, res_mid, Gain(w[g2]), acts_.ln2_rstd + l * BT, dres,
+                    dgain_scratch_.data(), BT, d, /*accumulate_dx=*/true);
+    kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[g2].data, grad[g2].dtype, d, acc);
+  }
 
   // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
-  LinearBackwardWeight(dres, atty, kernels::LinearComputeDType(w[proj].dtype), grad[proj].data,
-                       grad[proj].dtype, BT, d, d, acc);
-  LinearBackwardData(dres, View(w[proj]), acts_.dtmp, BT, d, d, false);
-  AttentionBackward(acts_.dtmp, qkv, att, acts_.dqkv, acts_.datt, B_, T_, c_.n_head, c_.head_dim());
-  QkvBackward(ln1, w, grad, acts_.dtmp, acc);
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    LinearBackwardWeight(dres, atty, kernels::LinearComputeDType(w[proj].dtype), grad[proj].data,
+                         grad[proj].dtype, BT, d, d, acc);
+    LinearBackwardData(dres, View(w[proj]), acts_.dtmp, BT, d, d, false);
+  }
+  {
+    OpScope s(profile_, OpCategory::kAttention);
+    kernels::CausalAttentionBackward(acts_.dtmp, qkv, atty, lse, acts_.dqkv, acts_.att_scratch, B_,
+                                     T_, c_.n_head, c_.head_dim());
+  }
+  {
+    OpScope s(profile_, OpCategory::kGemm);
+    QkvBackward(ln1, w, grad, acts_.dtmp, acc);
+  }
+  OpScope s(profile_, OpCategory::kNorm);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres, dgain_scratch_.data(),
                   BT, d, /*accumulate_dx=*/true);
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
@@ -415,6 +482,7 @@ void Gpt::QkvBackward(const float* ln1, const std::vector<TensorRef>& w,
 }
 
 void Gpt::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
+  OpScope s(profile_, OpCategory::kEmbedding);
   EmbeddingBackward(acts_.dres, tokens_.data(), B_, T_, c_.d_model, grad[0], c_.padded_vocab(),
                     grad[1], c_.seq_len, acc, table_scratch_);
 }

@@ -91,6 +91,7 @@ class Gpt final : public Model {
   // (the engine keeps groups with embedding tables in bf16).
   // Not with packed_qkv = false (per-part runtime weights).
   bool ConsumesMx() const override { return c_.packed_qkv; }
+  void SetOpProfile(OpProfile* profile) override { profile_ = profile; }
 
   // Logits' softmax of the last forward, [B*T, padded_vocab()] (padded columns 0).
   const float* Probs() const override { return acts_.probs; }
@@ -103,7 +104,7 @@ class Gpt final : public Model {
     float* ln1;       // [L, BT, d]
     float* ln1_rstd;  // [L, BT]
     float* qkv;       // [L, BT, 3d]
-    float* att;       // [L, B, H, T, T] softmax probabilities (upper triangle zero)
+    float* lse;       // [L, B, H, T] attention rows' log-sum-exp (kernels/attention.h)
     float* atty;      // [L, BT, d] attention output before the projection
     float* res_mid;   // [L, BT, d] residual after attention
     float* ln2;       // [L, BT, d]
@@ -115,12 +116,12 @@ class Gpt final : public Model {
     float* probs;     // [BT, V]
     float* losses;    // [BT]
     // Backward scratch, reused by every group.
-    float* dres;     // [BT, d] gradient of the residual stream flowing down
-    float* dtmp;     // [BT, d]
-    float* dqkv;     // [BT, 3d]
-    float* dfch;     // [BT, d_ff]
-    float* dlogits;  // [BT, V]
-    float* datt;     // [T, T] attention-score gradient of one (batch, head)
+    float* dres;         // [BT, d] gradient of the residual stream flowing down
+    float* dtmp;         // [BT, d]
+    float* dqkv;         // [BT, 3d]
+    float* dfch;         // [BT, d_ff]
+    float* dlogits;      // [BT, V]
+    float* att_scratch;  // AttentionScratchFloats(B, T, H): fused attention's blocks
   };
 
   // Runtime parameters of the QKV projection in a block group: 1 packed, or 3·H parts.
@@ -149,6 +150,7 @@ class Gpt final : public Model {
   std::vector<float> arena_;
   Acts acts_{};
   std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_;
+  OpProfile* profile_ = nullptr;  // SetOpProfile
   // packed_qkv = false with bf16 parts: bf16 roundings of the GEMM operands (ln1, dqkv).
   std::vector<bf16> x_bf16_, dy_bf16_;
 

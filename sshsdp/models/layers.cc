@@ -10,13 +10,32 @@
 
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/parallel.h"
+#include "sshsdp/kernels/vec_math.h"
 
 namespace sshsdp::layers {
 
-// ---- RMSNorm: y = x · rstd · g, rstd = 1/sqrt(mean(x²) + eps). ----
+#define SSHSDP_ACT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d) {
-  for (int64_t r = 0; r < rows; ++r) {
+namespace {
+
+// Items per thread below which a kernel runs on the caller's thread alone (parallel.h).
+constexpr int64_t kGrainElements = 16384;
+int64_t RowGrain(int64_t d) {
+  return std::max<int64_t>(1, kGrainElements / std::max<int64_t>(d, 1));
+}
+
+}  // namespace
+
+// ---- RMSNorm: y = x · rstd · g, rstd = 1/sqrt(mean(x²) + eps). ----
+// Rows go to threads (kernels::ParallelFor); the gain gradient, a sum over rows, goes by
+// columns, each summed over the rows in order: the same bits at any thread count.
+
+namespace {
+
+SSHSDP_ACT_CLONES void RmsNormForwardRows(const float* x, const float* g, float* y, float* rstd,
+                                          int64_t r0, int64_t r1, int d) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * d;
     float* yr = y + r * d;
     float ss = 0.0f;
@@ -28,11 +47,10 @@ void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64
   }
 }
 
-// dx (+)= ∂/∂x, dg = Σ_rows dy·x·rstd (overwritten).
-void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
-                     float* dg, int64_t rows, int d, bool accumulate_dx) {
-  std::fill_n(dg, d, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
+SSHSDP_ACT_CLONES void RmsNormBackwardRows(const float* dy, const float* x, const float* g,
+                                           const float* rstd, float* dx, int64_t r0, int64_t r1,
+                                           int d, bool accumulate_dx) {
+  for (int64_t r = r0; r < r1; ++r) {
     const float* dyr = dy + r * d;
     const float* xr = x + r * d;
     float* dxr = dx + r * d;
@@ -44,36 +62,48 @@ void RmsNormBackward(const float* dy, const float* x, const float* g, const floa
     for (int i = 0; i < d; ++i) {
       float v = s * (g[i] * dyr[i] - xr[i] * c);
       dxr[i] = accumulate_dx ? dxr[i] + v : v;
-      dg[i] += dyr[i] * xr[i] * s;
     }
   }
+}
+
+// dg[c0..c1) = Σ_rows dy·x·rstd, rows in order.
+SSHSDP_ACT_CLONES void GainGradientColumns(const float* dy, const float* x, const float* rstd,
+                                           float* dg, int64_t rows, int d, int64_t c0, int64_t c1) {
+  for (int64_t i = c0; i < c1; ++i) dg[i] = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * d;
+    const float* xr = x + r * d;
+    const float s = rstd[r];
+    for (int64_t i = c0; i < c1; ++i) dg[i] += dyr[i] * xr[i] * s;
+  }
+}
+
+}  // namespace
+
+void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d) {
+  kernels::ParallelFor(rows, RowGrain(d), [&](int64_t r0, int64_t r1) {
+    RmsNormForwardRows(x, g, y, rstd, r0, r1, d);
+  });
+}
+
+// dx (+)= ∂/∂x, dg = Σ_rows dy·x·rstd (overwritten).
+void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
+                     float* dg, int64_t rows, int d, bool accumulate_dx) {
+  kernels::ParallelFor(rows, RowGrain(d), [&](int64_t r0, int64_t r1) {
+    RmsNormBackwardRows(dy, x, g, rstd, dx, r0, r1, d, accumulate_dx);
+  });
+  // Columns in chunks of 16 floats at least (whole cache lines per thread).
+  const int64_t column_grain = std::max<int64_t>(16, RowGrain(rows));
+  kernels::ParallelFor(d, column_grain, [&](int64_t c0, int64_t c1) {
+    GainGradientColumns(dy, x, rstd, dg, rows, d, c0, c1);
+  });
 }
 
 // ---- GELU, tanh approximation. ----
 
 namespace {
 
-// e^x for the vectorised loops: x clamped to [-87, 88] (normal fp32 results), e^x = 2^n · p(r)
-// with n = round(x / ln 2), r = x − n·ln 2 (two-constant Cody–Waite), p the degree-6 Taylor
-// polynomial of e^r on |r| <= ln2/2 (relative error < 3e-8), and 2^n written into the
-// exponent bits. No calls, no branches: `omp simd` vectorises it. NaN stays NaN.
-inline float ExpVec(float x) {
-  x = std::min(std::max(x, -87.0f), 88.0f);  // std::max(NaN, c) is NaN: NaN stays NaN
-  const float kMagic = 12582912.0f;          // 1.5·2^23: adding it rounds to an integer
-  const float fn = (x * 1.44269504088896341f + kMagic) - kMagic;
-  const float r = (x - fn * 0.693145751953125f) - fn * 1.428606765330187e-06f;
-  float p = 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(fn) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, 4);
-  return p * scale;
-}
+using kernels::ExpVec;
 
 // tanh(z) = 1 − 2/(e^{2z} + 1), z clamped to [-10, 10] (where tanh rounds to ±1 exactly).
 inline float TanhVec(float z) {
@@ -81,11 +111,7 @@ inline float TanhVec(float z) {
   return 1.0f - 2.0f / (ExpVec(2.0f * z) + 1.0f);
 }
 
-}  // namespace
-
-#define SSHSDP_ACT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-
-SSHSDP_ACT_CLONES void GeluForward(const float* x, float* y, int64_t n) {
+SSHSDP_ACT_CLONES void GeluForwardRange(const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -93,8 +119,7 @@ SSHSDP_ACT_CLONES void GeluForward(const float* x, float* y, int64_t n) {
   }
 }
 
-// dx = dy · gelu'(x), in place on dy.
-SSHSDP_ACT_CLONES void GeluBackwardInPlace(const float* x, float* dy, int64_t n) {
+SSHSDP_ACT_CLONES void GeluBackwardRange(const float* x, float* dy, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
@@ -104,82 +129,17 @@ SSHSDP_ACT_CLONES void GeluBackwardInPlace(const float* x, float* dy, int64_t n)
   }
 }
 
-// ---- Causal multi-head attention over packed qkv rows [q (d) | k (d) | v (d)]. ----
-// Per (batch, head), with Q, K, V the head's [T, dh] column blocks of qkv (row stride 3d):
-//   S = Q·Kᵀ/√dh (fp32 GEMM), P = causal softmax(S) (fp32 loops), O = P·V.
-// The GEMMs compute the full T×T product; the masked upper triangle of P is zero, so the
-// products that use P are exact. Attention always runs in fp32, whatever the weight dtype.
+}  // namespace
 
-void AttentionForward(const float* qkv, float* att, float* out, int B, int T, int H, int dh) {
-  const int64_t d = static_cast<int64_t>(H) * dh, d3 = 3 * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  for (int b = 0; b < B; ++b) {
-    const float* base = qkv + static_cast<int64_t>(b) * T * d3;
-    for (int h = 0; h < H; ++h) {
-      const float* q = base + h * dh;
-      const float* k = base + d + h * dh;
-      const float* v = base + 2 * d + h * dh;
-      float* p = att + (static_cast<int64_t>(b) * H + h) * T * T;
-      kernels::GemmStrided(false, true, T, T, dh, q, d3, k, d3, DType::kF32, p, T, DType::kF32,
-                           false, scale);
-      for (int t = 0; t < T; ++t) {
-        float* row = p + static_cast<int64_t>(t) * T;
-        float mx = row[0];
-        for (int u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
-        float sum = 0.0f;
-        for (int u = 0; u <= t; ++u) {
-          row[u] = std::exp(row[u] - mx);
-          sum += row[u];
-        }
-        const float inv = 1.0f / sum;
-        for (int u = 0; u <= t; ++u) row[u] *= inv;
-        for (int u = t + 1; u < T; ++u) row[u] = 0.0f;
-      }
-      kernels::GemmStrided(false, false, T, dh, T, p, T, v, d3, DType::kF32,
-                           out + static_cast<int64_t>(b) * T * d + h * dh, d, DType::kF32, false);
-    }
-  }
+void GeluForward(const float* x, float* y, int64_t n) {
+  kernels::ParallelFor(n, kGrainElements,
+                       [&](int64_t b, int64_t e) { GeluForwardRange(x + b, y + b, e - b); });
 }
 
-// dqkv is overwritten (every head's Q, K and V block is written by one GEMM each).
-// dp is a [T, T] scratch.
-void AttentionBackward(const float* dout, const float* qkv, const float* att, float* dqkv,
-                       float* dp, int B, int T, int H, int dh) {
-  const int64_t d = static_cast<int64_t>(H) * dh, d3 = 3 * d;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(dh));
-  for (int b = 0; b < B; ++b) {
-    const float* base = qkv + static_cast<int64_t>(b) * T * d3;
-    float* dbase = dqkv + static_cast<int64_t>(b) * T * d3;
-    const float* go = dout + static_cast<int64_t>(b) * T * d;
-    for (int h = 0; h < H; ++h) {
-      const float* q = base + h * dh;
-      const float* k = base + d + h * dh;
-      const float* v = base + 2 * d + h * dh;
-      const float* p = att + (static_cast<int64_t>(b) * H + h) * T * T;
-      const float* goh = go + h * dh;
-      // dV = Pᵀ·dO, dP = dO·Vᵀ.
-      kernels::GemmStrided(true, false, T, dh, T, p, T, goh, d, DType::kF32, dbase + 2 * d + h * dh,
-                           d3, DType::kF32, false);
-      kernels::GemmStrided(false, true, T, T, dh, goh, d, v, d3, DType::kF32, dp, T, DType::kF32,
-                           false);
-      // dS = P ⊙ (dP − rowsum(P ⊙ dP)) / √dh (zero above the diagonal, where P is).
-      for (int t = 0; t < T; ++t) {
-        const float* pr = p + static_cast<int64_t>(t) * T;
-        float* dr = dp + static_cast<int64_t>(t) * T;
-        float pdp = 0.0f;
-#pragma omp simd reduction(+ : pdp)
-        for (int u = 0; u <= t; ++u) pdp += pr[u] * dr[u];
-#pragma omp simd
-        for (int u = 0; u <= t; ++u) dr[u] = pr[u] * (dr[u] - pdp) * scale;
-        for (int u = t + 1; u < T; ++u) dr[u] = 0.0f;
-      }
-      // dQ = dS·K, dK = dSᵀ·Q.
-      kernels::GemmStrided(false, false, T, dh, T, dp, T, k, d3, DType::kF32, dbase + h * dh, d3,
-                           DType::kF32, false);
-      kernels::GemmStrided(true, false, T, dh, T, dp, T, q, d3, DType::kF32, dbase + d + h * dh, d3,
-                           DType::kF32, false);
-    }
-  }
+// dx = dy · gelu'(x), in place on dy.
+void GeluBackwardInPlace(const float* x, float* dy, int64_t n) {
+  kernels::ParallelFor(n, kGrainElements,
+                       [&](int64_t b, int64_t e) { GeluBackwardRange(x + b, dy + b, e - b); });
 }
 
 // Row `row` of a [rows, d] fp32/bf16 table as fp32.
@@ -237,12 +197,14 @@ void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int
 }
 
 // One vectorised exp per logit (ExpVec): e = e^{z - max} is stored and summed in the same
-// pass, then scaled by 1/Σe; the log-sum-exp and the loss are formed in double.
-SSHSDP_ACT_CLONES double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets,
-                                                    float* losses, int64_t rows, int64_t V,
-                                                    int64_t ld) {
-  double total = 0.0;
-  for (int64_t r = 0; r < rows; ++r) {
+// pass, then scaled by 1/Σe; the log-sum-exp and the loss are formed in double. Rows go to
+// threads; each row's double loss is kept and the total summed in row order afterwards.
+namespace {
+
+SSHSDP_ACT_CLONES void SoftmaxCrossEntropyRows(float* logits, const int32_t* targets, float* losses,
+                                               double* row_loss, int64_t r0, int64_t r1, int64_t V,
+                                               int64_t ld) {
+  for (int64_t r = r0; r < r1; ++r) {
     float* p = logits + r * ld;
     for (int64_t v = V; v < ld; ++v) p[v] = 0.0f;  // padded vocabulary: no mass
     float mx = p[0];
@@ -259,22 +221,43 @@ SSHSDP_ACT_CLONES double SoftmaxCrossEntropyForward(float* logits, const int32_t
     const double lse = mx + std::log(static_cast<double>(sum));
     const double loss = lse - target_logit;
     losses[r] = static_cast<float>(loss);
-    total += loss;
+    row_loss[r] = loss;
     const float inv = 1.0f / sum;
 #pragma omp simd
     for (int64_t v = 0; v < V; ++v) p[v] *= inv;
   }
+}
+
+SSHSDP_ACT_CLONES void SoftmaxCrossEntropyBackwardRows(const float* probs, const int32_t* targets,
+                                                       float* dlogits, int64_t r0, int64_t r1,
+                                                       int64_t ld, float scale) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const float* p = probs + r * ld;
+    float* dl = dlogits + r * ld;
+#pragma omp simd
+    for (int64_t v = 0; v < ld; ++v) dl[v] = p[v] * scale;
+    dl[targets[r]] -= scale;
+  }
+}
+
+}  // namespace
+
+double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                  int64_t rows, int64_t V, int64_t ld) {
+  std::vector<double> row_loss(static_cast<size_t>(std::max<int64_t>(rows, 0)));
+  kernels::ParallelFor(rows, RowGrain(ld), [&](int64_t r0, int64_t r1) {
+    SoftmaxCrossEntropyRows(logits, targets, losses, row_loss.data(), r0, r1, V, ld);
+  });
+  double total = 0.0;
+  for (double l : row_loss) total += l;
   return total;
 }
 
 void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                  int64_t rows, int64_t ld, float scale) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* p = probs + r * ld;
-    float* dl = dlogits + r * ld;
-    for (int64_t v = 0; v < ld; ++v) dl[v] = p[v] * scale;
-    dl[targets[r]] -= scale;
-  }
+  kernels::ParallelFor(rows, RowGrain(ld), [&](int64_t r0, int64_t r1) {
+    SoftmaxCrossEntropyBackwardRows(probs, targets, dlogits, r0, r1, ld, scale);
+  });
 }
 
 RuntimeParamSpec Single(std::string name, std::vector<int64_t> shape, UpdateKind kind,
@@ -285,23 +268,44 @@ RuntimeParamSpec Single(std::string name, std::vector<int64_t> shape, UpdateKind
 }
 
 // ---- SwiGLU. σ(z) = 1/(1 + e^{−z}); silu'(z) = σ(z)·(1 + z·(1 − σ(z))). ----
+// One vectorised e^{−z} per element (ExpVec; clamped, so σ saturates to 0 and 1 cleanly),
+// elements split over the kernel threads.
 
-void SwigluForward(const float* h1, const float* h3, float* a, int64_t n) {
+namespace {
+
+SSHSDP_ACT_CLONES void SwigluForwardRange(const float* h1, const float* h3, float* a, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float z = h1[i];
-    const float s = 1.0f / (1.0f + std::exp(-z));
+    const float s = 1.0f / (1.0f + ExpVec(-z));
     a[i] = z * s * h3[i];
   }
 }
 
-void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
-                    int64_t n) {
+SSHSDP_ACT_CLONES void SwigluBackwardRange(const float* h1, const float* h3, const float* da,
+                                           float* dh1, float* dh3, int64_t n) {
+#pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float z = h1[i], g = da[i];
-    const float s = 1.0f / (1.0f + std::exp(-z));
+    const float s = 1.0f / (1.0f + ExpVec(-z));
     dh1[i] = g * h3[i] * s * (1.0f + z * (1.0f - s));
     dh3[i] = g * z * s;
   }
+}
+
+}  // namespace
+
+void SwigluForward(const float* h1, const float* h3, float* a, int64_t n) {
+  kernels::ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
+    SwigluForwardRange(h1 + b, h3 + b, a + b, e - b);
+  });
+}
+
+void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
+                    int64_t n) {
+  kernels::ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
+    SwigluBackwardRange(h1 + b, h3 + b, da + b, dh1 + b, dh3 + b, e - b);
+  });
 }
 
 }  // namespace sshsdp::layers

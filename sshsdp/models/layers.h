@@ -1,11 +1,9 @@
 // Layer building blocks shared by the reference models (dense GPT in gpt.cc, MoE GPT in
-// moe*.cc): RMSNorm, GELU (tanh), SiLU, causal multi-head attention over a packed QKV
-// activation, row loads from fp32/bf16 tables and runtime-parameter spec helpers. Plain
-// llm.c-style forward/backward functions over fp32 activations; factored out of gpt.cc
-// unchanged so both models compute bit-identical blocks.
+// moe*.cc): RMSNorm, GELU (tanh), SiLU, row loads from fp32/bf16 tables and runtime-parameter spec
+// helpers. Plain llm.c-style forward/backward functions over fp32 activations; factored out of
+// gpt.cc unchanged so both models compute bit-identical blocks.
 //
 //   layers::RmsNormForward(x, gain, y, rstd, rows, d);
-//   layers::AttentionForward(qkv, att, out, B, T, n_head, head_dim);
 //   RuntimeParamSpec s = layers::Single("lnf.g", {d}, UpdateKind::kVector, layers::kOnes);
 #pragma once
 
@@ -48,16 +46,6 @@ void SwigluForward(const float* h1, const float* h3, float* a, int64_t n);
 // element is read before either output is written).
 void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
                     int64_t n);
-
-// ---- Causal multi-head attention over packed qkv rows [q (d) | k (d) | v (d)]. ----
-// Per (batch, head), with Q, K, V the head's [T, dh] column blocks of qkv (row stride 3d):
-//   S = Q·Kᵀ/√dh (fp32 GEMM), P = causal softmax(S) (fp32 loops), O = P·V.
-// att is [B, H, T, T] (probabilities, upper triangle zero), out [B·T, d].
-void AttentionForward(const float* qkv, float* att, float* out, int B, int T, int H, int dh);
-// dqkv is overwritten (every head's Q, K and V block is written by one GEMM each).
-// dp is a [T, T] scratch.
-void AttentionBackward(const float* dout, const float* qkv, const float* att, float* dqkv,
-                       float* dp, int B, int T, int H, int dh);
 
 // Row `row` of a [rows, d] fp32/bf16 table as fp32.
 void LoadRow(const TensorRef& t, int64_t row, int d, float* out);

@@ -1,7 +1,9 @@
 // The vectorised GELU forward/backward against the scalar reference (FastTanh, libm expf) and
 // against double precision, over a sweep of the fp32 range (odd lengths, so the vector loops'
 // remainders run too), with saturation, zeros, and NaN kept NaN; the softmax cross-entropy
-// against a double-precision evaluation on odd vocabularies.
+// against a double-precision evaluation on odd vocabularies; and every threaded kernel
+// (RMSNorm, GELU, SwiGLU, cross-entropy) giving the same bits on 1 and 3 threads; SwiGLU
+// against double precision.
 #include "sshsdp/models/layers.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +12,8 @@
 #include <limits>
 #include <random>
 #include <vector>
+
+#include "sshsdp/kernels/parallel.h"
 
 namespace sshsdp::layers {
 namespace {
@@ -135,6 +139,103 @@ TEST(SoftmaxCrossEntropy, PaddedColumnsTakeNoMass) {
       ASSERT_EQ(d_padded[r * ld + v], 0.0f) << "padded gradient " << r << "," << v;
     }
   }
+}
+
+// SwiGLU (one vectorised exp per element) against double precision over the fp32 sweep,
+// with saturation at both ends, and its backward with da aliasing dh1 (the MoE experts'
+// in-place call).
+TEST(Swiglu, MatchesDoublePrecisionAndSaturates) {
+  const std::vector<float> z = Sweep();
+  const int64_t n = static_cast<int64_t>(z.size());
+  std::vector<float> h3(n), a(n), dh1(n), dh3(n);
+  for (int64_t i = 0; i < n; ++i) h3[i] = 0.5f + static_cast<float>(i % 7) * 0.25f;
+  SwigluForward(z.data(), h3.data(), a.data(), n);
+  for (int64_t i = 0; i < n; ++i) dh1[i] = 1.0f - static_cast<float>(i % 5) * 0.3f;  // = da
+  const std::vector<float> da = dh1;
+  SwigluBackward(z.data(), h3.data(), dh1.data(), dh1.data(), dh3.data(), n);
+  double worst_a = 0, worst_d1 = 0, worst_d3 = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = z[i], s = 1.0 / (1.0 + std::exp(-v));
+    const double want_a = v * s * h3[i];
+    const double want_d1 = da[i] * h3[i] * s * (1.0 + v * (1.0 - s));
+    const double want_d3 = da[i] * v * s;
+    worst_a = std::max(worst_a, std::abs(a[i] - want_a) / std::max(1.0, std::abs(want_a)));
+    worst_d1 = std::max(worst_d1, std::abs(dh1[i] - want_d1) / std::max(1.0, std::abs(want_d1)));
+    worst_d3 = std::max(worst_d3, std::abs(dh3[i] - want_d3) / std::max(1.0, std::abs(want_d3)));
+  }
+  EXPECT_LT(worst_a, 1e-6);
+  EXPECT_LT(worst_d1, 1e-6);
+  EXPECT_LT(worst_d3, 1e-6);
+  const float big[] = {-1e4f, 1e4f}, one[] = {1.0f, 1.0f};
+  float out[2];
+  SwigluForward(big, one, out, 2);
+  EXPECT_LT(std::abs(out[0]), 1e-30f);  // σ(−1e4) = 1/(1 + e^88) at the clamp: −6e-35
+  EXPECT_EQ(out[1], 1e4f);
+}
+
+// Threads decide which thread computes a row or an element, never how: 1 and 3 threads give
+// the same bits (shapes large enough that 3 threads split them).
+TEST(Threads, KernelsGiveTheSameBitsAtAnyThreadCount) {
+  const int64_t rows = 1000, V = 90, ld = 96;
+  const int d = 67;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  auto random = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  const std::vector<float> x = random(rows * d), g = random(d), dy = random(rows * d);
+  const std::vector<float> gx = random(100003), logits = random(rows * ld);
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % V);
+
+  struct Out {
+    std::vector<float> y, rstd, dx, dg, gelu, dgelu, probs, losses, dlogits, sw, dsw1, dsw3;
+    double loss = 0;
+  };
+  auto run = [&](int threads) {
+    kernels::SetKernelThreads(threads);
+    Out o{std::vector<float>(rows * d),
+          std::vector<float>(rows),
+          std::vector<float>(rows * d, 0.5f),
+          std::vector<float>(d),
+          std::vector<float>(gx.size()),
+          std::vector<float>(gx.size(), 1.5f),
+          logits,
+          std::vector<float>(rows),
+          std::vector<float>(rows * ld)};
+    RmsNormForward(x.data(), g.data(), o.y.data(), o.rstd.data(), rows, d);
+    RmsNormBackward(dy.data(), x.data(), g.data(), o.rstd.data(), o.dx.data(), o.dg.data(), rows, d,
+                    /*accumulate_dx=*/true);
+    GeluForward(gx.data(), o.gelu.data(), static_cast<int64_t>(gx.size()));
+    GeluBackwardInPlace(gx.data(), o.dgelu.data(), static_cast<int64_t>(gx.size()));
+    o.loss =
+        SoftmaxCrossEntropyForward(o.probs.data(), targets.data(), o.losses.data(), rows, V, ld);
+    SoftmaxCrossEntropyBackward(o.probs.data(), targets.data(), o.dlogits.data(), rows, ld, 0.25f);
+    const int64_t m = static_cast<int64_t>(gx.size());
+    o.sw.resize(m);
+    o.dsw1.resize(m);
+    o.dsw3.resize(m);
+    SwigluForward(gx.data(), o.gelu.data(), o.sw.data(), m);
+    SwigluBackward(gx.data(), o.gelu.data(), o.dgelu.data(), o.dsw1.data(), o.dsw3.data(), m);
+    kernels::SetKernelThreads(1);
+    return o;
+  };
+  const Out one = run(1), three = run(3);
+  EXPECT_EQ(one.y, three.y);
+  EXPECT_EQ(one.rstd, three.rstd);
+  EXPECT_EQ(one.dx, three.dx);
+  EXPECT_EQ(one.dg, three.dg);
+  EXPECT_EQ(one.gelu, three.gelu);
+  EXPECT_EQ(one.dgelu, three.dgelu);
+  EXPECT_EQ(one.probs, three.probs);
+  EXPECT_EQ(one.losses, three.losses);
+  EXPECT_EQ(one.loss, three.loss);
+  EXPECT_EQ(one.dlogits, three.dlogits);
+  EXPECT_EQ(one.sw, three.sw);
+  EXPECT_EQ(one.dsw1, three.dsw1);
+  EXPECT_EQ(one.dsw3, three.dsw3);
 }
 
 }  // namespace

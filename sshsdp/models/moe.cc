@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
 
@@ -227,7 +228,7 @@ void MoeGpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int 
     for (auto [slot, n] : {std::pair{&A.ln1, N * d},
                            {&A.ln1_rstd, N},
                            {&A.qkv, N * 3 * d},
-                           {&A.att, B * H * static_cast<int64_t>(T) * T},
+                           {&A.lse, B * H * static_cast<int64_t>(T)},
                            {&A.atty, N * d},
                            {&A.res_mid, N * d},
                            {&A.ln2, N * d},
@@ -261,16 +262,17 @@ void MoeGpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int 
     il.push_back({&A.token, Nk});
   }
   const bool any_moe = !il.empty();
-  for (auto [slot, n] : {std::pair{&lnf_, N * d},
-                         {&lnf_rstd_, N},
-                         {&probs_, N * V},
-                         {&losses_, N},
-                         {&dres_, N * d},
-                         {&dtmp_, N * d},
-                         {&dln_, N * d},
-                         {&dqkv_, N * 3 * d},
-                         {&dlogits_, N * V},
-                         {&datt_, static_cast<int64_t>(T) * T}}) {
+  for (auto [slot, n] :
+       {std::pair{&lnf_, N * d},
+        {&lnf_rstd_, N},
+        {&probs_, N * V},
+        {&losses_, N},
+        {&dres_, N * d},
+        {&dtmp_, N * d},
+        {&dln_, N * d},
+        {&dqkv_, N * 3 * d},
+        {&dlogits_, N * V},
+        {&att_scratch_, kernels::AttentionScratchFloats(B, T, static_cast<int>(H))}}) {
     fl.push_back({slot, n});
   }
   dfch_ = dgate_ = dyp_ = dh1_ = dh3_ = dxp_ = dz_ = dsh1_ = dsh3_ = nullptr;

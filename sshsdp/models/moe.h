@@ -160,7 +160,7 @@ class MoeGpt final : public Model {
   // Per-block activations: pointers into the float and int arenas. Dense blocks use fch/fcg;
   // MoE blocks the rest (null when unused).
   struct BlockActs {
-    float *ln1, *ln1_rstd, *qkv, *att, *atty, *res_mid, *ln2, *ln2_rstd;
+    float *ln1, *ln1_rstd, *qkv, *lse, *atty, *res_mid, *ln2, *ln2_rstd;
     float *fch, *fcg;                      // dense MLP [N, d_ff]: fc1 output, after GELU
     float *score, *gate, *frac;            // [N, E] softmax/σ scores, [N, k] gates, [E] f_e
     float *xp, *h1, *h3, *act, *yp;        // permuted rows: input [Nk, d], hidden [Nk, f] ×3, out
@@ -235,8 +235,9 @@ class MoeGpt final : public Model {
   float *lnf_ = nullptr, *lnf_rstd_ = nullptr, *probs_ = nullptr, *losses_ = nullptr;
   // Backward scratch shared by all groups.
   float *dres_ = nullptr, *dtmp_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr,
-        *dlogits_ = nullptr, *datt_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr,
-        *dh3_ = nullptr, *dxp_ = nullptr, *dz_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr;
+        *dlogits_ = nullptr, *att_scratch_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr,
+        *dh1_ = nullptr, *dh3_ = nullptr, *dxp_ = nullptr, *dz_ = nullptr, *dsh1_ = nullptr,
+        *dsh3_ = nullptr;
   std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_, router_scratch_, wgrad_scratch_;
   std::vector<std::vector<float>> mx_scratch_;  // dequantized MX expert weights, per expert view
 

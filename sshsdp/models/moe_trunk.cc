@@ -7,6 +7,7 @@
 #include <string>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/layers.h"
@@ -107,7 +108,8 @@ void MoeGpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
   const float* x = res_[l];
   RmsNormForward(x, Gain(w[0]), A.ln1, A.ln1_rstd, N, d);
   LinearForward(A.ln1, w[1].data, w[1].dtype, A.qkv, N, 3 * d, d);
-  layers::AttentionForward(A.qkv, A.att, A.atty, B_, T_, c_.trunk.n_head, c_.trunk.head_dim());
+  kernels::CausalAttentionForward(A.qkv, A.atty, A.lse, att_scratch_, B_, T_, c_.trunk.n_head,
+                                  c_.trunk.head_dim());
   LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d);
   kernels::Add(x, A.res_mid, A.res_mid, N * d);
   RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d);
@@ -186,8 +188,8 @@ void MoeGpt::BackwardAttention(int l, const std::vector<TensorRef>& w,
   // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
   LinearBackwardWeight(dres, A.atty, w[2].dtype, grad[2].data, grad[2].dtype, N, d, d, acc);
   LinearBackwardData(dres, w[2].data, w[2].dtype, dtmp_, N, d, d, false);
-  layers::AttentionBackward(dtmp_, A.qkv, A.att, dqkv_, datt_, B_, T_, c_.trunk.n_head,
-                            c_.trunk.head_dim());
+  kernels::CausalAttentionBackward(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_scratch_, B_, T_,
+                                   c_.trunk.n_head, c_.trunk.head_dim());
   LinearBackwardWeight(dqkv_, A.ln1, w[1].dtype, grad[1].data, grad[1].dtype, N, 3 * d, d, acc);
   LinearBackwardData(dqkv_, w[1].data, w[1].dtype, dtmp_, N, 3 * d, d, false);
   RmsNormBackward(dtmp_, x, Gain(w[0]), A.ln1_rstd, dres, dgain_scratch_.data(), N, d,

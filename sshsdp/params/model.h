@@ -32,6 +32,8 @@
 
 namespace sshsdp {
 
+class OpProfile;  // base/op_profile.h
+
 // How the optimizer treats an update part.
 enum class UpdateKind {
   kMatrix,     // 2-D weight: eligible for Muon
@@ -135,6 +137,9 @@ class Model {
   // it has update parts and none is an embedding / LM-head table (UpdateKind::kEmbedding) —
   // the dense GPT's blocks. The MoE GPT overrides it: only its expert groups (moe.h).
   virtual bool GroupConsumesMx(int g) const;
+  // Where Forward/Backward add their kernels' time by category (null: nowhere). For step
+  // profiles (sshsdp bench --profile); a model that keeps no profile ignores it.
+  virtual void SetOpProfile(OpProfile* profile) { (void)profile; }
 };
 
 // Writes count initial values of `part` (elements [begin, begin + count) of the part,

@@ -1,0 +1,44 @@
+// Fused causal multi-head attention for the CPU over the packed QKV activation the models
+// keep ([B·T, 3d] rows [q (d) | k (d) | v (d)], head h at columns h·dh of each third), fp32
+// whatever the weight dtype (the models' activations are fp32).
+//
+// Blocked over queries, with every head of a chunk of sequences in one batched oneDNN product
+// per block (GemmBatchedStrided): query block [q0, q1) meets keys [0, q1) only, so the masked
+// upper triangle is never multiplied (at T = 256 and 64-row blocks, 62.5 % of the square's
+// products), and no [T, T] matrix is kept between forward and backward — the forward keeps
+// each row's log-sum-exp (lse, [B, H, T]), the backward recomputes the block's probabilities
+// from it (FlashAttention-2's recomputation; the whole key range of a query block fits in
+// scratch on a CPU, so the softmax of a row is exact in one pass instead of online). The
+// softmax loops run one vectorised exp per score (vec_math.h), AVX-512 / AVX2 / baseline
+// clones picked at load time.
+//
+//   std::vector<float> scratch(AttentionScratchFloats(B, T, H));
+//   CausalAttentionForward(qkv, out, lse, scratch.data(), B, T, H, dh);
+//   CausalAttentionBackward(dout, qkv, out, lse, dqkv, scratch.data(), B, T, H, dh);
+//
+// The reference it is tested against (kernels_attention_test) is the per-head product with
+// the whole score matrix materialised, testing/attention_reference.h.
+#pragma once
+
+#include <cstdint>
+
+namespace sshsdp::kernels {
+
+// Query rows per block. Exposed for tests (blocks smaller than T on short sequences).
+inline constexpr int kAttentionQueryBlock = 64;
+
+// fp32 elements of the scratch both functions need for this shape and block.
+int64_t AttentionScratchFloats(int B, int T, int H, int block = kAttentionQueryBlock);
+
+// out [B·T, d] (overwritten) = softmax(Q·Kᵀ/√dh, causal) · V per (batch, head); lse [B, H, T]
+// (overwritten) the natural log of each row's softmax denominator, scores scaled.
+void CausalAttentionForward(const float* qkv, float* out, float* lse, float* scratch, int B, int T,
+                            int H, int dh, int block = kAttentionQueryBlock);
+
+// dqkv [B·T, 3d] overwritten with ∂/∂qkv from dout [B·T, d]; out and lse as the forward wrote
+// them.
+void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
+                             const float* lse, float* dqkv, float* scratch, int B, int T, int H,
+                             int dh, int block = kAttentionQueryBlock);
+
+}  // namespace sshsdp::kernels

@@ -1,0 +1,30 @@
+// ParallelFor's OpenMP region (see parallel.h). The only file of the kernels built with
+// -fopenmp: the callers stay plain C++ and the pool is libgomp's, shared with oneDNN.
+#include "sshsdp/kernels/parallel.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+namespace sshsdp::kernels {
+
+int KernelThreads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+void SetKernelThreads(int n) { omp_set_num_threads(std::max(n, 1)); }
+
+void ParallelForChunks(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx) {
+  if (n <= 0) return;
+  const int64_t chunks = std::min<int64_t>(KernelThreads(), n / std::max<int64_t>(grain, 1));
+  if (chunks <= 1) {
+    fn(ctx, 0, n);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast <int>(chunks))
+  {
+    const int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
+    const int64_t begin = n * t / k, end = n * (t + 1) / k;
+    if (begin < end) fn(ctx, begin, end);
+  }
+}
+
+}  // namespace sshsdp::kernels

@@ -1,0 +1,36 @@
+// Threads for the kernels that are not GEMMs (attention's softmax, norms, activations, the
+// loss): [0, n) split into contiguous chunks, one per thread of the process's OpenMP pool —
+// the pool oneDNN's GEMMs already run on, sized by OMP_NUM_THREADS — when every chunk gets at
+// least `grain` items; otherwise, or with one thread, the caller's thread runs f(0, n) alone.
+// Chunks only decide which thread computes an item, never how: a kernel written per item (or
+// per row) gives the same bits at any thread count.
+//
+//   kernels::ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
+//     for (int64_t r = begin; r < end; ++r) NormalizeRow(x + r * d, d);
+//   });
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+namespace sshsdp::kernels {
+
+// Threads a ParallelFor may use in this process (OpenMP's max threads; 1 inside a parallel
+// region).
+int KernelThreads();
+
+// Sets the process's OpenMP thread count — ParallelFor's and oneDNN's — like OMP_NUM_THREADS
+// does at start-up (tests compare thread counts within one process).
+void SetKernelThreads(int n);
+
+void ParallelForChunks(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
+
+template <typename F>
+void ParallelFor(int64_t n, int64_t grain, F&& f) {
+  using Fn = std::remove_reference_t<F>;
+  ParallelForChunks(
+      n, grain, [](void* c, int64_t b, int64_t e) { (*static_cast<Fn*>(c))(b, e); },
+      const_cast<void*>(static_cast<const void*>(&f)));
+}
+
+}  // namespace sshsdp::kernels
