@@ -33,7 +33,8 @@ std::vector<Column> Columns(const StepProfile& p) {
 
 std::string StepProfileTable(const std::vector<std::pair<std::string, StepProfile>>& rows) {
   std::string out =
-      "\nstep profile (ms per step, mean over ranks and timed steps; % of the step):\n";
+      "\nstep profile (ms per step, mean over ranks and timed steps: the step column is that "
+      "mean, not the median behind tok/s; % of it):\n";
   if (rows.empty()) return out;
   size_t lw = 6;
   for (const auto& [label, p] : rows) lw = std::max(lw, label.size());

@@ -21,8 +21,8 @@
 namespace sshsdp {
 
 struct StepProfile {
-  double step_s = 0;                            // mean step (ranks and timed steps)
-  TimeSplit time;                               // the engine's split of that step
+  double step_s = 0;  // the split's sum: mean over ranks and timed steps (not the median step)
+  TimeSplit time;     // the engine's split of that step
   std::array<double, kOpCategories> kernels{};  // model kernels by category, s per step
   bool profiled = false;                        // false: the model keeps no OpProfile
 };
@@ -31,7 +31,8 @@ struct StepProfile {
 // model's time outside any category shows as "compute, other".
 std::string StepProfileTable(const std::vector<std::pair<std::string, StepProfile>>& rows);
 
-// {"step_s", "kernels_s": {category: s}, "compute_other_s", ...} for the bench JSON.
+// {"step_s", "profiled", "seconds": {category: s per step}} for the bench JSON; the
+// categories are the table's columns and add up to step_s.
 nlohmann::json StepProfileJson(const StepProfile& p);
 
 }  // namespace sshsdp

@@ -4,8 +4,9 @@
 //
 // Blocked over queries, with every head of a chunk of sequences in one batched oneDNN product
 // per block (GemmBatchedStrided): query block [q0, q1) meets keys [0, q1) only, so the masked
-// upper triangle is never multiplied (at T = 256 and 64-row blocks, 62.5 % of the square's
-// products), and no [T, T] matrix is kept between forward and backward — the forward keeps
+// blocks above the diagonal are never multiplied (at T = 256 and 64-row blocks, 62.5 % of the
+// square's products are computed; only the diagonal blocks' upper triangles are wasted), and
+// no [T, T] matrix is kept between forward and backward — the forward keeps
 // each row's log-sum-exp (lse, [B, H, T]), the backward recomputes the block's probabilities
 // from it (FlashAttention-2's recomputation; the whole key range of a query block fits in
 // scratch on a CPU, so the softmax of a row is exact in one pass instead of online). The

@@ -22,11 +22,13 @@ void Axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-// Residual adds of the models: split over the kernel threads (parallel.h) from 64K elements.
 void Add(const float* a, const float* b, float* out, int64_t n) {
-  ParallelFor(n, 65536, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
-  });
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// Split over the kernel threads (parallel.h) from 64K elements.
+void AddThreaded(const float* a, const float* b, float* out, int64_t n) {
+  ParallelFor(n, 65536, [&](int64_t i0, int64_t i1) { Add(a + i0, b + i0, out + i0, i1 - i0); });
 }
 
 double SumSquares(const float* x, int64_t n) {

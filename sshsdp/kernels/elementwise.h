@@ -26,8 +26,11 @@ void Scale(float* x, int64_t n, float a);
 // y[i] += a * x[i].
 void Axpy(float a, const float* x, float* y, int64_t n);
 
-// out[i] = a[i] + b[i] (out may alias a or b).
+// out[i] = a[i] + b[i] (out may alias a or b), on the calling thread (the engine's ⑤ add
+// runs on the communication thread and must not start a thread team there).
 void Add(const float* a, const float* b, float* out, int64_t n);
+// The same on every kernel thread (parallel.h): the models' residual adds.
+void AddThreaded(const float* a, const float* b, float* out, int64_t n);
 
 // Σ x[i]², accumulated in double.
 double SumSquares(const float* x, int64_t n);

@@ -411,7 +411,14 @@ void GemmBatchedStrided(bool trans_a, bool trans_b, int64_t outer, int64_t inner
                "GemmBatchedStrided: leading dimensions lda={} ldb={} ldc={} too small for m={} "
                "n={} k={}",
                lda, ldb, ldc, m, n, k);
-  if (outer == 0 || inner == 0 || m == 0 || n == 0) return;
+  if (outer == 0 || inner == 0 || m == 0 || n == 0) return;  // nothing is written
+  SSHSDP_CHECK(sa.outer >= 0 && sa.inner >= 0 && sb.outer >= 0 && sb.inner >= 0 && sc.outer >= 0 &&
+                   sc.inner >= 0 && (outer <= 1 || sc.outer > 0) && (inner <= 1 || sc.inner > 0),
+               NumericsError,
+               "GemmBatchedStrided: grid strides A {}/{} B {}/{} C {}/{} for a {}x{} grid (all "
+               ">= 0; C's > 0 along a dimension of more than one product, or the products "
+               "overwrite each other)",
+               sa.outer, sa.inner, sb.outer, sb.inner, sc.outer, sc.inner, outer, inner);
   if (k == 0) {
     if (accumulate) return;
     for (int64_t o = 0; o < outer; ++o) {

@@ -219,6 +219,47 @@ TEST(Matmul, GemmStridedOnSubBlocksWithAlpha) {
       NumericsError);  // lda 2 < k 3
 }
 
+// A [2, 3] grid of strided products in one call equals each product done alone with
+// GemmStrided (attention's layout: operands interleaved in packed rows, C dense), for every
+// transpose, overwrite and accumulate, with alpha; k = 0 writes zeros; C strides of 0 on a
+// dimension of several products are refused, naming the strides.
+TEST(Matmul, GemmBatchedStridedEqualsEachProductAlone) {
+  const int64_t O = 2, I = 3, m = 7, n = 5, k = 6, row = 3 * I * 8;  // packed rows, width 72
+  const auto a = Random(O * 9 * row, 31), b = Random(O * 9 * row, 32);
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      for (bool acc : {false, true}) {
+        const GridStrides sa{9 * row, 8}, sb{9 * row, 8}, sc{I * m * n, m * n};
+        std::vector<float> c(O * I * m * n, 0.5f), want = c;
+        GemmBatchedStrided(ta, tb, O, I, m, n, k, a.data() + 1, row, sa, b.data() + 2, row, sb,
+                           c.data(), n, sc, acc, 0.75f);
+        for (int64_t o = 0; o < O; ++o) {
+          for (int64_t i = 0; i < I; ++i) {
+            GemmStrided(ta, tb, m, n, k, a.data() + 1 + o * sa.outer + i * sa.inner, row,
+                        b.data() + 2 + o * sb.outer + i * sb.inner, row, DType::kF32,
+                        want.data() + o * sc.outer + i * sc.inner, n, DType::kF32, acc, 0.75f);
+          }
+        }
+        for (size_t i = 0; i < c.size(); ++i) {
+          ASSERT_NEAR(c[i], want[i], 1e-5 * (1.0 + std::abs(want[i])))
+              << "ta " << ta << " tb " << tb << " acc " << acc << " at " << i;
+        }
+      }
+    }
+  }
+  std::vector<float> c(O * I * m * n, 7.0f);
+  GemmBatchedStrided(false, false, O, I, m, n, 0, a.data(), row, {0, 0}, b.data(), row, {0, 0},
+                     c.data(), n, {I * m * n, m * n}, false);
+  for (float v : c) EXPECT_EQ(v, 0.0f);
+  try {
+    GemmBatchedStrided(false, false, O, I, m, n, k, a.data(), row, {0, 8}, b.data(), row, {0, 8},
+                       c.data(), n, {0, m * n}, false);
+    ADD_FAILURE() << "overlapping C accepted";
+  } catch (const NumericsError& e) {
+    EXPECT_NE(std::string(e.what()).find("grid strides"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Matmul, EmptyInnerDimensionWritesZerosOrKeeps) {
   std::vector<float> c(6, std::numeric_limits<float>::quiet_NaN());
   float dummy = 0;

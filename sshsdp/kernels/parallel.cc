@@ -1,5 +1,5 @@
-// ParallelFor's OpenMP region (see parallel.h). The only file of the kernels built with
-// -fopenmp: the callers stay plain C++ and the pool is libgomp's, shared with oneDNN.
+// ParallelFor's OpenMP region (see parallel.h): callers pass a plain function and stay free
+// of OpenMP pragmas; the pool is libgomp's, shared with oneDNN.
 #include "sshsdp/kernels/parallel.h"
 
 #include <omp.h>

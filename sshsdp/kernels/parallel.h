@@ -3,7 +3,8 @@
 // the pool oneDNN's GEMMs already run on, sized by OMP_NUM_THREADS — when every chunk gets at
 // least `grain` items; otherwise, or with one thread, the caller's thread runs f(0, n) alone.
 // Chunks only decide which thread computes an item, never how: a kernel written per item (or
-// per row) gives the same bits at any thread count.
+// per row) gives the same bits at any thread count. f must not throw (an exception leaving
+// an OpenMP region ends the process); the kernels that use it do not.
 //
 //   kernels::ParallelFor(rows, 64, [&](int64_t begin, int64_t end) {
 //     for (int64_t r = begin; r < end; ++r) NormalizeRow(x + r * d, d);
@@ -19,8 +20,9 @@ namespace sshsdp::kernels {
 // region).
 int KernelThreads();
 
-// Sets the process's OpenMP thread count — ParallelFor's and oneDNN's — like OMP_NUM_THREADS
-// does at start-up (tests compare thread counts within one process).
+// Sets the calling thread's OpenMP thread count — what its ParallelFor calls and oneDNN
+// products use — as OMP_NUM_THREADS does for every thread at start-up (tests compare thread
+// counts within one process; other threads keep theirs).
 void SetKernelThreads(int n);
 
 void ParallelForChunks(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);

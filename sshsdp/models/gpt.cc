@@ -304,7 +304,7 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   }
   {
     OpScope s(profile_, OpCategory::kElementwise);
-    kernels::Add(x, res_mid, res_mid, BT * d);
+    kernels::AddThreaded(x, res_mid, res_mid, BT * d);
   }
   {
     OpScope s(profile_, OpCategory::kNorm);
@@ -323,7 +323,7 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
     LinearForward(fch_gelu, View(w[q + 4]), out, BT, d, ff);
   }
   OpScope s(profile_, OpCategory::kElementwise);
-  kernels::Add(res_mid, out, out, BT * d);
+  kernels::AddThreaded(res_mid, out, out, BT * d);
 }
 
 void Gpt::ForwardHead(const std::vector<TensorRef>& w) {

@@ -92,7 +92,7 @@ void RmsNormBackward(const float* dy, const float* x, const float* g, const floa
   kernels::ParallelFor(rows, RowGrain(d), [&](int64_t r0, int64_t r1) {
     RmsNormBackwardRows(dy, x, g, rstd, dx, r0, r1, d, accumulate_dx);
   });
-  // Columns in chunks of 16 floats at least (whole cache lines per thread).
+  // Columns in chunks of 16 floats at least.
   const int64_t column_grain = std::max<int64_t>(16, RowGrain(rows));
   kernels::ParallelFor(d, column_grain, [&](int64_t c0, int64_t c1) {
     GainGradientColumns(dy, x, rstd, dg, rows, d, c0, c1);

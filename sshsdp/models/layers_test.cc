@@ -194,6 +194,7 @@ TEST(Threads, KernelsGiveTheSameBitsAtAnyThreadCount) {
     std::vector<float> y, rstd, dx, dg, gelu, dgelu, probs, losses, dlogits, sw, dsw1, dsw3;
     double loss = 0;
   };
+  const int before = kernels::KernelThreads();
   auto run = [&](int threads) {
     kernels::SetKernelThreads(threads);
     Out o{std::vector<float>(rows * d),
@@ -219,7 +220,7 @@ TEST(Threads, KernelsGiveTheSameBitsAtAnyThreadCount) {
     o.dsw3.resize(m);
     SwigluForward(gx.data(), o.gelu.data(), o.sw.data(), m);
     SwigluBackward(gx.data(), o.gelu.data(), o.dgelu.data(), o.dsw1.data(), o.dsw3.data(), m);
-    kernels::SetKernelThreads(1);
+    kernels::SetKernelThreads(before);
     return o;
   };
   const Out one = run(1), three = run(3);

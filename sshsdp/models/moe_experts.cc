@@ -167,7 +167,7 @@ void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
                     out + t * d, d);
     }
   }
-  kernels::Add(A.res_mid, out, out, N * d);
+  kernels::AddThreaded(A.res_mid, out, out, N * d);
 }
 
 void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, bool acc,

@@ -111,7 +111,7 @@ void MoeGpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
   kernels::CausalAttentionForward(A.qkv, A.atty, A.lse, att_scratch_, B_, T_, c_.trunk.n_head,
                                   c_.trunk.head_dim());
   LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d);
-  kernels::Add(x, A.res_mid, A.res_mid, N * d);
+  kernels::AddThreaded(x, A.res_mid, A.res_mid, N * d);
   RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d);
 }
 
@@ -128,7 +128,7 @@ void MoeGpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   LinearForward(A.ln2, w[4].data, w[4].dtype, A.fch, N, ff, d);
   layers::GeluForward(A.fch, A.fcg, N * ff);
   LinearForward(A.fcg, w[5].data, w[5].dtype, out, N, d, ff);
-  kernels::Add(A.res_mid, out, out, N * d);
+  kernels::AddThreaded(A.res_mid, out, out, N * d);
 }
 
 void MoeGpt::ForwardHead(const std::vector<TensorRef>& w) {
