@@ -11,7 +11,9 @@ mkdir -p out
 RANKS=${RANKS:-4}
 CORES=$(nproc)
 THREADS=$(( CORES / RANKS )); [ "$THREADS" -ge 1 ] || THREADS=1
-exec mpirun --allow-run-as-root --oversubscribe --mca btl self,vader \
+# mpirun binds each rank to one core when ranks <= cores: a rank's threads need them all.
+BIND=(); [ "$THREADS" -gt 1 ] && BIND=(--bind-to none)
+exec mpirun --allow-run-as-root --oversubscribe --mca btl self,vader "${BIND[@]}" \
   --mca mpi_yield_when_idle 1 -x OMP_NUM_THREADS="$THREADS" -np "$RANKS" \
   "${BUILD_DIR:-build}/bin/sshsdp" train --model small --sw 2 --sg 2 --so 4 \
   --microbatches 2 --batch-size 4 --steps 300 --warmup 20 --lr 3e-3 --log-every 20 \

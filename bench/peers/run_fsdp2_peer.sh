@@ -58,7 +58,10 @@ if ! "$VENV/bin/python" -c "import torch, numpy" 2>/dev/null; then
 fi
 threads=$(( $(nproc) / NP )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
-MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 -x OMP_NUM_THREADS -np "$NP")
+# mpirun binds each rank to one core when ranks <= cores: with several threads per rank that
+# would put them all on one core (torchrun binds nothing), so bind nothing here either.
+BIND=(); [ "$OMP_NUM_THREADS" -gt 1 ] && BIND=(--bind-to none)
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 "${BIND[@]}" -x OMP_NUM_THREADS -np "$NP")
 TORCHRUN=("$VENV/bin/torchrun" --standalone --nproc_per_node "$NP")
 PEER="$ROOT/bench/peers/fsdp2_peer.py"
 mkdir -p "$OUT"

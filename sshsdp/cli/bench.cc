@@ -27,6 +27,7 @@
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/presets.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/parallel.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/models/moe.h"
@@ -211,6 +212,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     const GemmPeak gemm_peak = MeasureJobGemmPeak(*world, base.weight_dtype, o.gemm_peak);
     const double peak = gemm_peak.per_rank;
     const int total_steps = o.warmup + o.steps;
+    if (const std::string w = kernels::ThreadBindingWarning(); !w.empty()) {
+      fmt::print(stderr, "sshsdp bench: rank {}: warning: {}\n", rank, w);
+    }
     if (rank == 0) {
       auto probe = MakeModel(o, gc, QkvModel::kFused);
       fmt::print(

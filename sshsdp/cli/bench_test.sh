@@ -104,6 +104,21 @@ rc=$?
 [ $rc -eq 0 ] && grep -q "this model keeps no kernel profile" "$tmp/out"
 check "--profile on the MoE model says it keeps no kernel profile" $?
 
+# Threads bound to fewer CPUs: one rank of 2 threads bound to one core is warned about, with
+# the launch that fixes it; unbound on a machine with 2+ CPUs it is not.
+OMP_NUM_THREADS=2 timeout 60 "${mpirun[@]}" --bind-to core -x OMP_NUM_THREADS -np 1 "$bin" bench \
+  "${small[@]}" --batch-size 1 --presets sshsdp --steps 1 >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "warning: 2 kernel threads (OMP_NUM_THREADS) share 1 CPU .*--bind-to none" "$tmp/out"
+check "2 threads bound to one core: warned, naming --bind-to none" $?
+if [ "$(nproc)" -ge 2 ]; then
+  OMP_NUM_THREADS=2 timeout 60 "${mpirun[@]}" --bind-to none -x OMP_NUM_THREADS -np 1 "$bin" bench \
+    "${small[@]}" --batch-size 1 --presets sshsdp --steps 1 >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && ! grep -q "kernel threads" "$tmp/out"
+  check "2 threads unbound on 2+ CPUs: no warning" $?
+fi
+
 timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --weight-dtype e4m3 >"$tmp/out" 2>&1
 rc=$?
 [ $rc -ne 0 ] && grep -q "bench compares presets with bf16 or fp32 weights, got 'e4m3'" "$tmp/out"

@@ -33,6 +33,7 @@
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/plan.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/parallel.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/models/moe.h"
@@ -299,6 +300,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       metrics.open(o.metrics, resume_dir.empty() ? std::ios::trunc : std::ios::app);
       SSHSDP_CHECK(metrics.good(), IoError, "--metrics {}: cannot open for writing: {}", o.metrics,
                    std::strerror(errno));
+    }
+    if (const std::string w = kernels::ThreadBindingWarning(); !w.empty()) {
+      fmt::print(stderr, "sshsdp train: rank {}: warning: {}\n", rank, w);
     }
     if (rank == 0) {
       const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());

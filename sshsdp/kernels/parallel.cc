@@ -2,13 +2,32 @@
 // of OpenMP pragmas; the pool is libgomp's, shared with oneDNN.
 #include "sshsdp/kernels/parallel.h"
 
+#include <fmt/format.h>
 #include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 
 namespace sshsdp::kernels {
 
 int KernelThreads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+
+int AllowedCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(CPU_COUNT(&set), 1);
+  return static_cast<int>(std::max(sysconf(_SC_NPROCESSORS_ONLN), 1L));
+}
+
+std::string ThreadBindingWarning() {
+  const int threads = KernelThreads(), cpus = AllowedCpus();
+  if (threads <= cpus) return "";
+  return fmt::format(
+      "{} kernel threads (OMP_NUM_THREADS) share {} CPU{} this process is bound to: they run "
+      "one at a time (launch with mpirun --bind-to none, or --map-by slot:PE={}; under Slurm "
+      "set --cpus-per-task={})",
+      threads, cpus, cpus == 1 ? "" : "s", threads, threads);
+}
 
 void SetKernelThreads(int n) { omp_set_num_threads(std::max(n, 1)); }
 

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <type_traits>
 
 namespace sshsdp::kernels {
@@ -24,6 +25,16 @@ int KernelThreads();
 // products use — as OMP_NUM_THREADS does for every thread at start-up (tests compare thread
 // counts within one process; other threads keep theirs).
 void SetKernelThreads(int n);
+
+// CPUs this process may run on (its affinity mask; the machine's count where unknown).
+int AllowedCpus();
+
+// Empty, or a warning naming the fix when this process has more kernel threads than CPUs it
+// may run on — mpirun binds each rank to one core by default when ranks <= cores, so
+// OMP_NUM_THREADS=2 there puts both threads on that core:
+//   "OMP_NUM_THREADS=2 threads share 1 CPU this process is bound to (launch with mpirun
+//    --bind-to none, or --map-by slot:PE=2; under Slurm set --cpus-per-task)"
+std::string ThreadBindingWarning();
 
 void ParallelForChunks(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
 
