@@ -34,6 +34,7 @@ NOT_RUN = {
     "scripts/test.sh": "the test command itself (CI runs it)",
     "bench/peers/run_fsdp2_peer.sh": "installs PyTorch into a virtual environment (CI has no "
                                      "budget for it; bench_test checks the peer's inputs)",
+    "bench/eager_sweep.sh": "runs bench/peers/run_fsdp2_peer.sh (PyTorch) over a sweep",
 }
 
 
@@ -72,6 +73,7 @@ def transform(text, mpirun, build):
             code += " " + BENCH_FAST
         code = re.sub(r"\bmodels_gpt_bench small 4 15\b", "models_gpt_bench tiny 1 2", code)
         code = re.sub(r"\bmodels_layers_bench\b(.*)$", r"models_layers_bench 4096", code)
+        code = re.sub(r"\bkernels_attention_bench\b(.*)$", r"kernels_attention_bench 1 64 2 16", code)
         code = re.sub(r"\bmx_bench\b", "mx_bench --d 32 --layers 1 --steps 2 --warmup 1", code)
         code = re.sub(r"\bupdate_bench\b", "update_bench --layers 1 --seq-len 16 --warmup 1", code)
         code = re.sub(r"\bcomm_bench\b(?!_)", "comm_bench --max-bytes 65536 --iters 2 --warmup 1",
