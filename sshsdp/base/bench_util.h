@@ -5,9 +5,11 @@
 //   const size_t max_b = ParseBytes(o.max_bytes);        // "4M" -> 4194304, ConfigError if bad
 //   fmt::print("{} {:.1f} us\n", HumanBytes(b), 1e6 * Median(samples));
 //   for (const std::string& op : SplitList("ag,rs")) ...
+//   double s = MedianSeconds(7, [&] { Kernel(...); });
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
@@ -23,6 +25,18 @@ inline double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Median wall time in seconds of `reps` calls of f (kernel benchmarks).
+template <typename F>
+double MedianSeconds(int reps, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
+  }
+  return Median(t);
 }
 
 // "4096", "4K", "4KiB", "64M", "1G", "512B" -> bytes. ConfigError naming the text otherwise.

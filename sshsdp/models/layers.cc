@@ -47,9 +47,12 @@ SSHSDP_ACT_CLONES void RmsNormForwardRows(const float* x, const float* g, float*
   }
 }
 
+// dx rows [r0, r1); with dg non-null also dg += Σ_rows dy·x·rstd over them, rows in order —
+// the same products in the same order as GainGradientColumns, so one pass (one thread) and
+// two (threads) give the same bits.
 SSHSDP_ACT_CLONES void RmsNormBackwardRows(const float* dy, const float* x, const float* g,
-                                           const float* rstd, float* dx, int64_t r0, int64_t r1,
-                                           int d, bool accumulate_dx) {
+                                           const float* rstd, float* dx, float* dg, int64_t r0,
+                                           int64_t r1, int d, bool accumulate_dx) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* dyr = dy + r * d;
     const float* xr = x + r * d;
@@ -63,28 +66,8 @@ SSHSDP_ACT_CLONES void RmsNormBackwardRows(const float* dy, const float* x, cons
       float v = s * (g[i] * dyr[i] - xr[i] * c);
       dxr[i] = accumulate_dx ? dxr[i] + v : v;
     }
-  }
-}
-
-// One thread: dx and dg in one pass over the rows (the old loop); the same bits as the two
-// threaded passes below, since dg sums the same products over the rows in the same order.
-SSHSDP_ACT_CLONES void RmsNormBackwardOnePass(const float* dy, const float* x, const float* g,
-                                              const float* rstd, float* dx, float* dg, int64_t rows,
-                                              int d, bool accumulate_dx) {
-  std::fill_n(dg, d, 0.0f);
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* dyr = dy + r * d;
-    const float* xr = x + r * d;
-    float* dxr = dx + r * d;
-    const float s = rstd[r];
-    float dot = 0.0f;  // Σ dy·g·x
-#pragma omp simd reduction(+ : dot)
-    for (int i = 0; i < d; ++i) dot += dyr[i] * g[i] * xr[i];
-    const float c = s * s * dot / static_cast<float>(d);
-    for (int i = 0; i < d; ++i) {
-      float v = s * (g[i] * dyr[i] - xr[i] * c);
-      dxr[i] = accumulate_dx ? dxr[i] + v : v;
-      dg[i] += dyr[i] * xr[i] * s;
+    if (dg) {
+      for (int i = 0; i < d; ++i) dg[i] += dyr[i] * xr[i] * s;
     }
   }
 }
@@ -112,12 +95,13 @@ void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64
 // dx (+)= ∂/∂x, dg = Σ_rows dy·x·rstd (overwritten).
 void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
                      float* dg, int64_t rows, int d, bool accumulate_dx) {
-  if (kernels::KernelThreads() == 1 || rows < 2 * RowGrain(d)) {
-    RmsNormBackwardOnePass(dy, x, g, rstd, dx, dg, rows, d, accumulate_dx);
+  if (kernels::KernelThreads() == 1 || rows < 2 * RowGrain(d)) {  // one pass
+    std::fill_n(dg, d, 0.0f);
+    RmsNormBackwardRows(dy, x, g, rstd, dx, dg, 0, rows, d, accumulate_dx);
     return;
   }
   kernels::ParallelFor(rows, RowGrain(d), [&](int64_t r0, int64_t r1) {
-    RmsNormBackwardRows(dy, x, g, rstd, dx, r0, r1, d, accumulate_dx);
+    RmsNormBackwardRows(dy, x, g, rstd, dx, nullptr, r0, r1, d, accumulate_dx);
   });
   // Columns in chunks of 16 floats at least.
   const int64_t column_grain = std::max<int64_t>(16, RowGrain(rows));

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 #include "sshsdp/base/bench_util.h"
@@ -18,16 +19,7 @@ namespace {
 using sshsdp::layers::FastTanh;
 using sshsdp::layers::kGeluC;
 
-template <typename F>
-double Seconds(F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < 15; ++r) {
-    const auto a = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - a).count());
-  }
-  return sshsdp::Median(t);
-}
+double Seconds(const std::function<void()>& f) { return sshsdp::MedianSeconds(15, f); }
 
 }  // namespace
 
