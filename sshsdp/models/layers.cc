@@ -255,9 +255,13 @@ SSHSDP_ACT_CLONES void SoftmaxCrossEntropyBackwardRows(const float* probs, const
 
 double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
                                   int64_t rows, int64_t V, int64_t ld) {
-  std::vector<double> row_loss(static_cast<size_t>(std::max<int64_t>(rows, 0)));
+  // Per-row losses of this call (every entry written below); kept per thread so the forward
+  // allocates nothing after its first call.
+  static thread_local std::vector<double> row_loss;
+  row_loss.resize(static_cast<size_t>(std::max<int64_t>(rows, 0)));
+  double* per_row = row_loss.data();  // the caller's: worker threads have their own thread_locals
   kernels::ParallelFor(rows, RowGrain(ld), [&](int64_t r0, int64_t r1) {
-    SoftmaxCrossEntropyRows(logits, targets, losses, row_loss.data(), r0, r1, V, ld);
+    SoftmaxCrossEntropyRows(logits, targets, losses, per_row, r0, r1, V, ld);
   });
   double total = 0.0;
   for (double l : row_loss) total += l;
