@@ -113,7 +113,8 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
         {"full_tensor_bytes", r.counters.update_full_tensor.total()},
         {"full_tensor_calls", r.counters.update_full_tensor.calls},
         {"ns_flops_per_rank", r.counters.update_exec_cost},
-        {"copy_bytes", c.update_copy}}},
+        {"copy_bytes", c.update_copy},
+        {"outer_overlapped", r.counters.outer_overlapped}}},
       {"weight_preps", r.counters.weight_preps},
       {"comm_intra_bytes_per_step",
        r.counters.runtime_comm.intra_node_bytes + r.counters.update_comm.intra_node_bytes},
@@ -169,6 +170,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       }
       SSHSDP_CHECK(!o.comm_paths.empty(), ConfigError, "--comm-path needs at least one value");
       for (const std::string& c : o.comm_paths) ParseCommPath(c);  // ConfigError if unknown
+      SSHSDP_CHECK(!o.overlap_outer.empty(), ConfigError, "--overlap-outer needs on, off or both");
+      for (const std::string& v : o.overlap_outer)
+        SSHSDP_CHECK(v == "on" || v == "off", ConfigError,
+                     "--overlap-outer values must be on or off, got '{}'", v);
     }
     const int world_size = WorldSize();
     const int rpn = o.ranks_per_node ? o.ranks_per_node : world_size;
@@ -179,6 +184,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     base.ranks_per_node = rpn;
     base.microbatches = o.microbatches;
     base.seq_len = T;
+    base.overlap_outer = o.overlap_outer.empty() || o.overlap_outer.front() == "on";  // ablation
     SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32", ConfigError,
                  "--weight-dtype: sshsdp bench compares presets with bf16 or fp32 weights, got "
                  "'{}' (MXFP8: build/sshsdp/engine/mx_bench)",
@@ -243,11 +249,16 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       } else {
         for (const std::string& p : presets) {
           for (const std::string& path : o.comm_paths) {
-            EngineConfig c = wb;
-            ApplyPreset(p, &c);
-            c.comm_path = ParseCommPath(path);
-            configs.emplace_back(c.comm_path == CommPath::kDirect ? p + "+direct" : p, c);
-            qkv.push_back(PresetQkvModel(p, base.optimizer, base.muon_unit));
+            for (const std::string& overlap : o.overlap_outer) {
+              EngineConfig c = wb;
+              ApplyPreset(p, &c);
+              c.comm_path = ParseCommPath(path);
+              c.overlap_outer = overlap == "on";
+              configs.emplace_back((c.comm_path == CommPath::kDirect ? p + "+direct" : p) +
+                                       (c.overlap_outer ? "" : "/outer-sync"),
+                                   c);
+              qkv.push_back(PresetQkvModel(p, base.optimizer, base.muon_unit));
+            }
           }
         }
       }

@@ -49,6 +49,7 @@ struct BenchOptions {
   // Per-microbatch AG/RS paths (comm_path.h): every preset runs on each; direct rows are
   // labelled "<preset>+direct".
   std::vector<std::string> comm_paths = {"collective"};
+  std::vector<std::string> overlap_outer = {"on"};  // on | off (EngineConfig::overlap_outer)
   bool ablation = false;
   bool sequential = false;  // time configurations back to back (default: round-robin steps)
   int warmup = 2, steps = 5;

@@ -32,6 +32,12 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
                  "collective,direct (each preset on each path; direct rows are '<preset>+direct')")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--overlap-outer", o.overlap_outer,
+                 "outer phase (outer reduce-scatter, HSDP all-reduce, outer all-gather): on "
+                 "(overlapping backward and the next forward) | off (in the update phase) | "
+                 "on,off (each preset both ways; off rows are '<preset>/outer-sync')")
+      ->delimiter(',')
+      ->capture_default_str();
   app.add_flag("--ablation", o.ablation,
                "instead of presets: fsdp2, then turn sshsdp's optimizations on one at a time");
   app.add_flag("--sequential", o.sequential,

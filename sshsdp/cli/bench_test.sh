@@ -119,6 +119,24 @@ if [ "$(getconf _NPROCESSORS_ONLN)" -ge 2 ]; then  # (nproc would honour OMP_NUM
   check "2 threads unbound on 2+ CPUs: no warning" $?
 fi
 
+# The outer phase both ways (DDP layout at W = 2: every gradient is all-reduced across the two
+# replicas): overlapped rows count one outer reduction per group, the /outer-sync rows none;
+# same first losses (bench checks that across rows).
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --sw 1 --sg 1 --so 1 \
+  --presets sshsdp,fsdp2 --overlap-outer on,off --json "$tmp/outer.json" >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && python3 -c "
+import json; r=json.load(open('$tmp/outer.json'))
+assert [x['config'] for x in r]==['sshsdp','sshsdp/outer-sync','fsdp2','fsdp2/outer-sync'], r
+n=[x['update']['outer_overlapped'] for x in r]
+assert n[0]>0 and n[2]==n[0] and n[1]==0 and n[3]==0, n
+" || rc=1
+check "--overlap-outer on,off: overlapped rows count outer reductions, sync rows none" $rc
+timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --overlap-outer maybe >"$tmp/out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "overlap-outer values must be on or off, got 'maybe'" "$tmp/out"
+check "bench refuses a bad --overlap-outer, naming it" $?
+
 timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --weight-dtype e4m3 >"$tmp/out" 2>&1
 rc=$?
 [ $rc -ne 0 ] && grep -q "bench compares presets with bf16 or fp32 weights, got 'e4m3'" "$tmp/out"

@@ -448,6 +448,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"add_passes", st.counters.add_passes},
               {"weight_preps", st.counters.weight_preps},
               {"gathers", st.counters.gathers},
+              {"outer_overlapped", st.counters.outer_overlapped},
               {"update_p2p_bytes", st.counters.update_p2p.total()}};
           if (st.skipped) j["skipped"] = true;
           if (!std::isnan(val_loss)) j["val_loss"] = val_loss;

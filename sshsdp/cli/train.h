@@ -48,7 +48,7 @@ struct TrainOptions {
   std::string trace_steps = "1:8";  // A:B, 1-based inclusive
   std::string save_weights;
   std::string init_weights;
-  bool no_prefetch = false, keep_gathered = false;
+  bool no_prefetch = false, keep_gathered = false, no_overlap_outer = false;
   std::string comm_path = "collective";  // runtime AG/RS: collective (ring) | direct (ZeroSM)
   // Optimizer (sshsdp/update): AdamW everywhere, or Muon for matrices — per head (every update
   // parameter; experts of stacked MoE weights one by one) or per matrix (the packed QKV as one

@@ -195,6 +195,9 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->group("")
       ->configurable(false);
   app.add_flag("--no-prefetch", o.no_prefetch, "do not prefetch the next layer's all-gather");
+  app.add_flag("--no-overlap-outer", o.no_overlap_outer,
+               "run the outer phase (outer reduce-scatter, HSDP all-reduce, outer all-gather) in "
+               "the update phase instead of overlapping it with backward and the next forward");
   app.add_flag("--keep-gathered", o.keep_gathered,
                "keep gathered weights from forward for backward (no reshard after forward)");
   app.add_option("--comm-path", o.comm_path,
@@ -219,6 +222,7 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   cfg.sr_seed = o.sr_seed;
   cfg.reshard_after_forward = !o.keep_gathered;
   cfg.prefetch = !o.no_prefetch;
+  cfg.overlap_outer = !o.no_overlap_outer;
   cfg.comm_path = ParseCommPath(o.comm_path);
   cfg.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
   cfg.clip_norm = o.clip;

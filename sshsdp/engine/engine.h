@@ -30,13 +30,17 @@
 //     per-parameter gradient tensors, no send-buffer copy, no add pass. With sg = 1, G′ IS
 //     G′ᶻ² and microbatches m > 0 accumulate in backward directly.
 //   after the last microbatch: outer reduce-scatter G′ᶻ² → Gᶻ¹ in the replica group (a view
-//     when so = sg), all-reduce across HSDP replicas (so < W), gradient norm over shards,
+//     when so = sg), all-reduce across HSDP replicas (so < W) — with overlap_outer queued on
+//     the communication thread per group as soon as its last gradient is in, while backward
+//     goes on — gradient norm over shards,
 //     the structured update with grad_scale = clip / (microbatches · W) (explicit SUM
 //     normalization) — update/ programs on the ZeRO-1 fragments: AdamW everywhere, or Muon per
 //     unit (head / matrix / expert) beside AdamW for vectors and embeddings, split units moved
 //     point to point within the HSDP replica (StructuredUpdate) — G
 //     (fp32 → runtime dtype, written into the ZeRO-1 slice of the retained Wᶻ³ buffer), and
-//     the outer all-gather in place within Wᶻ³ — retained across the next step's microbatches.
+//     the outer all-gather in place within Wᶻ³ (overlap_outer: deferred to each group's first
+//     gather of the next forward, layer by layer) — retained across the next step's
+//     microbatches.
 #pragma once
 
 #include <cstdint>
@@ -88,6 +92,12 @@ struct EngineConfig {
   DType weight_dtype = DType::kBF16;
   bool reshard_after_forward = true;  // release gathered weights after forward (FSDP2 default)
   bool prefetch = true;               // all-gather the next layer while this one computes
+  // The outer phase on the communication thread, overlapping compute (paper §3.4): each
+  // group's outer reduce-scatter and HSDP all-reduce start as soon as its last microbatch's
+  // gradient is complete (during the rest of backward), and its outer all-gather of the
+  // prepared weights is deferred to its first gather of the next forward (layer by layer).
+  // Off: both run on this thread in the update phase. Same collectives, same bits either way.
+  bool overlap_outer = true;
   AdamWConfig adamw;
   float clip_norm = 1.0f;  // global gradient-norm clipping; 0 disables
   // kAdamW: AdamW for every parameter. kMuon: Muon for matrices, one unit per `muon_unit`
@@ -152,6 +162,10 @@ struct StepCounters {
   uint64_t weight_preps = 0;           // G invocations (cast/quantize passes over ZeRO-1 shards;
                                        // with ② one more per all-gather, over ZeRO-3 shards)
   uint64_t gathers = 0;                // ZeRO-3 all-gathers issued
+  uint64_t outer_overlapped = 0;       // outer collectives run on the communication thread
+                                       // (EngineConfig::overlap_outer): per group its outer
+                                       // reduce-scatter + HSDP all-reduce, and its outer
+                                       // all-gather when submitted in this step's forward
   uint64_t scale_relayouts = 0;        // MXFP8 Tw: per-group scale relayouts into S′ (once per
                                        // step with weight reuse; per gather with ②)
   uint64_t mx_split_bands = 0;         // MXFP8 G: 32-row bands split across ZeRO-1 shards
@@ -273,9 +287,14 @@ class Engine {
   void StartGather(int g);
   void WaitGather(int g);
   void ReleaseGather(int g);
-  void PrepareAndGatherWeights();  // G + outer all-gather
-  void SetUpDirectPath();          // comm_path = direct: direct communicators, registered slots
-  void BuildUpdate();              // optimizers, units, plans of the structured update
+  void PrepareAndGatherWeights();  // G + outer all-gather (or its deferral)
+  void StartOuterGather(int g);    // submit group g's deferred outer all-gather, if pending
+  // Outer reduce-scatter + HSDP all-reduce of group g: OuterReduce runs them here;
+  // SubmitOuterReduce queues them on the communication thread (overlap_outer).
+  void OuterReduce(RuntimeGroup& g);
+  void SubmitOuterReduce(int g);
+  void SetUpDirectPath();  // comm_path = direct: direct communicators, registered slots
+  void BuildUpdate();      // optimizers, units, plans of the structured update
   void AllocateState(RuntimeGroup& g);  // each optimizer's state fields (after BuildUpdate)
   void SetModelBatch(const int32_t* tokens, const int32_t* targets);  // + activation accounting
   void ForwardPass(bool release_all);  // every group's forward (Step and Evaluate)
@@ -294,7 +313,10 @@ class Engine {
   MemoryAccount memory_;
   std::vector<std::unique_ptr<RuntimeGroup>> groups_;
 
-  // Communicators: runtime ones used only by the comm thread; update ones by this thread.
+  // Communicators: runtime ones used only by the comm thread; update ones by this thread,
+  // except the outer ones (replica RS / AG, HSDP), which the comm thread runs while the
+  // outer phase overlaps compute — never both threads at once: this thread waits for every
+  // outer task before it uses them again.
   std::unique_ptr<Communicator> rt_dup_, rt_zero3_, rt_zero2_;
   std::unique_ptr<Communicator> up_replica_rs_, up_replica_ag_, up_hsdp_;
   std::unique_ptr<CommThread> comm_thread_;

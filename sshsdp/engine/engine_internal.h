@@ -62,6 +62,13 @@ struct RuntimeGroup {
   CommHandle gather_handle;
   void* grad_block = nullptr;
   CommHandle rs_handle;
+  // The outer phase on the communication thread (EngineConfig::overlap_outer): the outer
+  // all-gather of Wᶻ³ waiting for this group's next gather, and the submitted outer
+  // collectives (default handles are ready).
+  bool outer_gather_pending = false;
+  CommHandle outer_gather_handle;
+  bool outer_reduce_submitted = false;
+  CommHandle outer_rs_handle, outer_ar_handle;
 
   // Baseline layouts and redundancy paths (redundancy.h). pieces[m]: which update parameter
   // elements member m holds; part_offset[u]: element offset of update parameter u inside its

@@ -23,13 +23,20 @@ using testing::LayoutsFor;
 using testing::TestGpt;
 using testing::WorldSize;
 
-void RunParity(const Layout& l, DType wdt, int M, bool reshard, bool prefetch) {
+// Whether layout l has an outer reduction (replica reduce-scatter or HSDP all-reduce) and an
+// outer all-gather.
+bool HasOuterReduce(const Layout& l) { return l.so > l.sg || WorldSize() > l.so; }
+bool HasOuterGather(const Layout& l) { return l.so > l.sw; }
+
+void RunParity(const Layout& l, DType wdt, int M, bool reshard, bool prefetch,
+               bool overlap_outer = true) {
   testing::ParityCase c;
   c.layout = l;
   c.make = testing::GptOf(TestGpt());
   c.cfg = BaseConfig(l, M, wdt);
   c.cfg.reshard_after_forward = reshard;
   c.cfg.prefetch = prefetch;
+  c.cfg.overlap_outer = overlap_outer;
   c.ref_cfg = BaseConfig(testing::kOneRank, M * WorldSize(), wdt);
   c.tol = testing::AdamWTolerances(wdt);
   testing::ParityRun run(c);
@@ -52,6 +59,11 @@ void RunParity(const Layout& l, DType wdt, int M, bool reshard, bool prefetch) {
     EXPECT_EQ(c.bytes_copied, 0u);
     EXPECT_EQ(c.runtime_comm.total(), M * (ag_bytes + rs_bytes));
     EXPECT_EQ(c.weight_preps, wdt == DType::kBF16 ? static_cast<uint64_t>(n) : 0u);
+    // Overlapped outer phase: per group its outer reduction queued during backward and its
+    // outer all-gather (from the last update) queued at its first gather of this step.
+    const uint64_t outer =
+        overlap_outer ? static_cast<uint64_t>(n) * (HasOuterReduce(l) + HasOuterGather(l)) : 0;
+    EXPECT_EQ(c.outer_overlapped, outer);
   });
 }
 
@@ -76,6 +88,16 @@ TEST(EngineParity, KeepGatheredWeightsAndNoPrefetch) {
   auto layouts = LayoutsFor(W);
   SCOPED_TRACE(fmt::format("W={}", W));
   RunParity(layouts.front(), DType::kBF16, 2, /*reshard=*/false, /*prefetch=*/false);
+}
+
+TEST(EngineParity, OuterPhaseInUpdatePhase) {
+  // overlap_outer off: the same collectives on the main thread in the update phase.
+  const int W = WorldSize();
+  for (const Layout& l : LayoutsFor(W)) {
+    if (!HasOuterReduce(l) && !HasOuterGather(l)) continue;
+    SCOPED_TRACE(Describe(W, l));
+    RunParity(l, DType::kBF16, 2, true, true, /*overlap_outer=*/false);
+  }
 }
 
 TEST(Engine, RejectsLayoutNotMatchingWorld) {

@@ -59,6 +59,14 @@ void Engine::RestoreState(int64_t step) {
 }
 
 void Engine::PrepareAndGatherWeights() {
+  // Nothing of the last step may still read or write Wᶻ³ (a deferred all-gather of a group
+  // never gathered since, say).
+  comm_thread_->Drain();
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
+    g.outer_gather_pending = false;
+    g.outer_gather_handle = {};
+  }
   if (mx_) PrepareMx();
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
@@ -71,11 +79,17 @@ void Engine::PrepareAndGatherWeights() {
       counters_.weight_preps++;
     }
     // Outer all-gather, in place: this rank's slice already sits at its group position.
+    // Overlapped: deferred to the group's first gather of the next forward (StartOuterGather);
+    // MXFP8 groups gather here, as their scales follow through Tw before any forward.
     if (up_replica_ag_->size() > 1) {
       SSHSDP_CHECK(z1_off == static_cast<size_t>(up_replica_ag_->rank()) * g.z1.size(), LayoutError,
                    "group {}: ZeRO-1 slice at offset {} does not match replica all-gather "
                    "position {}",
                    g.layout.group, z1_off, up_replica_ag_->rank());
+      if (cfg_.overlap_outer && g.sdt != DType::kE4M3) {
+        g.outer_gather_pending = true;
+        continue;
+      }
       ScopedTimer t(&time_.comm_wait);
       TraceSpan s(cfg_.tracer, "outer all-gather", kTraceCompute, {{"group", g.layout.group}});
       up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), g.sdt);

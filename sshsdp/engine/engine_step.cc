@@ -32,7 +32,23 @@ std::function<void()> Traced(Tracer* t, const char* name, int group, Communicato
 
 }  // namespace
 
+void Engine::StartOuterGather(int gi) {
+  // The outer all-gather deferred from the last update phase, queued just before this group's
+  // ZeRO-3 gather (which reads the Wᶻ³ it fills: the queue keeps that order).
+  RuntimeGroup& g = *groups_[gi];
+  if (!g.outer_gather_pending) return;
+  g.outer_gather_pending = false;
+  Communicator* ag = up_replica_ag_.get();
+  void* buf = g.w_z3->data();
+  const size_t count = g.z1.size();
+  const DType dt = g.sdt;
+  g.outer_gather_handle = comm_thread_->Submit(Traced(
+      cfg_.tracer, "outer all-gather", gi, ag, [=] { ag->AllGatherInPlace(buf, count, dt); }));
+  counters_.outer_overlapped++;
+}
+
 void Engine::StartGather(int gi) {
+  StartOuterGather(gi);
   RuntimeGroup& g = *groups_[gi];
   if (skip_gather_ || g.gather_started) return;
   const size_t bytes = g.padded * DTypeSize(g.wdt);
@@ -46,8 +62,14 @@ void Engine::StartGather(int gi) {
 
 void Engine::WaitGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
-  if (skip_gather_) return;
   StartGather(gi);
+  if (!g.outer_gather_handle.Ready() || skip_gather_) {
+    ScopedTimer t(&time_.comm_wait);
+    TraceSpan s(cfg_.tracer, "wait outer all-gather", kTraceCompute, {{"group", gi}});
+    g.outer_gather_handle.Wait();  // with sw = 1 the model reads Wᶻ³ itself
+  }
+  g.outer_gather_handle = {};
+  if (skip_gather_) return;
   {
     ScopedTimer t(&time_.comm_wait);
     TraceSpan s(cfg_.tracer, "wait all-gather", kTraceCompute, {{"group", gi}});
@@ -175,6 +197,38 @@ void Engine::FinishReduceScatter(int gi) {
   path_->ReduceDone(P);
 }
 
+void Engine::OuterReduce(RuntimeGroup& g) {
+  ScopedTimer t(&time_.comm_wait);
+  TraceSpan s(cfg_.tracer, "outer reduce-scatter", kTraceCompute, {{"group", g.layout.group}});
+  if (up_replica_rs_->size() > 1)
+    up_replica_rs_->ReduceScatter(g.g_z2->data(), DType::kF32, g.g_z1, DType::kF32, g.z1.size(),
+                                  false);
+  if (up_hsdp_->size() > 1) up_hsdp_->AllReduce(g.g_z1, g.z1.size(), DType::kF32);
+}
+
+void Engine::SubmitOuterReduce(int gi) {
+  // Group gi's G′ᶻ² is complete (its last reduce-scatter, or its last backward with sg = 1):
+  // G′ᶻ² → Gᶻ¹ in the replica group and the HSDP all-reduce run behind it on the
+  // communication thread while backward goes on; UpdatePhase waits for them.
+  RuntimeGroup& g = *groups_[gi];
+  Communicator* rs = up_replica_rs_.get();
+  Communicator* ar = up_hsdp_.get();
+  if (!cfg_.overlap_outer || (rs->size() == 1 && ar->size() == 1)) return;
+  const void* z2 = g.g_z2->data();
+  float* z1 = g.g_z1;
+  const size_t count = g.z1.size();
+  if (rs->size() > 1)
+    g.outer_rs_handle =
+        comm_thread_->Submit(Traced(cfg_.tracer, "outer reduce-scatter", gi, rs, [=] {
+          rs->ReduceScatter(z2, DType::kF32, z1, DType::kF32, count, false);
+        }));
+  if (ar->size() > 1)
+    g.outer_ar_handle = comm_thread_->Submit(Traced(
+        cfg_.tracer, "HSDP all-reduce", gi, ar, [=] { ar->AllReduce(z1, count, DType::kF32); }));
+  g.outer_reduce_submitted = true;
+  counters_.outer_overlapped++;
+}
+
 StepStats Engine::Step(const BatchFn& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   const int n = static_cast<int>(groups_.size());
@@ -205,13 +259,21 @@ StepStats Engine::Step(const BatchFn& batch) {
     ForwardPass(/*release_all=*/false);
     loss_sum += model_.Loss();
     // Backward in reverse; gradients go straight into G′ views, then reduce-scatter. A
-    // group's reduce-scatter is waited for after the next group's backward was submitted.
+    // group's reduce-scatter is waited for after the next group's backward was submitted;
+    // in the last microbatch its outer phase is queued then (or right after its backward
+    // when sg = 1 leaves no reduce-scatter), overlapping the rest of backward.
+    const bool last = mb + 1 == M;
+    auto finish = [&](int g) {
+      FinishReduceScatter(g);
+      if (last) SubmitOuterReduce(g);
+    };
     for (int g = n - 1; g >= 0; --g) {
       BackwardGroup(g, mb);
-      if (g + 1 < n && groups_[g + 1]->grad_block) FinishReduceScatter(g + 1);
+      if (last && skip_rs_) SubmitOuterReduce(g);
+      if (g + 1 < n && groups_[g + 1]->grad_block) finish(g + 1);
     }
     for (int g = 0; g < n; ++g)
-      if (groups_[g]->grad_block) FinishReduceScatter(g);
+      if (groups_[g]->grad_block) finish(g);
   }
   {
     ScopedTimer t(&time_.comm_wait);
@@ -248,13 +310,15 @@ void Engine::UpdatePhase(double loss_sum, StepStats* st) {
   double sumsq = 0;
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
-    {
+    if (g.outer_reduce_submitted) {
       ScopedTimer t(&time_.comm_wait);
-      TraceSpan s(cfg_.tracer, "outer reduce-scatter", kTraceCompute, {{"group", g.layout.group}});
-      if (up_replica_rs_->size() > 1)
-        up_replica_rs_->ReduceScatter(g.g_z2->data(), DType::kF32, g.g_z1, DType::kF32, g.z1.size(),
-                                      false);
-      if (up_hsdp_->size() > 1) up_hsdp_->AllReduce(g.g_z1, g.z1.size(), DType::kF32);
+      TraceSpan s(cfg_.tracer, "wait outer reduce", kTraceCompute, {{"group", g.layout.group}});
+      g.outer_rs_handle.Wait();
+      g.outer_ar_handle.Wait();
+      g.outer_rs_handle = g.outer_ar_handle = {};
+      g.outer_reduce_submitted = false;
+    } else {
+      OuterReduce(g);
     }
     ScopedTimer t(&time_.optimizer);
     TraceSpan s(cfg_.tracer, "gradient norm", kTraceCompute, {{"group", g.layout.group}});
