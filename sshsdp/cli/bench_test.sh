@@ -81,8 +81,8 @@ assert all(x['ratio_to_sshsdp_paired'] is None for x in r), r   # nothing paired
 check "--sequential: ratios against sshsdp, no paired ratios claimed" $rc
 
 # --profile: the step profile table, and JSON shares that add up to the step: the model's
-# kernels by category inside compute, the engine's categories around it; the MoE model keeps
-# no kernel profile and says so.
+# kernels by category inside compute, the engine's categories around it; the MoE model too,
+# with its routing (gating, permutation, combination) as a category of its own.
 timeout 120 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --presets sshsdp,fsdp2 \
   --profile --json "$tmp/prof.json" >"$tmp/out" 2>&1
 rc=$?
@@ -98,11 +98,20 @@ for x in r:
 " || rc=1
 [ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/out" | tail -20
 check "--profile: kernel categories add up to compute, all categories to the step" $rc
-timeout 120 "${mpirun[@]}" -np 2 "$bin" bench --model moe-tiny --layers 1 --seq-len 16 --microbatches 2 \
-  --warmup 1 --steps 1 --batch-size 1 --presets sshsdp --profile >"$tmp/out" 2>&1
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench --model moe-tiny --layers 2 --seq-len 16 --microbatches 2 \
+  --warmup 1 --steps 1 --batch-size 1 --presets sshsdp,fsdp2 --profile --json "$tmp/moeprof.json" \
+  >"$tmp/out" 2>&1
 rc=$?
-[ $rc -eq 0 ] && grep -q "this model keeps no kernel profile" "$tmp/out"
-check "--profile on the MoE model says it keeps no kernel profile" $?
+[ $rc -eq 0 ] && python3 -c "
+import json; r=json.load(open('$tmp/moeprof.json'))
+for x in r:
+    p=x['profile']; s=p['seconds']
+    assert p['profiled'] and all(s[k] > 0 for k in ('gemm', 'attention', 'norm', 'activation', 'loss', 'routing')), p
+    kernels = sum(v for k, v in s.items() if k not in ('compute other', 'comm wait', 'copy+cast+add', 'optimizer', 'other'))
+    assert 0 < kernels <= x['time_s']['compute'] * (1 + 1e-9), x
+" || rc=1
+[ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/out" | tail -20
+check "--profile on the MoE model: its kernels and routing inside compute" $rc
 
 # Threads bound to fewer CPUs: one rank of 2 threads bound to one core is warned about, with
 # the launch that fixes it; unbound on a machine with 2+ CPUs it is not.

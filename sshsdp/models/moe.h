@@ -70,6 +70,7 @@
 #include <string_view>
 #include <vector>
 
+#include "sshsdp/base/op_profile.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/params/model.h"
 
@@ -141,6 +142,10 @@ class MoeGpt final : public Model {
   // the shared expert, and the LM head.
   double FlopsPerToken() const override;
   int64_t ActivationBytes() const override;
+  // Kernel time by category (base/op_profile.h): the experts' and shared expert's products
+  // count as GEMMs, their activations as activations, the router's gating, auxiliary loss,
+  // permutation and combination as routing.
+  void SetOpProfile(OpProfile* profile) override { profile_ = profile; }
   // MXFP8 expert weights: only with expert_group (see MoeConfig), and then only the expert
   // groups are MX (GroupConsumesMx); the router, attention, norm gains, dense blocks,
   // embeddings and LM head stay bf16.
@@ -239,6 +244,13 @@ class MoeGpt final : public Model {
         *dh1_ = nullptr, *dh3_ = nullptr, *dxp_ = nullptr, *dz_ = nullptr, *dsh1_ = nullptr,
         *dsh3_ = nullptr;
   std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_, router_scratch_, wgrad_scratch_;
+  // f() timed in category c of the profile (SetOpProfile), when there is one.
+  template <typename F>
+  void Op(OpCategory c, F&& f) {
+    OpScope s(profile_, c);
+    f();
+  }
+  OpProfile* profile_ = nullptr;
   std::vector<std::vector<float>> mx_scratch_;  // dequantized MX expert weights, per expert view
 
   int fwd_next_ = 0;

@@ -133,41 +133,57 @@ void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
   // 5. Experts: GEMMs on each expert's slice of the packed weights over its rows (an MXFP8
   //    packed weight is dequantized whole first: its scales are laid out for [E·out, in]).
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
-  const TensorRef w1 = view(slots_.w1, E * f, d);
-  const TensorRef w2 = view(slots_.w2, E * d, f);
-  const TensorRef w3 = swiglu ? view(slots_.w3, E * f, d) : TensorRef{};
+  TensorRef w1, w2, w3;
+  Op(OpCategory::kGemm, [&] {  // an MX weight is dequantized for the products
+    w1 = view(slots_.w1, E * f, d);
+    w2 = view(slots_.w2, E * d, f);
+    if (swiglu) w3 = view(slots_.w3, E * f, d);
+  });
   for (int e = 0; e < E; ++e) {
     const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
     if (n == 0) continue;
     const float* xe = A.xp + off * d;
-    ExpertForward(xe, Slice(w1, e, f * d), w1.dtype, A.h1 + off * f, n, f, d);
-    if (swiglu) ExpertForward(xe, Slice(w3, e, f * d), w3.dtype, A.h3 + off * f, n, f, d);
-    ActivationForward(c_.expert_mlp, A.h1 + off * f, swiglu ? A.h3 + off * f : nullptr,
-                      A.act + off * f, n * f);
-    ExpertForward(A.act + off * f, Slice(w2, e, d * f), w2.dtype, A.yp + off * d, n, d, f);
+    Op(OpCategory::kGemm, [&] {
+      ExpertForward(xe, Slice(w1, e, f * d), w1.dtype, A.h1 + off * f, n, f, d);
+      if (swiglu) ExpertForward(xe, Slice(w3, e, f * d), w3.dtype, A.h3 + off * f, n, f, d);
+    });
+    Op(OpCategory::kActivation, [&] {
+      ActivationForward(c_.expert_mlp, A.h1 + off * f, swiglu ? A.h3 + off * f : nullptr,
+                        A.act + off * f, n * f);
+    });
+    Op(OpCategory::kGemm, [&] {
+      ExpertForward(A.act + off * f, Slice(w2, e, d * f), w2.dtype, A.yp + off * d, n, d, f);
+    });
   }
 
   // 6. Shared expert (ungated) or zeros, then un-permute: out[t] += Σ_j gate_j · yp[row].
   if (c_.shared_expert) {
-    const TensorRef s1 = view(slots_.s1, fs, d);
-    LinearForward(x, s1.data, s1.dtype, A.sh1, N, fs, d);
-    if (swiglu) {
-      const TensorRef s3 = view(slots_.s3, fs, d);
-      LinearForward(x, s3.data, s3.dtype, A.sh3, N, fs, d);
-    }
-    ActivationForward(c_.expert_mlp, A.sh1, A.sh3, A.sha, N * fs);
-    const TensorRef s2 = view(slots_.s2, d, fs);
-    LinearForward(A.sha, s2.data, s2.dtype, out, N, d, fs);
+    Op(OpCategory::kGemm, [&] {
+      const TensorRef s1 = view(slots_.s1, fs, d);
+      LinearForward(x, s1.data, s1.dtype, A.sh1, N, fs, d);
+      if (swiglu) {
+        const TensorRef s3 = view(slots_.s3, fs, d);
+        LinearForward(x, s3.data, s3.dtype, A.sh3, N, fs, d);
+      }
+    });
+    Op(OpCategory::kActivation,
+       [&] { ActivationForward(c_.expert_mlp, A.sh1, A.sh3, A.sha, N * fs); });
+    Op(OpCategory::kGemm, [&] {
+      const TensorRef s2 = view(slots_.s2, d, fs);
+      LinearForward(A.sha, s2.data, s2.dtype, out, N, d, fs);
+    });
   } else {
     kernels::Fill(out, N * d, 0.0f);
   }
-  for (int64_t t = 0; t < N; ++t) {
-    for (int j = 0; j < k; ++j) {
-      kernels::Axpy(A.gate[t * k + j], A.yp + static_cast<int64_t>(A.row[t * k + j]) * d,
-                    out + t * d, d);
+  Op(OpCategory::kRouting, [&] {  // combination: out[t] += Σ_j gate_j · yp[row]
+    for (int64_t t = 0; t < N; ++t) {
+      for (int j = 0; j < k; ++j) {
+        kernels::Axpy(A.gate[t * k + j], A.yp + static_cast<int64_t>(A.row[t * k + j]) * d,
+                      out + t * d, d);
+      }
     }
-  }
-  kernels::AddThreaded(A.res_mid, out, out, N * d);
+  });
+  Op(OpCategory::kElementwise, [&] { kernels::AddThreaded(A.res_mid, out, out, N * d); });
 }
 
 void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, bool acc,
@@ -180,34 +196,41 @@ void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, boo
 
   // 1. Un-permutation backward: ∂/∂gate_j = ⟨dy_t, yp[row]⟩ and dyp[row] = gate_j · dy_t
   //    (a permuted copy of the output gradient, every row written once).
-  for (int64_t t = 0; t < N; ++t) {
-    const float* dyt = dy + t * d;
-    for (int j = 0; j < k; ++j) {
-      const int64_t r = A.row[t * k + j];
-      dgate_[t * k + j] = Dot(dyt, A.yp + r * d, d);
-      const float g = A.gate[t * k + j];
-      float* dst = dyp_ + r * d;
-      for (int64_t i = 0; i < d; ++i) dst[i] = g * dyt[i];
+  Op(OpCategory::kRouting, [&] {
+    for (int64_t t = 0; t < N; ++t) {
+      const float* dyt = dy + t * d;
+      for (int j = 0; j < k; ++j) {
+        const int64_t r = A.row[t * k + j];
+        dgate_[t * k + j] = Dot(dyt, A.yp + r * d, d);
+        const float g = A.gate[t * k + j];
+        float* dst = dyp_ + r * d;
+        for (int64_t i = 0; i < d; ++i) dst[i] = g * dyt[i];
+      }
     }
-  }
+  });
 
   // 2. Experts: weight gradients straight into each expert's slice of the packed gradient
   //    views; dxp = ∂/∂(permuted input). No tokens: explicit zeros (overwrite) or nothing.
   //    MXFP8 weights: the data GEMMs use the dequantized weight, the weight-gradient GEMMs run
   //    in fp32 (the dequantized view's dtype; LinearComputeDType of an MX weight).
   const int x0 = slots_.w1;
-  const TensorRef w1 = ExpertView(wx[slots_.w1 - x0], E * f, d, slots_.w1);
-  const TensorRef w2 = ExpertView(wx[slots_.w2 - x0], E * d, f, slots_.w2);
-  const TensorRef w3 = swiglu ? ExpertView(wx[slots_.w3 - x0], E * f, d, slots_.w3) : TensorRef{};
+  TensorRef w1, w2, w3;
+  Op(OpCategory::kGemm, [&] {
+    w1 = ExpertView(wx[slots_.w1 - x0], E * f, d, slots_.w1);
+    w2 = ExpertView(wx[slots_.w2 - x0], E * d, f, slots_.w2);
+    if (swiglu) w3 = ExpertView(wx[slots_.w3 - x0], E * f, d, slots_.w3);
+  });
   const TensorRef &g1 = gx[slots_.w1 - x0], &g2 = gx[slots_.w2 - x0];
   const TensorRef g3 = swiglu ? gx[slots_.w3 - x0] : TensorRef{};
   for (int e = 0; e < E; ++e) {
     const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
     if (n == 0) {
       if (!acc) {
-        kernels::FillZero(MutableSlice(g1, e, f * d), g1.dtype, f * d);
-        kernels::FillZero(MutableSlice(g2, e, d * f), g2.dtype, d * f);
-        if (swiglu) kernels::FillZero(MutableSlice(g3, e, f * d), g3.dtype, f * d);
+        Op(OpCategory::kGemm, [&] {  // an expert without tokens: zero gradients
+          kernels::FillZero(MutableSlice(g1, e, f * d), g1.dtype, f * d);
+          kernels::FillZero(MutableSlice(g2, e, d * f), g2.dtype, d * f);
+          if (swiglu) kernels::FillZero(MutableSlice(g3, e, f * d), g3.dtype, f * d);
+        });
       }
       continue;
     }
@@ -216,28 +239,36 @@ void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, boo
     float* dh1 = dh1_ + off * f;
     float* dh3 = dh3_ + off * f;
     float* dxe = dxp_ + off * d;
-    ExpertBackwardWeight(dye, A.act + off * f, w2.dtype, MutableSlice(g2, e, d * f), g2.dtype, n, d,
-                         f, acc, wgrad_scratch_);
-    ExpertBackwardData(dye, Slice(w2, e, d * f), w2.dtype, dh1, n, d, f, false);
-    ActivationBackward(c_.expert_mlp, A.h1 + off * f, swiglu ? A.h3 + off * f : nullptr, dh1, dh3,
-                       n * f);
-    ExpertBackwardWeight(dh1, xe, w1.dtype, MutableSlice(g1, e, f * d), g1.dtype, n, f, d, acc,
-                         wgrad_scratch_);
-    ExpertBackwardData(dh1, Slice(w1, e, f * d), w1.dtype, dxe, n, f, d, false);
-    if (swiglu) {
-      ExpertBackwardWeight(dh3, xe, w3.dtype, MutableSlice(g3, e, f * d), g3.dtype, n, f, d, acc,
+    Op(OpCategory::kGemm, [&] {
+      ExpertBackwardWeight(dye, A.act + off * f, w2.dtype, MutableSlice(g2, e, d * f), g2.dtype, n,
+                           d, f, acc, wgrad_scratch_);
+      ExpertBackwardData(dye, Slice(w2, e, d * f), w2.dtype, dh1, n, d, f, false);
+    });
+    Op(OpCategory::kActivation, [&] {
+      ActivationBackward(c_.expert_mlp, A.h1 + off * f, swiglu ? A.h3 + off * f : nullptr, dh1, dh3,
+                         n * f);
+    });
+    Op(OpCategory::kGemm, [&] {
+      ExpertBackwardWeight(dh1, xe, w1.dtype, MutableSlice(g1, e, f * d), g1.dtype, n, f, d, acc,
                            wgrad_scratch_);
-      ExpertBackwardData(dh3, Slice(w3, e, f * d), w3.dtype, dxe, n, f, d, true);
-    }
+      ExpertBackwardData(dh1, Slice(w1, e, f * d), w1.dtype, dxe, n, f, d, false);
+      if (swiglu) {
+        ExpertBackwardWeight(dh3, xe, w3.dtype, MutableSlice(g3, e, f * d), g3.dtype, n, f, d, acc,
+                             wgrad_scratch_);
+        ExpertBackwardData(dh3, Slice(w3, e, f * d), w3.dtype, dxe, n, f, d, true);
+      }
+    });
   }
 
   // 3. Un-permute the input gradient: dx_t = Σ_j dxp[row(t, j)] (a gather: deterministic).
-  for (int64_t t = 0; t < N; ++t) {
-    float* dxt = dx + t * d;
-    std::copy_n(dxp_ + static_cast<int64_t>(A.row[t * k]) * d, d, dxt);
-    for (int j = 1; j < k; ++j)
-      kernels::Add(dxt, dxp_ + static_cast<int64_t>(A.row[t * k + j]) * d, dxt, d);
-  }
+  Op(OpCategory::kRouting, [&] {
+    for (int64_t t = 0; t < N; ++t) {
+      float* dxt = dx + t * d;
+      std::copy_n(dxp_ + static_cast<int64_t>(A.row[t * k]) * d, d, dxt);
+      for (int j = 1; j < k; ++j)
+        kernels::Add(dxt, dxp_ + static_cast<int64_t>(A.row[t * k + j]) * d, dxt, d);
+    }
+  });
 }
 
 void MoeGpt::BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, bool acc,
@@ -249,12 +280,17 @@ void MoeGpt::BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, boo
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
   const float* x = A.ln2;
   const int x0 = slots_.w1;
-  const TensorRef s1 = ExpertView(wx[slots_.s1 - x0], fs, d, slots_.s1);
-  const TensorRef s2 = ExpertView(wx[slots_.s2 - x0], d, fs, slots_.s2);
   const TensorRef &gs1 = gx[slots_.s1 - x0], &gs2 = gx[slots_.s2 - x0];
-  LinearBackwardWeight(dy, A.sha, s2.dtype, gs2.data, gs2.dtype, N, d, fs, acc);
-  LinearBackwardData(dy, s2.data, s2.dtype, dsh1_, N, d, fs, false);
-  ActivationBackward(c_.expert_mlp, A.sh1, A.sh3, dsh1_, dsh3_, N * fs);
+  TensorRef s1;
+  Op(OpCategory::kGemm, [&] {
+    s1 = ExpertView(wx[slots_.s1 - x0], fs, d, slots_.s1);
+    const TensorRef s2 = ExpertView(wx[slots_.s2 - x0], d, fs, slots_.s2);
+    LinearBackwardWeight(dy, A.sha, s2.dtype, gs2.data, gs2.dtype, N, d, fs, acc);
+    LinearBackwardData(dy, s2.data, s2.dtype, dsh1_, N, d, fs, false);
+  });
+  Op(OpCategory::kActivation,
+     [&] { ActivationBackward(c_.expert_mlp, A.sh1, A.sh3, dsh1_, dsh3_, N * fs); });
+  OpScope gemm(profile_, OpCategory::kGemm);
   LinearBackwardWeight(dsh1_, x, s1.dtype, gs1.data, gs1.dtype, N, fs, d, acc);
   LinearBackwardData(dsh1_, s1.data, s1.dtype, dx, N, fs, d, true);
   if (swiglu) {

@@ -29,6 +29,7 @@ const float* MoeGpt::RouterF32(const TensorRef& t) {
 }
 
 void MoeGpt::ForwardRouter(int l, const TensorRef& router) {
+  OpScope scope(profile_, OpCategory::kRouting);  // logits, top-k, gates, aux loss, permutation
   BlockActs& A = blocks_[l];
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
@@ -102,6 +103,7 @@ void MoeGpt::ForwardRouter(int l, const TensorRef& router) {
 
 void MoeGpt::BackwardRouter(int l, const TensorRef& router, const TensorRef& gr, bool acc,
                             float* dx) {
+  OpScope scope(profile_, OpCategory::kRouting);
   const BlockActs& A = blocks_[l];
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;

@@ -40,7 +40,9 @@ void MoeGpt::Forward(int g, const std::vector<TensorRef>& w) {
     case Role::kEmbed:
       fwd_done_ = false;
       bwd_next_ = -1;
-      layers::EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.trunk.d_model, res_[0]);
+      Op(OpCategory::kEmbedding, [&] {
+        layers::EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.trunk.d_model, res_[0]);
+      });
       break;
     case Role::kHead:
       ForwardHead(w);
@@ -81,9 +83,11 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
       BackwardHead(w, grad, acc);
       break;
     case Role::kEmbed:
-      layers::EmbeddingBackward(dres_, tokens_.data(), B_, T_, c_.trunk.d_model, grad[0],
-                                c_.trunk.padded_vocab(), grad[1], c_.trunk.seq_len, acc,
-                                table_scratch_);
+      Op(OpCategory::kEmbedding, [&] {
+        layers::EmbeddingBackward(dres_, tokens_.data(), B_, T_, c_.trunk.d_model, grad[0],
+                                  c_.trunk.padded_vocab(), grad[1], c_.trunk.seq_len, acc,
+                                  table_scratch_);
+      });
       break;
     case Role::kDense:
     case Role::kMoe:
@@ -106,13 +110,15 @@ void MoeGpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   BlockActs& A = blocks_[l];
   const float* x = res_[l];
-  RmsNormForward(x, Gain(w[0]), A.ln1, A.ln1_rstd, N, d);
-  LinearForward(A.ln1, w[1].data, w[1].dtype, A.qkv, N, 3 * d, d);
-  kernels::CausalAttentionForward(A.qkv, A.atty, A.lse, att_scratch_, B_, T_, c_.trunk.n_head,
-                                  c_.trunk.head_dim());
-  LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d);
-  kernels::AddThreaded(x, A.res_mid, A.res_mid, N * d);
-  RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d);
+  Op(OpCategory::kNorm, [&] { RmsNormForward(x, Gain(w[0]), A.ln1, A.ln1_rstd, N, d); });
+  Op(OpCategory::kGemm, [&] { LinearForward(A.ln1, w[1].data, w[1].dtype, A.qkv, N, 3 * d, d); });
+  Op(OpCategory::kAttention, [&] {
+    kernels::CausalAttentionForward(A.qkv, A.atty, A.lse, att_scratch_, B_, T_, c_.trunk.n_head,
+                                    c_.trunk.head_dim());
+  });
+  Op(OpCategory::kGemm, [&] { LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d); });
+  Op(OpCategory::kElementwise, [&] { kernels::AddThreaded(x, A.res_mid, A.res_mid, N * d); });
+  Op(OpCategory::kNorm, [&] { RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d); });
 }
 
 void MoeGpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
@@ -125,32 +131,42 @@ void MoeGpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
     ForwardExperts(l, w.data() + slots_.w1);
     return;
   }
-  LinearForward(A.ln2, w[4].data, w[4].dtype, A.fch, N, ff, d);
-  layers::GeluForward(A.fch, A.fcg, N * ff);
-  LinearForward(A.fcg, w[5].data, w[5].dtype, out, N, d, ff);
-  kernels::AddThreaded(A.res_mid, out, out, N * d);
+  Op(OpCategory::kGemm, [&] { LinearForward(A.ln2, w[4].data, w[4].dtype, A.fch, N, ff, d); });
+  Op(OpCategory::kActivation, [&] { layers::GeluForward(A.fch, A.fcg, N * ff); });
+  Op(OpCategory::kGemm, [&] { LinearForward(A.fcg, w[5].data, w[5].dtype, out, N, d, ff); });
+  Op(OpCategory::kElementwise, [&] { kernels::AddThreaded(A.res_mid, out, out, N * d); });
 }
 
 void MoeGpt::ForwardHead(const std::vector<TensorRef>& w) {
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model,
                 V = c_.trunk.padded_vocab();
-  RmsNormForward(res_[c_.trunk.n_layer], Gain(w[0]), lnf_, lnf_rstd_, N, d);
-  LinearForward(lnf_, w[1].data, w[1].dtype, probs_, N, V, d);
-  ce_ = layers::SoftmaxCrossEntropyForward(probs_, targets_.data(), losses_, N, c_.trunk.vocab, V) /
+  Op(OpCategory::kNorm,
+     [&] { RmsNormForward(res_[c_.trunk.n_layer], Gain(w[0]), lnf_, lnf_rstd_, N, d); });
+  Op(OpCategory::kGemm, [&] { LinearForward(lnf_, w[1].data, w[1].dtype, probs_, N, V, d); });
+  Op(OpCategory::kLoss, [&] {
+    ce_ =
+        layers::SoftmaxCrossEntropyForward(probs_, targets_.data(), losses_, N, c_.trunk.vocab, V) /
         static_cast<double>(N);
+  });
 }
 
 void MoeGpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                           bool acc) {
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model,
                 V = c_.trunk.padded_vocab();
-  layers::SoftmaxCrossEntropyBackward(probs_, targets_.data(), dlogits_, N, V,
-                                      static_cast<float>(1.0 / static_cast<double>(N)));
-  LinearBackwardWeight(dlogits_, lnf_, w[1].dtype, grad[1].data, grad[1].dtype, N, V, d, acc);
-  LinearBackwardData(dlogits_, w[1].data, w[1].dtype, dtmp_, N, V, d, false);
-  RmsNormBackward(dtmp_, res_[c_.trunk.n_layer], Gain(w[0]), lnf_rstd_, dres_,
-                  dgain_scratch_.data(), N, d, /*accumulate_dx=*/false);
-  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+  Op(OpCategory::kLoss, [&] {
+    layers::SoftmaxCrossEntropyBackward(probs_, targets_.data(), dlogits_, N, V,
+                                        static_cast<float>(1.0 / static_cast<double>(N)));
+  });
+  Op(OpCategory::kGemm, [&] {
+    LinearBackwardWeight(dlogits_, lnf_, w[1].dtype, grad[1].data, grad[1].dtype, N, V, d, acc);
+    LinearBackwardData(dlogits_, w[1].data, w[1].dtype, dtmp_, N, V, d, false);
+  });
+  Op(OpCategory::kNorm, [&] {
+    RmsNormBackward(dtmp_, res_[c_.trunk.n_layer], Gain(w[0]), lnf_rstd_, dres_,
+                    dgain_scratch_.data(), N, d, /*accumulate_dx=*/false);
+    kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+  });
 }
 
 void MoeGpt::BackwardBlock(int l, const std::vector<TensorRef>& w,
@@ -166,11 +182,15 @@ void MoeGpt::BackwardBlock(int l, const std::vector<TensorRef>& w,
     BackwardRouter(l, w[slots_.router], grad[slots_.router], acc, dln_);
     BackwardShared(l, wx, gx, acc, dres, dln_);
   } else {
-    LinearBackwardWeight(dres, A.fcg, w[5].dtype, grad[5].data, grad[5].dtype, N, d, ff, acc);
-    LinearBackwardData(dres, w[5].data, w[5].dtype, dfch_, N, d, ff, false);
-    layers::GeluBackwardInPlace(A.fch, dfch_, N * ff);
-    LinearBackwardWeight(dfch_, A.ln2, w[4].dtype, grad[4].data, grad[4].dtype, N, ff, d, acc);
-    LinearBackwardData(dfch_, w[4].data, w[4].dtype, dln_, N, ff, d, false);
+    Op(OpCategory::kGemm, [&] {
+      LinearBackwardWeight(dres, A.fcg, w[5].dtype, grad[5].data, grad[5].dtype, N, d, ff, acc);
+      LinearBackwardData(dres, w[5].data, w[5].dtype, dfch_, N, d, ff, false);
+    });
+    Op(OpCategory::kActivation, [&] { layers::GeluBackwardInPlace(A.fch, dfch_, N * ff); });
+    Op(OpCategory::kGemm, [&] {
+      LinearBackwardWeight(dfch_, A.ln2, w[4].dtype, grad[4].data, grad[4].dtype, N, ff, d, acc);
+      LinearBackwardData(dfch_, w[4].data, w[4].dtype, dln_, N, ff, d, false);
+    });
   }
   BackwardAttention(l, w, grad, acc);
 }
@@ -181,20 +201,30 @@ void MoeGpt::BackwardAttention(int l, const std::vector<TensorRef>& w,
   const BlockActs& A = blocks_[l];
   const float* x = res_[l];
   float* dres = dres_;  // in: ∂/∂out; after ln2: ∂/∂res_mid; out: ∂/∂x
-  RmsNormBackward(dln_, A.res_mid, Gain(w[3]), A.ln2_rstd, dres, dgain_scratch_.data(), N, d,
-                  /*accumulate_dx=*/true);
-  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[3].data, grad[3].dtype, d, acc);
+  Op(OpCategory::kNorm, [&] {
+    RmsNormBackward(dln_, A.res_mid, Gain(w[3]), A.ln2_rstd, dres, dgain_scratch_.data(), N, d,
+                    /*accumulate_dx=*/true);
+    kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[3].data, grad[3].dtype, d, acc);
+  });
 
   // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
-  LinearBackwardWeight(dres, A.atty, w[2].dtype, grad[2].data, grad[2].dtype, N, d, d, acc);
-  LinearBackwardData(dres, w[2].data, w[2].dtype, dtmp_, N, d, d, false);
-  kernels::CausalAttentionBackward(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_scratch_, B_, T_,
-                                   c_.trunk.n_head, c_.trunk.head_dim());
-  LinearBackwardWeight(dqkv_, A.ln1, w[1].dtype, grad[1].data, grad[1].dtype, N, 3 * d, d, acc);
-  LinearBackwardData(dqkv_, w[1].data, w[1].dtype, dtmp_, N, 3 * d, d, false);
-  RmsNormBackward(dtmp_, x, Gain(w[0]), A.ln1_rstd, dres, dgain_scratch_.data(), N, d,
-                  /*accumulate_dx=*/true);
-  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+  Op(OpCategory::kGemm, [&] {
+    LinearBackwardWeight(dres, A.atty, w[2].dtype, grad[2].data, grad[2].dtype, N, d, d, acc);
+    LinearBackwardData(dres, w[2].data, w[2].dtype, dtmp_, N, d, d, false);
+  });
+  Op(OpCategory::kAttention, [&] {
+    kernels::CausalAttentionBackward(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_scratch_, B_, T_,
+                                     c_.trunk.n_head, c_.trunk.head_dim());
+  });
+  Op(OpCategory::kGemm, [&] {
+    LinearBackwardWeight(dqkv_, A.ln1, w[1].dtype, grad[1].data, grad[1].dtype, N, 3 * d, d, acc);
+    LinearBackwardData(dqkv_, w[1].data, w[1].dtype, dtmp_, N, 3 * d, d, false);
+  });
+  Op(OpCategory::kNorm, [&] {
+    RmsNormBackward(dtmp_, x, Gain(w[0]), A.ln1_rstd, dres, dgain_scratch_.data(), N, d,
+                    /*accumulate_dx=*/true);
+    kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+  });
 }
 
 }  // namespace sshsdp
