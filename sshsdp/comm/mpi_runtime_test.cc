@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "sshsdp/base/error.h"
@@ -30,6 +31,35 @@ TEST(MpiRuntime, ConstructingAgainChecksTheExistingLevel) {
   EXPECT_EQ(again.world_size(), size);
   EXPECT_EQ(again.world_rank(), WorldRankOrMinusOne());
   EXPECT_EQ(again.thread_level(), MPI_THREAD_MULTIPLE);
+}
+
+// The value OpenMPI itself holds for mpi_yield_when_idle (MPI_T control variable).
+int YieldWhenIdle() {
+  int provided = 0;
+  EXPECT_EQ(MPI_T_init_thread(MPI_THREAD_SINGLE, &provided), MPI_SUCCESS);
+  int index = -1;
+  int value = 0;  // zeroed: OpenMPI reads this variable out as a one-byte bool
+  if (MPI_T_cvar_get_index("mpi_yield_when_idle", &index) == MPI_SUCCESS) {
+    MPI_T_cvar_handle handle;
+    int count = 0;
+    EXPECT_EQ(MPI_T_cvar_handle_alloc(index, nullptr, &handle, &count), MPI_SUCCESS);
+    EXPECT_EQ(count, 1);
+    EXPECT_EQ(MPI_T_cvar_read(handle, &value), MPI_SUCCESS);
+    value = value != 0;
+    MPI_T_cvar_handle_free(&handle);
+  } else {
+    ADD_FAILURE() << "this MPI has no mpi_yield_when_idle control variable";
+  }
+  MPI_T_finalize();
+  return value;
+}
+
+// Idle MPI waits yield the core (MpiRuntime sets it before MPI_Init) unless the launcher set
+// it: the comm_mpi_runtime_yield_* entries launch without it (SSHSDP_EXPECT_YIELD=1) and with
+// --mca mpi_yield_when_idle 0 (SSHSDP_EXPECT_YIELD=0); the other entries launch with 1.
+TEST(MpiRuntime, IdleWaitsYieldUnlessTheLauncherChose) {
+  const char* want = std::getenv("SSHSDP_EXPECT_YIELD");
+  EXPECT_EQ(YieldWhenIdle(), want ? std::atoi(want) : 1);
 }
 
 TEST(MpiRuntime, WorldReturnsErrors) {
