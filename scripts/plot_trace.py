@@ -30,6 +30,7 @@ KINDS = [  # (label, colour, test on the span name)
     ("all-gather", "#DD8452", lambda n: n.startswith("all-gather") or n == "outer all-gather"),
     ("reduce-scatter", "#C44E52",
      lambda n: n.startswith("reduce-scatter") or n in ("outer reduce-scatter",
+                                                      "HSDP all-reduce",
                                                       "loss/norm all-reduce")),
     ("wait", "#BBBBBB", lambda n: n.startswith("wait")),
     ("update (F), norm", "#8172B3", lambda n: n in ("update (F)", "gradient norm")),

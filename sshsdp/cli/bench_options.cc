@@ -35,7 +35,8 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
   app.add_option("--overlap-outer", o.overlap_outer,
                  "outer phase (outer reduce-scatter, HSDP all-reduce, outer all-gather): on "
                  "(overlapping backward and the next forward) | off (in the update phase) | "
-                 "on,off (each preset both ways; off rows are '<preset>/outer-sync')")
+                 "on,off (each preset both ways; off rows are '<preset>/outer-sync'; --ablation "
+                 "uses the first)")
       ->delimiter(',')
       ->capture_default_str();
   app.add_flag("--ablation", o.ablation,

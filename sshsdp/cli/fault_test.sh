@@ -64,6 +64,9 @@ done
 start_run() {
   local dir=$1 np=$2
   shift 2
+  # Emptied before the launch: the wait below must not see the previous run's step lines (the
+  # background job's own redirection may truncate the file only after the first grep).
+  : >"$tmp/sig.out"
   # shellcheck disable=SC2068
   "${mpirun[@]}" -np "$np" "$bin" train ${@:---model tiny} --steps 100000 --log-every 1 \
     --ckpt-dir "$dir" --metrics "$tmp/marker" >"$tmp/sig.out" 2>"$tmp/sig.err" &

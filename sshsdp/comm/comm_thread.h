@@ -7,6 +7,8 @@
 // communicators (Duplicate() of the main thread's ones, made before submitting), and only
 // tasks of this thread use them; FIFO order keeps their program order identical on every
 // rank. The main thread keeps the originals for its own collectives and point-to-point work.
+// (A communicator may also pass between the threads when the main thread waits for every
+// task that uses it before using it again — the engine's overlapped outer phase.)
 //
 //   auto ag_comm = z3->Duplicate();             // collective: same order on every rank
 //   sshsdp::CommThread comm_thread("prefetch");

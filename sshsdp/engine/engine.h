@@ -150,7 +150,9 @@ class NonFiniteError : public NumericsError {
 // Deterministic counters of one step (tests assert them exactly).
 struct StepCounters {
   CommCounters runtime_comm;           // per-microbatch all-gathers and reduce-scatters
-  CommCounters update_comm;            // outer RS / HSDP all-reduce / outer AG / norm
+  CommCounters update_comm;            // outer RS / HSDP all-reduce / norm / update p2p, and the
+                                       // outer AG of the weights this step used (the last
+                                       // update's, with overlap_outer)
   uint64_t bytes_copied = 0;           // memcpy-style copies outside compute and collectives
   uint64_t collective_copy_bytes = 0;  // copies inside collectives (an out-of-place
                                        // all-gather's own shard into the gathered buffer;
@@ -162,10 +164,11 @@ struct StepCounters {
   uint64_t weight_preps = 0;           // G invocations (cast/quantize passes over ZeRO-1 shards;
                                        // with ② one more per all-gather, over ZeRO-3 shards)
   uint64_t gathers = 0;                // ZeRO-3 all-gathers issued
-  uint64_t outer_overlapped = 0;       // outer collectives run on the communication thread
-                                       // (EngineConfig::overlap_outer): per group its outer
-                                       // reduce-scatter + HSDP all-reduce, and its outer
-                                       // all-gather when submitted in this step's forward
+  uint64_t outer_overlapped = 0;       // outer-phase tasks run on the communication thread
+                                       // (EngineConfig::overlap_outer): per group one for its
+                                       // outer reduce-scatter + HSDP all-reduce pair, and one
+                                       // for its outer all-gather (the last update's, run in
+                                       // this step's forward or an Evaluate before it)
   uint64_t scale_relayouts = 0;        // MXFP8 Tw: per-group scale relayouts into S′ (once per
                                        // step with weight reuse; per gather with ②)
   uint64_t mx_split_bands = 0;         // MXFP8 G: 32-row bands split across ZeRO-1 shards
@@ -202,7 +205,7 @@ class Engine {
 
   // Initializes main weights at ZeRO-1 (values depend only on seed, parameter name and
   // element index, so every layout starts identical), zeroes optimizer state, runs G and the
-  // outer all-gather. Collective.
+  // outer all-gather (with overlap_outer: defers it to the first forward). Collective.
   void InitWeights(uint64_t seed);
 
   // One optimizer step over cfg.microbatches microbatches. Collective.
@@ -211,14 +214,16 @@ class Engine {
   // Validation: the mean loss of `batches` microbatches per rank (batch(i, ...) fills the
   // i-th), averaged over every rank's. Forward only, through the sharded weights gathered as
   // in training (prefetch included); no gradient, no reduce-scatter, no optimizer state or step
-  // touched, so training after it is bit-identical to training without it. Collective.
+  // touched, so training after it is bit-identical to training without it. Collective (it
+  // also runs the outer all-gathers deferred from the last update — overlap_outer — whose
+  // counts go to the next Step's counters, as they would without the evaluation).
   double Evaluate(const BatchFn& batch, int batches);
 
   // Consolidated fp32 main weights of every update parameter, by name (collective; every
   // rank receives all). For tests, safetensors export and reports.
   std::map<std::string, std::vector<float>> GatherMainWeights();
   // Overwrites main weights from consolidated values (missing names: ConfigError), then
-  // re-runs G and the outer all-gather. Collective.
+  // re-runs G and the outer all-gather (or defers it, as InitWeights). Collective.
   void LoadMainWeights(const std::map<std::string, std::vector<float>>& weights);
 
   // The persistent ZeRO-1 state of every runtime group, for checkpoints: fp32 arrays over
@@ -246,7 +251,7 @@ class Engine {
                                                        const std::vector<MemberPiece>& pieces,
                                                        const std::vector<Fragment>& zero1);
   // After the ZeRO-1 state was overwritten (checkpoint load): sets the optimizer step and
-  // re-runs G and the outer all-gather. Collective.
+  // re-runs G and the outer all-gather (or defers it, as InitWeights). Collective.
   void RestoreState(int64_t step);
   // Stochastic-rounding state of the bf16sr reduction, for checkpoints: every draw is a
   // function of (seed, step, stream, element), so saving {seed, step} and restoring the step
@@ -301,8 +306,9 @@ class Engine {
   // Backward of group g in microbatch mb, and the submission of its reduce-scatter.
   void BackwardGroup(int g, int mb);
   void FinishReduceScatter(int g);  // wait, recycle G′ and the data path's buffers
-  // After the last microbatch: outer reduce-scatter, HSDP all-reduce, norm, F, G, outer
-  // all-gather. Fills st (loss, norm, skipped).
+  // After the last microbatch: outer reduce-scatter and HSDP all-reduce (with overlap_outer
+  // only their completion: they ran behind backward), norm, F, G, outer all-gather (or its
+  // deferral). Fills st (loss, norm, skipped).
   void UpdatePhase(double loss_sum, StepStats* st);
 
   Model& model_;
@@ -342,6 +348,9 @@ class Engine {
   DType grad_dtype_ = DType::kF32;    // G′: fp32, or bf16 in the bf16 reduce modes
   std::unique_ptr<MxWeights> mx_;     // MXFP8 runtime weights (weight_dtype = kE4M3)
   int64_t step_ = 0;
+  // Deferred outer all-gathers run by an Evaluate between steps: counted into the next Step.
+  CommCounters carried_update_comm_;
+  uint64_t carried_outer_ = 0;
   int uncaught_at_construction_ = std::uncaught_exceptions();
   uint64_t activation_bytes_ = 0;
 };

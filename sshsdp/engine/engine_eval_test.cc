@@ -103,6 +103,10 @@ TEST(EngineEvaluate, ChangesNothingAboutTraining) {
         EXPECT_EQ(d.dist.counters.gathers, d.ref.counters.gathers);
         EXPECT_EQ(d.dist.counters.bytes_copied, d.ref.counters.bytes_copied);
         EXPECT_EQ(d.dist.counters.runtime_comm.total(), d.ref.counters.runtime_comm.total());
+        // The outer all-gathers an evaluation runs (deferred from the last update) still count
+        // in the next step.
+        EXPECT_EQ(d.dist.counters.update_comm.total(), d.ref.counters.update_comm.total());
+        EXPECT_EQ(d.dist.counters.outer_overlapped, d.ref.counters.outer_overlapped);
         run.engine().Evaluate(val, 2);
       });
       const auto a = run.engine().GatherMainWeights(), b = run.ref().GatherMainWeights();

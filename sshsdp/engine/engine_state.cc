@@ -80,7 +80,8 @@ void Engine::PrepareAndGatherWeights() {
     }
     // Outer all-gather, in place: this rank's slice already sits at its group position.
     // Overlapped: deferred to the group's first gather of the next forward (StartOuterGather);
-    // MXFP8 groups gather here, as their scales follow through Tw before any forward.
+    // groups stored as MXFP8 gather here, as their scales go through Tw before any forward
+    // (with ② MXFP8 groups store fp32 and quantize per gather, so they are deferred too).
     if (up_replica_ag_->size() > 1) {
       SSHSDP_CHECK(z1_off == static_cast<size_t>(up_replica_ag_->rank()) * g.z1.size(), LayoutError,
                    "group {}: ZeRO-1 slice at offset {} does not match replica all-gather "

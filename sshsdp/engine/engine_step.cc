@@ -63,11 +63,12 @@ void Engine::StartGather(int gi) {
 void Engine::WaitGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
   StartGather(gi);
-  if (!g.outer_gather_handle.Ready() || skip_gather_) {
+  if (!g.outer_gather_handle.Ready()) {
     ScopedTimer t(&time_.comm_wait);
     TraceSpan s(cfg_.tracer, "wait outer all-gather", kTraceCompute, {{"group", gi}});
     g.outer_gather_handle.Wait();  // with sw = 1 the model reads Wᶻ³ itself
   }
+  g.outer_gather_handle.Wait();  // ready: rethrows its failure, if any
   g.outer_gather_handle = {};
   if (skip_gather_) return;
   {
@@ -131,12 +132,18 @@ double Engine::Evaluate(const BatchFn& batch, int batches) {
       targets(tokens.size());
   TraceSpan eval_span(cfg_.tracer, "evaluate", kTraceCompute, {{"batches", batches}});
   double loss_sum = 0;
+  // The first forward runs the outer all-gathers deferred from the last update: their counts
+  // belong to the next step, as without this evaluation.
+  const CommCounters ag0 = up_replica_ag_->counters();
+  const uint64_t outer0 = counters_.outer_overlapped;
   for (int i = 0; i < batches; ++i) {
     batch(i, tokens.data(), targets.data());
     SetModelBatch(tokens.data(), targets.data());
     ForwardPass(/*release_all=*/true);  // no backward follows: the last layer is released too
     loss_sum += model_.Loss();
   }
+  carried_update_comm_ += Delta(up_replica_ag_->counters(), ag0);
+  carried_outer_ += counters_.outer_overlapped - outer0;
   float red = static_cast<float>(loss_sum);  // as Step's loss: an fp32 sum over ranks
   world_.AllReduce(&red, 1, DType::kF32);
   return red / (static_cast<double>(batches) * world_.size());
@@ -238,6 +245,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   SSHSDP_CHECK(T > 0, ConfigError, "sequence length must be set (EngineConfig::seq_len)");
   TraceSpan step_span(cfg_.tracer, "step", kTraceCompute, {{"step", step_ + 1}});
   counters_ = {};
+  counters_.outer_overlapped = carried_outer_;  // run by an Evaluate since the last step
+  carried_outer_ = 0;
   copy_meter_.Reset();
   time_ = {};
   auto update_comms = [&] {
@@ -294,6 +303,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   st.counters.runtime_comm = Delta(rt_zero3_->counters(), rt0);
   st.counters.runtime_comm += Delta(rt_zero2_->counters(), rt1);
   st.counters.update_comm = Delta(update_comms(), up0);
+  st.counters.update_comm += carried_update_comm_;
+  carried_update_comm_ = {};
   st.counters.collective_copy_bytes =
       st.counters.runtime_comm.local_copy_bytes + st.counters.update_comm.local_copy_bytes;
   time_.copy = copy_meter_.seconds();
