@@ -23,7 +23,7 @@ enum class OpCategory : int {
   kLoss,         // softmax cross-entropy forward / backward
   kEmbedding,    // embedding lookup and its scatter-add
   kElementwise,  // residual adds
-  kRouting,      // MoE gating, auxiliary loss, permutation and combination
+  kRouting,      // MoE gating (router GEMMs included), auxiliary loss, permutation, combination
 };
 inline constexpr int kOpCategories = 8;
 

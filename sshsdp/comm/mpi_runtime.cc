@@ -68,11 +68,15 @@ MpiRuntime::MpiRuntime(int* argc, char*** argv) {
     CheckMpi(MPI_Query_thread(&provided_), "MPI_Query_thread");
   } else {
     PrepareRmaBeforeMpiInit();  // one-sided windows of the direct path (see rma_window.h)
-    // The communication thread shares its rank's core with compute wherever ranks are bound
-    // one per core (mpirun's default with ranks <= cores): an MPI wait that spins takes the
-    // core from the compute thread (GPT small, 2 ranks, 2 cores: 20-26k tokens/s spinning,
-    // 28-32k yielding). Idle waits yield unless the launcher chose (--mca, or the variable).
+    // The communication thread shares its rank's cores with compute (OpenMPI binds a rank to
+    // one core with -np 2 or less, to a socket above): an MPI wait that spins takes a core from
+    // the compute threads (GPT small, 2 ranks, 2 cores: 20-26k tokens/s spinning, 28-32k
+    // yielding). Idle waits yield unless the launcher chose (--mca or the variable; an MCA
+    // parameter file's setting is outranked by this variable). OpenMPI only: other MPIs have
+    // their own wait-mode settings.
+#ifdef OPEN_MPI
     setenv("OMPI_MCA_mpi_yield_when_idle", "1", /*overwrite=*/0);
+#endif
     CheckMpi(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided_), "MPI_Init_thread");
     owns_ = true;
   }

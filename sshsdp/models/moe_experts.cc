@@ -172,10 +172,9 @@ void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
       const TensorRef s2 = view(slots_.s2, d, fs);
       LinearForward(A.sha, s2.data, s2.dtype, out, N, d, fs);
     });
-  } else {
-    kernels::Fill(out, N * d, 0.0f);
   }
-  Op(OpCategory::kRouting, [&] {  // combination: out[t] += Σ_j gate_j · yp[row]
+  Op(OpCategory::kRouting, [&] {  // combination: out[t] (+)= Σ_j gate_j · yp[row]
+    if (!c_.shared_expert) kernels::Fill(out, N * d, 0.0f);
     for (int64_t t = 0; t < N; ++t) {
       for (int j = 0; j < k; ++j) {
         kernels::Axpy(A.gate[t * k + j], A.yp + static_cast<int64_t>(A.row[t * k + j]) * d,
