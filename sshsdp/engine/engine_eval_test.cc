@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstring>
 #include <string>
 
 #include "sshsdp/engine/engine.h"
@@ -109,12 +108,7 @@ TEST(EngineEvaluate, ChangesNothingAboutTraining) {
         EXPECT_EQ(d.dist.counters.outer_overlapped, d.ref.counters.outer_overlapped);
         run.engine().Evaluate(val, 2);
       });
-      const auto a = run.engine().GatherMainWeights(), b = run.ref().GatherMainWeights();
-      ASSERT_EQ(a.size(), b.size());
-      for (const auto& [name, w] : a) {
-        ASSERT_EQ(b.at(name).size(), w.size()) << name;
-        EXPECT_EQ(std::memcmp(w.data(), b.at(name).data(), w.size() * sizeof(float)), 0) << name;
-      }
+      testing::ExpectWeightsBitEqual(run.engine(), run.ref());
       EXPECT_EQ(run.engine().step(), run.ref().step());
     }
   }

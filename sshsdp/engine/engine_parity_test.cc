@@ -7,7 +7,8 @@
 // (0 add passes), 0 bytes copied on the weight and gradient paths, exact communicated bytes.
 #include <gtest/gtest.h>
 
-#include <cstring>
+#include <functional>
+#include <vector>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
@@ -29,6 +30,19 @@ using testing::WorldSize;
 // outer all-gather.
 bool HasOuterReduce(const Layout& l) { return l.so > l.sg || WorldSize() > l.so; }
 bool HasOuterGather(const Layout& l) { return l.so > l.sw; }
+// f(layout) for each standard layout at this world size with an outer phase, under its
+// SCOPED_TRACE; the test is skipped, by name, where there is none (W = 1).
+void ForOuterPhaseLayouts(const std::function<void(const Layout&)>& f) {
+  const int W = WorldSize();
+  std::vector<Layout> layouts;
+  for (const Layout& l : LayoutsFor(W))
+    if (HasOuterReduce(l) || HasOuterGather(l)) layouts.push_back(l);
+  if (layouts.empty()) GTEST_SKIP() << "no layout at W=" << W << " has an outer phase";
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(Describe(W, l));
+    f(l);
+  }
+}
 
 void RunParity(const Layout& l, DType wdt, int M, bool reshard, bool prefetch,
                bool overlap_outer = true) {
@@ -94,15 +108,8 @@ TEST(EngineParity, KeepGatheredWeightsAndNoPrefetch) {
 
 TEST(EngineParity, OuterPhaseInUpdatePhase) {
   // overlap_outer off: the same collectives on the main thread in the update phase.
-  const int W = WorldSize();
-  int tested = 0;
-  for (const Layout& l : LayoutsFor(W)) {
-    if (!HasOuterReduce(l) && !HasOuterGather(l)) continue;
-    SCOPED_TRACE(Describe(W, l));
-    RunParity(l, DType::kBF16, 2, true, true, /*overlap_outer=*/false);
-    ++tested;
-  }
-  if (tested == 0) GTEST_SKIP() << "no layout at W=" << W << " has an outer phase";
+  ForOuterPhaseLayouts(
+      [](const Layout& l) { RunParity(l, DType::kBF16, 2, true, true, /*overlap_outer=*/false); });
 }
 
 TEST(EngineParity, OuterPhaseOverlapChangesNoBit) {
@@ -110,12 +117,7 @@ TEST(EngineParity, OuterPhaseOverlapChangesNoBit) {
   // overlapped outer phase against the update-phase one on the same world, bit for bit —
   // losses, norms, the outer bytes (the next step counts the deferred all-gather) and the
   // final main weights.
-  const int W = WorldSize();
-  int tested = 0;
-  for (const Layout& l : LayoutsFor(W)) {
-    if (!HasOuterReduce(l) && !HasOuterGather(l)) continue;
-    SCOPED_TRACE(Describe(W, l));
-    ++tested;
+  ForOuterPhaseLayouts([](const Layout& l) {
     testing::ParityCase c;
     c.layout = l;
     c.make = testing::GptOf(TestGpt());
@@ -132,14 +134,8 @@ TEST(EngineParity, OuterPhaseOverlapChangesNoBit) {
       EXPECT_EQ(d.ref.counters.outer_overlapped, 0u);
       EXPECT_EQ(d.dist.counters.update_comm.total(), d.ref.counters.update_comm.total());
     });
-    const auto a = run.engine().GatherMainWeights(), b = run.ref().GatherMainWeights();
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, w] : a) {
-      ASSERT_EQ(b.at(name).size(), w.size()) << name;
-      EXPECT_EQ(std::memcmp(w.data(), b.at(name).data(), w.size() * sizeof(float)), 0) << name;
-    }
-  }
-  if (tested == 0) GTEST_SKIP() << "no layout at W=" << W << " has an outer phase";
+    testing::ExpectWeightsBitEqual(run.engine(), run.ref());
+  });
 }
 
 TEST(Engine, RejectsLayoutNotMatchingWorld) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -140,6 +141,16 @@ WeightDiff ExpectWeightsNear(Engine& a, Engine& b, double tol, int64_t step) {
   if (!failed_before && ::testing::Test::HasFatalFailure()) return d;
   EXPECT_LT(d.worst, tol) << "step " << step << " worst param " << d.param;
   return d;
+}
+
+void ExpectWeightsBitEqual(Engine& a, Engine& b) {
+  const auto wa = a.GatherMainWeights(), wb = b.GatherMainWeights();
+  ASSERT_EQ(wa.size(), wb.size());
+  for (const auto& [name, w] : wa) {
+    ASSERT_EQ(wb.count(name), 1u) << name;
+    ASSERT_EQ(wb.at(name).size(), w.size()) << name;
+    EXPECT_EQ(std::memcmp(w.data(), wb.at(name).data(), w.size() * sizeof(float)), 0) << name;
+  }
 }
 
 ParityRun::ParityRun(const ParityCase& c) : c_(c) {

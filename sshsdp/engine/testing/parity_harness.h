@@ -100,6 +100,8 @@ struct WeightDiff {
 // Gathers both engines' main weights, asserts the same names and sizes, and expects the worst
 // difference below `tol` (message: step and worst parameter).
 WeightDiff ExpectWeightsNear(Engine& a, Engine& b, double tol, int64_t step);
+// Gathers both engines' main weights and expects the same names, sizes and bits.
+void ExpectWeightsBitEqual(Engine& a, Engine& b);
 
 // What one step of the pair did.
 struct StepDiff {
