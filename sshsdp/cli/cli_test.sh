@@ -89,6 +89,22 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 1.0) }'
 check "loss falls by more than 1 nat" $?
 grep -q "MFU" "$tmp/train.out" && grep -q "tok/s" "$tmp/train.out"
 check "progress line shows tokens/s and MFU" $?
+# The outer phase (DDP layout: every gradient all-reduced across the two replicas) overlapped by
+# default and in the update phase with --no-overlap-outer: counted only when overlapped, the
+# same losses either way.
+for o in on off; do
+  flag=(); [ $o = off ] && flag=(--no-overlap-outer)
+  timeout 120 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --sw 1 --sg 1 --so 1 --steps 3 \
+    --log-every 1 --metrics "$tmp/outer_$o.jsonl" "${flag[@]}" >/dev/null 2>&1 || echo "  outer $o: train failed"
+done
+python3 - "$tmp/outer_on.jsonl" "$tmp/outer_off.jsonl" <<'PY'
+import json, sys
+on, off = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert len(on) == len(off) == 3, (on, off)
+assert all(r["outer_overlapped"] > 0 for r in on) and all(r["outer_overlapped"] == 0 for r in off)
+assert [r["loss"] for r in on] == [r["loss"] for r in off], ([r["loss"] for r in on], [r["loss"] for r in off])
+PY
+check "--no-overlap-outer: the outer phase counted only when overlapped, same losses" $?
 # The GEMM path the bf16 weights take, named with the peak it is measured against.
 want_path="bf16 native"
 [ "${SSHSDP_BF16_GEMM:-auto}" = widened ] && want_path="bf16 widened to fp32"
