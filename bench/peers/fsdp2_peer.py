@@ -15,9 +15,12 @@ It reads what `sshsdp bench --peer-inputs DIR` wrote for one workload (DIR/b<B>)
   workload.json     model sizes, B, T, microbatches, world, steps, AdamW, clipping, and
                     sshsdp's rows (per-step losses, tokens/s)
 
-The model is sshsdp/models/gpt.cc in PyTorch: token + learned position embeddings, pre-norm
-blocks (RMSNorm eps 1e-5 → packed QKV → causal attention → proj → residual; RMSNorm → fc1 →
-GELU tanh → fc2 → residual), final RMSNorm, untied LM head, mean cross-entropy, no biases.
+The model (peer_models.py) is sshsdp/models/gpt.cc in PyTorch: token + learned position
+embeddings, pre-norm blocks (RMSNorm eps 1e-5 → packed QKV → causal attention → proj →
+residual; RMSNorm → fc1 → GELU tanh → fc2 → residual), final RMSNorm, untied LM head, mean
+cross-entropy, no biases; for an MoE workload (--model moe-*) sshsdp/models/moe.h's MoE
+blocks: fp32 router, top-k gating, load-balancing loss, experts stacked [E, out, in] and run
+in a loop over experts as torchtitan runs them on a CPU (peer_models.py says more).
 FSDP2 (torch.distributed.fsdp.fully_shard) wraps the embeddings, every block and the head
 (the same runtime groups as sshsdp), on CPU with gloo; MixedPrecisionPolicy(param_dtype=bf16,
 reduce_dtype=fp32) when the workload's weights are bf16. AdamW (decoupled decay, none on norm
@@ -35,10 +38,10 @@ With --profile, two more steps (the last step's batches again) run under torch.p
 the timed ones, and rank 0 prints where they went in the categories of `sshsdp bench
 --profile`: each op's self CPU time by its name (ops inside the clipping and optimizer
 step count as optimizer) (aten::mm / addmm / bmm -> gemm, scaled dot
-product attention -> attention, gelu -> activation, log_softmax / nll_loss -> loss,
-embedding -> embedding, c10d / gloo collectives -> comm, _foreach_* / AdamW -> optimizer,
-every other aten op -> "norm +
-elementwise", since this model's RMSNorm is written in elementwise ops as users write it) and
+product attention -> attention, gelu / silu -> activation, log_softmax / nll_loss -> loss,
+embedding -> embedding, the MoE router's softmax / sigmoid / topk / bincount and the
+experts' token gathers and index_add -> routing, c10d / gloo collectives -> comm,
+_foreach_* / AdamW -> optimizer, every other aten op -> "norm + elementwise", since this model's RMSNorm is written in elementwise ops as users write it) and
 "other" for the rest of the wall time (dispatcher, autograd engine, Python). The profiler's own
 overhead lands in "other"; the shares are of the profiled steps' wall time.
 """
@@ -54,12 +57,9 @@ import time
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn as nn
-import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-RMS_EPS = 1e-5
-
+from peer_models import build_model
 
 def read_safetensors(path):
     """Minimal safetensors reader (F32 / BF16) → {name: float32 numpy array}."""
@@ -83,101 +83,6 @@ def read_safetensors(path):
     return out
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, d):
-        super().__init__()
-        self.g = nn.Parameter(torch.ones(d))
-
-    def forward(self, x):
-        xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + RMS_EPS)
-        return (y * self.g.float()).to(x.dtype)
-
-
-class Embeddings(nn.Module):
-    def __init__(self, vocab, seq_len, d):
-        super().__init__()
-        self.wte = nn.Parameter(torch.zeros(vocab, d))
-        self.wpe = nn.Parameter(torch.zeros(seq_len, d))
-
-    def forward(self, tokens):
-        T = tokens.shape[1]
-        return F.embedding(tokens, self.wte) + self.wpe[:T]
-
-
-class Block(nn.Module):
-    def __init__(self, d, n_head, d_ff):
-        super().__init__()
-        self.n_head = n_head
-        self.ln1 = RMSNorm(d)
-        self.qkv = nn.Linear(d, 3 * d, bias=False)
-        self.proj = nn.Linear(d, d, bias=False)
-        self.ln2 = RMSNorm(d)
-        self.fc1 = nn.Linear(d, d_ff, bias=False)
-        self.fc2 = nn.Linear(d_ff, d, bias=False)
-
-    def forward(self, x):
-        B, T, d = x.shape
-        H = self.n_head
-        qkv = self.qkv(self.ln1(x))
-        # Rows of the QKV weight: all Q heads, then all K heads, then all V heads.
-        q, k, v = (t.view(B, T, H, d // H).transpose(1, 2) for t in qkv.split(d, dim=-1))
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(B, T, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
-
-
-class Head(nn.Module):
-    def __init__(self, d, vocab):
-        super().__init__()
-        self.lnf = RMSNorm(d)
-        self.lm_head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, x, targets):
-        logits = self.lm_head(self.lnf(x)).float()
-        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
-
-
-class Gpt(nn.Module):
-    def __init__(self, m):
-        super().__init__()
-        self.emb = Embeddings(m["vocab"], m["seq_len"], m["d_model"])
-        self.blocks = nn.ModuleList(
-            Block(m["d_model"], m["n_head"], m["d_ff"]) for _ in range(m["n_layer"])
-        )
-        self.head = Head(m["d_model"], m["vocab"])
-
-    def forward(self, tokens, targets):
-        x = self.emb(tokens)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x, targets)
-
-    @torch.no_grad()
-    def load_sshsdp(self, w, n_head):
-        def t(name):
-            if name not in w:
-                raise SystemExit(f"init weights: '{name}' is missing")
-            return torch.from_numpy(w[name])
-
-        self.emb.wte.copy_(t("wte"))
-        self.emb.wpe.copy_(t("wpe"))
-        for l, b in enumerate(self.blocks):
-            p = f"blocks.{l}."
-            b.ln1.g.copy_(t(p + "ln1.g"))
-            if p + "attn.qkv" in w:  # the fused model (AdamW runs): one [3d, d] parameter
-                b.qkv.weight.copy_(t(p + "attn.qkv"))
-            else:
-                parts = [t(f"{p}attn.{w_}.h{h}") for w_ in ("q", "k", "v") for h in range(n_head)]
-                b.qkv.weight.copy_(torch.cat(parts, dim=0))
-            b.proj.weight.copy_(t(p + "attn.proj"))
-            b.ln2.g.copy_(t(p + "ln2.g"))
-            b.fc1.weight.copy_(t(p + "mlp.fc1"))
-            b.fc2.weight.copy_(t(p + "mlp.fc2"))
-        self.head.lnf.g.copy_(t("lnf.g"))
-        self.head.lm_head.weight.copy_(t("lm_head"))
-
-
 def op_category(name):
     """The `sshsdp bench --profile` category of a PyTorch op, by its name."""
     n = name.lower()
@@ -189,12 +94,14 @@ def op_category(name):
     if n in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul",
              "aten::linear"):
         return "gemm"
-    if "gelu" in n:
+    if "gelu" in n or "silu" in n:
         return "activation"
     if "log_softmax" in n or "nll_loss" in n or "cross_entropy" in n:
         return "loss"
     if "embedding" in n:
         return "embedding"
+    if n in ROUTING_OPS:
+        return "routing"
     if "_foreach" in n or "adam" in n or "optimizer" in n or "clip_grad" in n:
         return "optimizer"
     if n.startswith("aten::"):
@@ -202,8 +109,14 @@ def op_category(name):
     return "other"
 
 
+# The MoE router's and the expert loop's ops (the dense model calls none of them).
+ROUTING_OPS = {"aten::_softmax", "aten::softmax", "aten::sigmoid", "aten::topk",
+               "aten::bincount", "aten::nonzero", "aten::index", "aten::index_add",
+               "aten::index_add_", "aten::gather", "aten::index_put_",
+               "aten::_index_put_impl_", "aten::_softmax_backward_data",
+               "aten::sigmoid_backward", "aten::scatter_add_", "aten::scatter_add"}
 PROFILE_ORDER = ["gemm", "attention", "norm + elementwise", "activation", "loss", "embedding",
-                 "comm", "optimizer", "other"]
+                 "routing", "comm", "optimizer", "other"]
 
 
 def profile_steps(run_step, steps):
@@ -265,8 +178,8 @@ def main():
     tokens = torch.from_numpy(raw[:n].reshape(shape).astype(np.int64))
     targets = torch.from_numpy(raw[n:].reshape(shape).astype(np.int64))
 
-    model = Gpt(m)
-    model.load_sshsdp(read_safetensors(os.path.join(args.inputs, "init.safetensors")), m["n_head"])
+    model = build_model(m)
+    model.load_sshsdp(read_safetensors(os.path.join(args.inputs, "init.safetensors")))
     bf16 = wl["weight_dtype"] == "bf16"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if bf16 else torch.float32,
                               reduce_dtype=torch.float32)
@@ -287,9 +200,12 @@ def main():
         [{"params": decay, "weight_decay": a["weight_decay"]},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=a["lr"], betas=(a["beta1"], a["beta2"]), eps=a["eps"])
+    kind = "GPT" if m.get("type", "gpt") == "gpt" else (
+        f"MoE GPT (E={m['n_expert']} top-{m['top_k']} f={m['d_expert']}, "
+        f"MoE blocks {m['moe_layers']})")
     if rank == 0:
         print(f"{who}: torch {torch.__version__}, gloo, {W} ranks, {torch.get_num_threads()} "
-              f"thread(s)/rank, GPT d={m['d_model']} L={m['n_layer']} H={m['n_head']} T={T}, "
+              f"thread(s)/rank, {kind} d={m['d_model']} L={m['n_layer']} H={m['n_head']} T={T}, "
               f"batch {M}x{B}x{T} per rank, weights {wl['weight_dtype']}"
               + ("" if args.eager else "; note: gloo emulates reduce-scatter with all-reduce, "
                  "so this is what a CPU user of FSDP2 actually gets"), flush=True)

@@ -133,6 +133,17 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
   return j;
 }
 
+// The model of workload.json (bench/peers/peer_models.py builds it): sshsdp's model JSON,
+// plus the MoE load-balancing loss weight, a training setting the model JSON leaves out.
+nlohmann::json PeerModelJson(const std::string& model, const GptConfig& gc) {
+  if (!IsMoePreset(model)) return GptModelJson(gc);
+  MoeConfig c = MoeConfig::Preset(model);
+  c.trunk = gc;
+  nlohmann::json j = MoeModelJson(c);
+  j["aux_loss_weight"] = c.aux_loss_weight;
+  return j;
+}
+
 }  // namespace
 
 int RunBench(int argc, char** argv, const BenchOptions& o) {
@@ -146,9 +157,6 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  "--warmup must be >= 0 and --steps >= 1, got {} and {}", o.warmup, o.steps);
     SSHSDP_CHECK(!o.batch_sizes.empty(), ConfigError, "--batch-size needs at least one value");
     if (WorldRankOrMinusOne() == 0) CheckWritableOutput("--trace", o.trace);
-    SSHSDP_CHECK(o.peer_inputs.empty() || !IsMoePreset(o.model), ConfigError,
-                 "--peer-inputs: the PyTorch FSDP2 peer builds the dense GPT only, not '{}'",
-                 o.model);
     for (int b : o.batch_sizes)
       SSHSDP_CHECK(b >= 1, ConfigError, "--batch-size values must be >= 1, got {}", b);
     SSHSDP_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError,
@@ -546,13 +554,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           out.back()["gemm_peak_pinned"] = gemm_peak.pinned;
         }
         if (!peer_dir.empty()) {
-          nlohmann::json wl = {{"model",
-                                {{"vocab", gc.vocab},
-                                 {"seq_len", gc.seq_len},
-                                 {"d_model", gc.d_model},
-                                 {"n_head", gc.n_head},
-                                 {"n_layer", gc.n_layer},
-                                 {"d_ff", gc.ff()}}},
+          nlohmann::json wl = {{"model", PeerModelJson(o.model, gc)},
                                {"T", T},
                                {"batch_size", B},
                                {"microbatches", o.microbatches},
