@@ -8,6 +8,7 @@
 #   base <- numerics <- layout  <- comm <-----+
 #                    <- kernels <- params <- update <- engine <- ckpt <- cli
 #                                         <- models ------------------- cli
+#                                            update <- device (backends: CPU, CUDA)
 # (params/model.h is the Model interface the engine runs; models/ implements it and does not
 # depend on the engine.)
 #
@@ -19,7 +20,8 @@ if(CMAKE_SCRIPT_MODE_FILE)
   cmake_minimum_required(VERSION 3.25)  # policies when run with -P
 endif()
 
-set(SSHSDP_LAYERS base numerics layout comm kernels params update engine models ckpt cli)
+set(SSHSDP_LAYERS base numerics layout comm kernels params update device engine models ckpt
+    cli)
 set(SSHSDP_DEPS_base "")
 set(SSHSDP_DEPS_numerics base)
 set(SSHSDP_DEPS_layout numerics)
@@ -27,6 +29,7 @@ set(SSHSDP_DEPS_kernels numerics)
 set(SSHSDP_DEPS_comm layout)
 set(SSHSDP_DEPS_params kernels layout)
 set(SSHSDP_DEPS_update params comm)
+set(SSHSDP_DEPS_device update)
 set(SSHSDP_DEPS_engine update)
 set(SSHSDP_DEPS_models params)
 set(SSHSDP_DEPS_ckpt engine)
@@ -52,7 +55,8 @@ function(sshsdp_check_includes source_dir)
   set(errors "")
   foreach(layer ${SSHSDP_LAYERS})
     sshsdp_layer_closure(${layer} allowed)
-    file(GLOB files ${source_dir}/sshsdp/${layer}/*.h ${source_dir}/sshsdp/${layer}/*.cc)
+    file(GLOB files ${source_dir}/sshsdp/${layer}/*.h ${source_dir}/sshsdp/${layer}/*.cc
+         ${source_dir}/sshsdp/${layer}/*.cu)
     list(FILTER files EXCLUDE REGEX "_(test|bench)\\.cc$")
     foreach(f ${files})
       file(STRINGS ${f} lines REGEX "^#include \"sshsdp/[a-z]+/")

@@ -14,7 +14,9 @@ namespace {
 constexpr size_t kTileBlocks = 64;  // 512 elements per Philox batch
 constexpr size_t kElemsPerBlock = 8;
 
-void CheckCall(const SrKey& key, size_t n, uint64_t first) {
+}  // namespace
+
+void CheckSrRange(const SrKey& key, size_t n, uint64_t first) {
   SSHSDP_CHECK(key.step <= std::numeric_limits<uint32_t>::max(), NumericsError,
                "stochastic rounding: step {} does not fit the 32-bit Philox counter word",
                key.step);
@@ -23,6 +25,8 @@ void CheckCall(const SrKey& key, size_t n, uint64_t first) {
                n);
 }
 
+namespace {
+
 PhiloxKey KeyOf(const SrKey& key) {
   return {static_cast<uint32_t>(key.seed), static_cast<uint32_t>(key.seed >> 32)};
 }
@@ -30,7 +34,7 @@ PhiloxKey KeyOf(const SrKey& key) {
 // Calls out(i, SR(value(i))) for i in [0, n), element i drawing at first + i.
 template <typename Value, typename Out>
 void RoundEach(size_t n, const SrKey& key, uint64_t first, Value&& value, Out&& out) {
-  CheckCall(key, n, first);
+  CheckSrRange(key, n, first);
   const PhiloxKey pk = KeyOf(key);
   const uint32_t step = static_cast<uint32_t>(key.step);
   uint32_t words[4 * kTileBlocks];
@@ -55,7 +59,7 @@ void RoundEach(size_t n, const SrKey& key, uint64_t first, Value&& value, Out&& 
 }  // namespace
 
 uint16_t SrDraw(const SrKey& key, uint64_t index) {
-  CheckCall(key, 1, index);
+  CheckSrRange(key, 1, index);
   const uint64_t block = index / kElemsPerBlock;
   const PhiloxBlock b =
       Philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32),

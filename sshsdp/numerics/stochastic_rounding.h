@@ -61,6 +61,10 @@ inline bf16 StochasticRoundBf16(float x, uint16_t r) {
   return bf16{static_cast<uint16_t>(a >= 0x7F800000u ? special : v)};
 }
 
+// NumericsError unless key.step fits the 32-bit counter word and [first, first + n) fits in
+// 64 bits: what every rounding call (on any backend, device/backend.h) checks first.
+void CheckSrRange(const SrKey& key, size_t n, uint64_t first);
+
 // The 16-bit draw of logical element `index` under `key`.
 uint16_t SrDraw(const SrKey& key, uint64_t index);
 

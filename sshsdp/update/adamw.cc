@@ -21,14 +21,17 @@ void ValidateAdamW(const AdamWConfig& c) {
                c.weight_decay);
 }
 
+AdamWScalars AdamWStepScalars(const AdamWConfig& cfg, int64_t step) {
+  SSHSDP_CHECK(step >= 1, PlanError, "AdamW step must be >= 1, got {}", step);
+  const float bc1 = 1.0f - std::pow(cfg.beta1, static_cast<float>(step));
+  const float bc2 = 1.0f - std::pow(cfg.beta2, static_cast<float>(step));
+  return {cfg.beta1, cfg.beta2, cfg.eps, cfg.lr / bc1, 1.0f / std::sqrt(bc2)};
+}
+
 void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int64_t step,
                float grad_scale) {
-  SSHSDP_CHECK(step >= 1, PlanError, "AdamW step must be >= 1, got {}", step);
-  const float b1 = cfg.beta1, b2 = cfg.beta2;
-  const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step));
-  const float bc2 = 1.0f - std::pow(b2, static_cast<float>(step));
-  const float step_size = cfg.lr / bc1;
-  const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
+  const AdamWScalars k = AdamWStepScalars(cfg, step);
+  const float b1 = k.beta1, b2 = k.beta2;
   for (const AdamWSpan& s : spans) {
     const float decay = 1.0f - cfg.lr * s.weight_decay;
     float* __restrict w = s.w;
@@ -41,8 +44,8 @@ void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int6
       float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
       m[i] = mi;
       v[i] = vi;
-      float denom = std::sqrt(vi) * inv_sqrt_bc2 + cfg.eps;
-      w[i] = w[i] * decay - step_size * mi / denom;
+      float denom = std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps;
+      w[i] = w[i] * decay - k.step_size * mi / denom;
     }
   }
 }

@@ -42,6 +42,14 @@ struct AdamWSpan {
   float weight_decay = 0.0f;
 };
 
+// The per-step scalars of the update above, computed once on the host so every backend
+// (device/backend.h) applies the same fp32 values: w = w·decay − step_size·m / (√v·inv_sqrt_bc2
+// + eps), decay = 1 − lr·wd per span. PlanError unless step >= 1.
+struct AdamWScalars {
+  float beta1, beta2, eps, step_size, inv_sqrt_bc2;
+};
+AdamWScalars AdamWStepScalars(const AdamWConfig& cfg, int64_t step);
+
 // `step` is the 1-based optimizer step t used for bias correction.
 void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int64_t step,
                float grad_scale);

@@ -1,0 +1,105 @@
+// Device backends for the engine's own (non-model) work: the memory a data-tree root can live
+// in, and the elementwise and batched ops the engine runs on it — the cast G (fp32 -> bf16,
+// round to nearest even), bf16 stochastic rounding on the Philox stream of
+// numerics/stochastic_rounding.h, AdamW on ZeRO-1 fragments, the gradient norm's sum of
+// squares, fill, and Muon's batched Newton–Schulz. ggml's pattern: the CPU backend is the
+// reference (it calls the numerics/ and update/ functions the engine runs today) and every
+// other backend is checked against it op by op (backend_test.cc).
+//
+// Pointers passed to a backend's ops are that backend's memory (Alloc); CopyIn / CopyOut move
+// bytes between it and host memory and return once the host side may be reused. Ops run in
+// order on the backend's one compute stream and may return before they finish; CopyOut,
+// SumSquares and Synchronize wait for them. A backend is used from one host thread at a time.
+// Element counts n must be >= 0 (NumericsError otherwise); 0 does nothing.
+//
+//   std::unique_ptr<Backend> b = MakeBackend("cuda");    // DeviceError if none is usable
+//   float* x = static_cast<float*>(b->Alloc(n * 4));
+//   b->CopyIn(x, host.data(), n * 4);
+//   bf16* y = static_cast<bf16*>(b->Alloc(n * 2));
+//   b->CastF32ToBf16(x, y, n);
+//   b->CopyOut(out.data(), y, n * 2);                    // equals FloatToBf16 bit for bit
+//   b->Free(x);  b->Free(y);
+//
+// What each op must equal on every backend (backend_test.cc checks it):
+//   CastF32ToBf16, CastBf16ToF32, StochasticRoundBf16, Fill   bit for bit
+//   AdamW                                                      bit for bit (same fp32 ops in
+//                                                              the same order, no FMA)
+//   SumSquares                                                 1e-12 relative (any order)
+//   NewtonSchulz                                               1e-4 of the largest entry
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/numerics/dtype.h"
+#include "sshsdp/numerics/stochastic_rounding.h"
+#include "sshsdp/update/adamw.h"
+#include "sshsdp/update/newton_schulz.h"
+
+namespace sshsdp {
+
+// A device backend that cannot be made or failed (no device, not compiled in, a CUDA error).
+class DeviceError : public Error {
+ public:
+  using Error::Error;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // "cpu" or "cuda:<ordinal> (<device name>, sm_<cc>)".
+  virtual std::string name() const = 0;
+
+  // ---- Memory (DeviceError when an allocation fails; Alloc(0) returns nullptr). ----
+  virtual void* Alloc(size_t bytes) = 0;
+  // Never throws (it runs in destructors): a failure is reported on stderr.
+  virtual void Free(void* p) = 0;
+  virtual void CopyIn(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void CopyOut(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void Synchronize() = 0;
+
+  // ---- Ops on backend memory; n may be 0. ----
+  virtual void Fill(float* x, int64_t n, float value) = 0;
+  // y = bf16(x), round to nearest even (the cast G); NaN stays NaN.
+  virtual void CastF32ToBf16(const float* x, bf16* y, int64_t n) = 0;
+  virtual void CastBf16ToF32(const bf16* x, float* y, int64_t n) = 0;
+  // y[i] = SR(x[i]) with the draw of logical element first_index + i under key.
+  virtual void StochasticRoundBf16(const float* x, bf16* y, int64_t n, const SrKey& key,
+                                   uint64_t first_index) = 0;
+  // One AdamW step (update/adamw.h) over `count` spans whose w, g, m, v are backend memory
+  // (the span array itself is host memory).
+  virtual void AdamW(const AdamWSpan* spans, int count, const AdamWConfig& cfg, int64_t step,
+                     float grad_scale) = 0;
+  // Σ x[i]² in double (the gradient norm's partial sum); waits for the result.
+  virtual double SumSquares(const float* x, int64_t n) = 0;
+  // out[i] = out_scale · NS(in[i]) for i < batch, fp32 [rows, cols] row-major matrices
+  // (update/newton_schulz.h: the same iteration and normalisation). The matrices are backend
+  // memory; the pointer arrays `in` and `out` are host memory.
+  virtual void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
+                            int64_t cols, int steps, const NsCoefficients& coef,
+                            float out_scale) = 0;
+};
+
+// NumericsError naming the op unless n >= 0 (every backend checks its counts with it).
+inline void CheckCount(int64_t n, const char* op) {
+  SSHSDP_CHECK(n >= 0, NumericsError, "{}: element count must be >= 0, got {}", op, n);
+}
+
+// The reference backend: host memory, the numerics/ and update/ functions.
+std::unique_ptr<Backend> MakeCpuBackend();
+// CUDA device `ordinal`. DeviceError naming the reason when sshsdp was built without CUDA
+// (-DSSHSDP_CUDA=ON), no device is visible, or the ordinal is out of range.
+std::unique_ptr<Backend> MakeCudaBackend(int ordinal = 0);
+// "cpu", "cuda" or "cuda:<ordinal>"; DeviceError (as above) or ConfigError for another name.
+std::unique_ptr<Backend> MakeBackend(std::string_view name);
+
+// Whether this build has the CUDA backend, and how many CUDA devices it can see (0 without
+// CUDA, without a driver, or without a device; never throws).
+bool CudaCompiled();
+int CudaDeviceCount();
+
+}  // namespace sshsdp

@@ -1,0 +1,325 @@
+// Every op of a device backend (backend.h) against the CPU functions the engine runs, on
+// the same inputs: casts, stochastic rounding, AdamW and fill bit for bit; the sum of
+// squares to 1e-12 relative; Newton–Schulz to 1e-4 of the largest entry. Sizes include 0,
+// odd sizes and sizes that start and end inside a Philox block; inputs include NaN, ±Inf,
+// subnormals and values that round past the bf16 maximum.
+//
+//   device_backend_test --backend=cpu     # the CPU backend (runs everywhere)
+//   device_backend_test --backend=cuda    # exit 77 (ctest: skipped) without CUDA or a GPU
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "sshsdp/device/backend.h"
+
+namespace sshsdp {
+namespace {
+
+std::string g_backend = "cpu";  // NOLINT: set once by main
+
+// A backend buffer of T holding a host vector's values.
+template <typename T>
+class Buffer {
+ public:
+  Buffer(Backend& b, const std::vector<T>& host) : b_(b), n_(host.size()) {
+    p_ = static_cast<T*>(b_.Alloc(n_ * sizeof(T)));
+    b_.CopyIn(p_, host.data(), n_ * sizeof(T));
+  }
+  Buffer(Backend& b, size_t n) : Buffer(b, std::vector<T>(n)) {}
+  ~Buffer() { b_.Free(p_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  T* get() { return p_; }
+  std::vector<T> Read() {
+    std::vector<T> h(n_);
+    b_.CopyOut(h.data(), p_, n_ * sizeof(T));
+    return h;
+  }
+
+ private:
+  Backend& b_;
+  size_t n_;
+  T* p_;
+};
+
+// Finite values over many binades, with specials sprinkled in.
+std::vector<float> Values(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> mant(-1.0f, 1.0f);
+  std::uniform_int_distribution<int> exp(-140, 127);
+  std::vector<float> v(n);
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(),
+                            std::bit_cast<float>(0x7F800001u),  // NaN, payload in the low bits
+                            std::bit_cast<float>(0xFF800123u),
+                            std::numeric_limits<float>::max(),
+                            -3.3961e38f,  // SR may round it past the bf16 maximum (clamped)
+                            std::numeric_limits<float>::denorm_min(),
+                            1.0f + 0x1p-8f};  // a bf16 tie
+  for (size_t i = 0; i < n; ++i) {
+    v[i] = i % 37 == 5 ? specials[(i / 37) % std::size(specials)] : std::ldexp(mant(rng), exp(rng));
+  }
+  return v;
+}
+
+// "" when got and want hold the same bits, else the first differing element with its input
+// (one GPU run must say what went wrong).
+template <typename T>
+std::string FirstMismatch(const std::vector<T>& got, const std::vector<T>& want,
+                          const std::vector<float>* input = nullptr) {
+  if (got.size() != want.size()) return "sizes differ";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
+    uint32_t g = 0, w = 0;
+    std::memcpy(&g, &got[i], sizeof(T));
+    std::memcpy(&w, &want[i], sizeof(T));
+    std::string in;
+    if (input) in = fmt::format(" input {:#010x}", std::bit_cast<uint32_t>((*input)[i]));
+    return fmt::format("element {}: got {:#x}, want {:#x}{}", i, g, w, in);
+  }
+  return "";
+}
+
+class BackendTest : public ::testing::Test {
+ protected:
+  void SetUp() override { b_ = MakeBackend(g_backend); }
+  std::unique_ptr<Backend> b_;
+};
+
+const size_t kSizes[] = {0, 1, 7, 8, 9, 1000, 4099, (size_t{1} << 18) + 3};
+// Past every grid-stride limit (4096 blocks of 256 threads; 8 elements a thread for SR).
+const size_t kLarge = (size_t{1} << 23) + 5;
+
+TEST_F(BackendTest, CastF32ToBf16BitForBit) {
+  std::vector<size_t> sizes(std::begin(kSizes), std::end(kSizes));
+  sizes.push_back(kLarge);
+  for (size_t n : sizes) {
+    const std::vector<float> x = Values(n, 11 + static_cast<uint32_t>(n));
+    std::vector<bf16> want(n);
+    FloatToBf16(x.data(), want.data(), n);
+    Buffer<float> dx(*b_, x);
+    Buffer<bf16> dy(*b_, n);
+    b_->CastF32ToBf16(dx.get(), dy.get(), static_cast<int64_t>(n));
+    EXPECT_EQ(FirstMismatch(dy.Read(), want, &x), "") << b_->name() << " n=" << n;
+  }
+}
+
+TEST_F(BackendTest, CastBf16ToF32EveryPattern) {
+  std::vector<bf16> x(65536);
+  for (uint32_t i = 0; i < 65536; ++i) x[i].bits = static_cast<uint16_t>(i);
+  std::vector<float> want(x.size());
+  Bf16ToFloat(x.data(), want.data(), x.size());
+  Buffer<bf16> dx(*b_, x);
+  Buffer<float> dy(*b_, x.size());
+  b_->CastBf16ToF32(dx.get(), dy.get(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(FirstMismatch(dy.Read(), want), "") << b_->name();
+}
+
+TEST_F(BackendTest, StochasticRoundingDrawsTheSameStream) {
+  const SrKey keys[] = {{.seed = 1, .step = 1, .stream = 0},
+                        {.seed = 0x123456789ABCDEFull, .step = 0xFFFFFFFFull, .stream = 77}};
+  // The last start puts the block index past 32 bits (the counter's second word).
+  const uint64_t firsts[] = {0, 3, 8, (uint64_t{1} << 33) + 5, (uint64_t{1} << 40) + 3};
+  std::vector<size_t> sizes(std::begin(kSizes), std::end(kSizes));
+  sizes.push_back(kLarge);
+  for (const SrKey& key : keys) {
+    for (uint64_t first : firsts) {
+      for (size_t n : sizes) {
+        if (n == kLarge && first != 3) continue;  // one large run is enough
+        const std::vector<float> x = Values(n, 29 + static_cast<uint32_t>(n + first));
+        std::vector<bf16> want(n);
+        StochasticRoundBf16(x.data(), want.data(), n, key, first);
+        Buffer<float> dx(*b_, x);
+        Buffer<bf16> dy(*b_, n);
+        b_->StochasticRoundBf16(dx.get(), dy.get(), static_cast<int64_t>(n), key, first);
+        EXPECT_EQ(FirstMismatch(dy.Read(), want, &x), "")
+            << b_->name() << " n=" << n << " first=" << first << " seed=" << key.seed;
+      }
+    }
+  }
+}
+
+TEST_F(BackendTest, StochasticRoundingRefusesAStepPast32Bits) {
+  Buffer<float> dx(*b_, 4);
+  Buffer<bf16> dy(*b_, 4);
+  EXPECT_THROW(b_->StochasticRoundBf16(dx.get(), dy.get(), 4, {.step = uint64_t{1} << 32}, 0),
+               NumericsError);
+}
+
+TEST_F(BackendTest, AdamWBitForBitOverSpans) {
+  const size_t sizes[] = {0, 1, 4099, 33};
+  const float decays[] = {0.1f, 0.0f, 0.1f, 0.05f};
+  AdamWConfig cfg{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};
+  for (int64_t step : {int64_t{1}, int64_t{7}}) {
+    std::vector<std::vector<float>> w, g, m, v;
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      const uint32_t s = static_cast<uint32_t>(i * 4 + step);
+      std::vector<float> vv = Values(sizes[i], s + 3);
+      for (float& x : vv) x = std::isfinite(x) ? std::fabs(std::fmod(x, 4.0f)) : 1.0f;
+      auto finite = [](std::vector<float> a) {
+        for (float& x : a) x = std::isfinite(x) ? std::fmod(x, 8.0f) : 0.5f;
+        return a;
+      };
+      w.push_back(finite(Values(sizes[i], s)));
+      g.push_back(finite(Values(sizes[i], s + 1)));
+      m.push_back(finite(Values(sizes[i], s + 2)));
+      v.push_back(vv);
+    }
+    std::vector<std::unique_ptr<Buffer<float>>> dev;
+    std::vector<AdamWSpan> host_spans, dev_spans;
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      for (auto* a : {&w[i], &g[i], &m[i], &v[i]})
+        dev.push_back(std::make_unique<Buffer<float>>(*b_, *a));
+      const size_t k = dev.size() - 4;
+      dev_spans.push_back({dev[k]->get(), dev[k + 1]->get(), dev[k + 2]->get(), dev[k + 3]->get(),
+                           static_cast<int64_t>(sizes[i]), decays[i]});
+      host_spans.push_back({w[i].data(), g[i].data(), m[i].data(), v[i].data(),
+                            static_cast<int64_t>(sizes[i]), decays[i]});
+    }
+    b_->AdamW(dev_spans.data(), static_cast<int>(dev_spans.size()), cfg, step, 0.25f);
+    AdamWStep(host_spans, cfg, step, 0.25f);
+    for (size_t i = 0; i < std::size(sizes); ++i) {
+      const std::vector<float>* want[] = {&w[i], &g[i], &m[i], &v[i]};
+      for (int f = 0; f < 4; ++f) {
+        const std::vector<float> got = dev[i * 4 + f]->Read();
+        EXPECT_EQ(0, std::memcmp(got.data(), want[f]->data(), got.size() * 4))
+            << b_->name() << " step " << step << " span " << i << " field "
+            << "wgmv"[f];
+      }
+    }
+  }
+  EXPECT_THROW(b_->AdamW(nullptr, 0, cfg, 0, 1.0f), PlanError);
+}
+
+TEST_F(BackendTest, NegativeCountsAreRefused) {
+  EXPECT_THROW(b_->Fill(nullptr, -1, 0.0f), NumericsError);
+  EXPECT_THROW(b_->CastF32ToBf16(nullptr, nullptr, -3), NumericsError);
+  EXPECT_THROW(b_->StochasticRoundBf16(nullptr, nullptr, -1, {}, 0), NumericsError);
+  EXPECT_THROW(b_->SumSquares(nullptr, -2), NumericsError);
+  const AdamWSpan bad{nullptr, nullptr, nullptr, nullptr, -5, 0.0f};
+  EXPECT_THROW(b_->AdamW(&bad, 1, {}, 1, 1.0f), NumericsError);
+}
+
+TEST_F(BackendTest, SumSquaresInDouble) {
+  for (size_t n : kSizes) {
+    std::vector<float> x = Values(n, 5 + static_cast<uint32_t>(n));
+    for (float& v : x) v = std::isfinite(v) ? std::fmod(v, 100.0f) : 2.0f;
+    long double want = 0;
+    for (float v : x) want += static_cast<long double>(v) * v;
+    Buffer<float> dx(*b_, x);
+    const double got = b_->SumSquares(dx.get(), static_cast<int64_t>(n));
+    EXPECT_NEAR(got, static_cast<double>(want), 1e-12 * static_cast<double>(want))
+        << b_->name() << " n=" << n;
+  }
+}
+
+TEST_F(BackendTest, Fill) {
+  for (size_t n : kSizes) {
+    Buffer<float> dx(*b_, Values(n, 3));
+    b_->Fill(dx.get(), static_cast<int64_t>(n), -2.5f);
+    EXPECT_EQ(dx.Read(), std::vector<float>(n, -2.5f)) << b_->name() << " n=" << n;
+  }
+}
+
+TEST_F(BackendTest, NewtonSchulzMatchesTheCpuIteration) {
+  struct Shape {
+    int64_t rows, cols, batch;
+  };
+  for (const Shape& s :
+       {Shape{5, 12, 3}, Shape{12, 5, 2}, Shape{8, 8, 1}, Shape{64, 96, 4}, Shape{3, 3, 0}}) {
+    const size_t mat = static_cast<size_t>(s.rows * s.cols);
+    std::vector<std::vector<float>> in(s.batch), want(s.batch, std::vector<float>(mat));
+    std::vector<std::unique_ptr<Buffer<float>>> din, dout;
+    std::vector<const float*> din_p;
+    std::vector<float*> dout_p;
+    std::vector<const void*> in_p;
+    std::vector<float*> want_p;
+    std::mt19937 rng(static_cast<uint32_t>(s.rows * 131 + s.cols));
+    std::normal_distribution<float> nd;
+    for (int64_t i = 0; i < s.batch; ++i) {
+      in[i].resize(mat);
+      for (float& x : in[i]) x = nd(rng);
+      din.push_back(std::make_unique<Buffer<float>>(*b_, in[i]));
+      dout.push_back(std::make_unique<Buffer<float>>(*b_, mat));
+      din_p.push_back(din.back()->get());
+      dout_p.push_back(dout.back()->get());
+      in_p.push_back(in[i].data());
+      want_p.push_back(want[i].data());
+    }
+    b_->NewtonSchulz(din_p.data(), dout_p.data(), s.batch, s.rows, s.cols, 5, {}, 0.7f);
+    NewtonSchulz ref;
+    ref.Run(in_p.data(), DType::kF32, want_p.data(), s.batch, s.rows, s.cols, 5, {}, 0.7f);
+    for (int64_t i = 0; i < s.batch; ++i) {
+      const std::vector<float> got = dout[i]->Read();
+      float amax = 0, worst = 0;
+      for (size_t k = 0; k < mat; ++k) {
+        amax = std::max(amax, std::fabs(want[i][k]));
+        worst = std::max(worst, std::fabs(got[k] - want[i][k]));
+      }
+      EXPECT_GT(amax, 0.1f);
+      EXPECT_LE(worst, 1e-4f * amax)
+          << b_->name() << " [" << s.rows << "x" << s.cols << "] matrix " << i;
+    }
+  }
+}
+
+TEST(BackendFactory, NamesWhatIsWrong) {
+  EXPECT_EQ(MakeBackend("cpu")->name(), "cpu");
+  try {
+    MakeBackend("tpu");
+    ADD_FAILURE() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use cpu, cuda or cuda:<ordinal>"), std::string::npos);
+  }
+  EXPECT_THROW(MakeBackend("cuda:x"), ConfigError);
+  EXPECT_THROW(MakeBackend("cuda:-1"), ConfigError);
+  // Without CUDA or a device the CUDA backend is refused, naming the way out.
+  if (!CudaCompiled() || CudaDeviceCount() == 0) {
+    try {
+      MakeBackend("cuda");
+      ADD_FAILURE() << "no error";
+    } catch (const DeviceError& e) {
+      EXPECT_NE(std::string(e.what()).find("cpu backend"), std::string::npos) << e.what();
+    }
+  } else {
+    EXPECT_THROW(MakeCudaBackend(CudaDeviceCount()), DeviceError);
+  }
+}
+
+}  // namespace
+}  // namespace sshsdp
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind("--backend=", 0) == 0) sshsdp::g_backend = a.substr(10);
+  }
+  if (sshsdp::g_backend != "cpu") {
+    if (!sshsdp::CudaCompiled()) {
+      std::printf("skipped: this build has no CUDA backend (-DSSHSDP_CUDA=ON with nvcc)\n");
+      return 77;
+    }
+    if (sshsdp::CudaDeviceCount() == 0) {
+      try {  // the reason: no driver, a driver too old for this runtime, no device
+        sshsdp::MakeCudaBackend(0);
+      } catch (const sshsdp::Error& e) {
+        std::printf("skipped: %s\n", e.what());
+      }
+      return 77;
+    }
+  }
+  return RUN_ALL_TESTS();
+}

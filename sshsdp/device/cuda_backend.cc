@@ -1,0 +1,263 @@
+// The CUDA backend (backend.h): device memory from cudaMalloc, one non-blocking stream per
+// backend, the engine's elementwise ops as the kernels of cuda_kernels.cu (the same fp32
+// operations as the CPU's, in the same order, no FMA), the sum of squares as a deterministic
+// two-pass reduction in double, and Newton–Schulz on cuBLAS strided-batched fp32 GEMMs in
+// pedantic math mode (no TF32). Compiled by the host compiler; only the kernels need nvcc.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "sshsdp/device/backend.h"
+#include "sshsdp/device/cuda_kernels_internal.h"
+
+namespace sshsdp {
+namespace {
+
+void CheckCuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw DeviceError(
+        fmt::format("CUDA error {} ({}) in {}", cudaGetErrorName(e), cudaGetErrorString(e), what));
+}
+void CheckCublas(cublasStatus_t s, const char* what) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw DeviceError(fmt::format("cuBLAS error {} in {}", cublasGetStatusString(s), what));
+}
+#define SSHSDP_CUDA_OK(call) CheckCuda((call), #call)
+#define SSHSDP_CUBLAS_OK(call) CheckCublas((call), #call)
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {
+    SSHSDP_CUDA_OK(cudaSetDevice(ordinal));
+    cudaDeviceProp p{};
+    SSHSDP_CUDA_OK(cudaGetDeviceProperties(&p, ordinal));
+    name_ = fmt::format("cuda:{} ({}, sm_{}{})", ordinal, p.name, p.major, p.minor);
+    SSHSDP_CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    SSHSDP_CUBLAS_OK(cublasCreate(&blas_));
+    SSHSDP_CUBLAS_OK(cublasSetStream(blas_, stream_));
+    SSHSDP_CUBLAS_OK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+    SSHSDP_CUDA_OK(cudaMalloc(&partial_, (cuda::kSumSquaresPartials + 1) * sizeof(double)));
+  }
+  ~CudaBackend() override {
+    cudaSetDevice(ordinal_);
+    cudaStreamSynchronize(stream_);
+    cudaFree(work_);
+    cudaFree(partial_);
+    cublasDestroy(blas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+
+  void* Alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    Use();
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw DeviceError(
+          fmt::format("{}: cannot allocate {} bytes: {}", name_, bytes, cudaGetErrorString(e)));
+    }
+    return p;
+  }
+  void Free(void* p) override {
+    if (!p) return;
+    cudaSetDevice(ordinal_);
+    const cudaError_t e = cudaFree(p);  // waits for the device's work on it
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "%s: cudaFree failed: %s\n", name_.c_str(), cudaGetErrorString(e));
+      cudaGetLastError();
+    }
+  }
+  void CopyIn(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));  // the host source may be reused at once
+  }
+  void CopyOut(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+  void Synchronize() override {
+    Use();
+    SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+
+  void Fill(float* x, int64_t n, float value) override {
+    CheckCount(n, "Fill");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchFill(x, n, value, stream_));
+  }
+  void CastF32ToBf16(const float* x, bf16* y, int64_t n) override {
+    CheckCount(n, "CastF32ToBf16");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchCastF32ToBf16(x, reinterpret_cast<uint16_t*>(y), n, stream_));
+  }
+  void CastBf16ToF32(const bf16* x, float* y, int64_t n) override {
+    CheckCount(n, "CastBf16ToF32");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchCastBf16ToF32(reinterpret_cast<const uint16_t*>(x), y, n, stream_));
+  }
+  void StochasticRoundBf16(const float* x, bf16* y, int64_t n, const SrKey& key,
+                           uint64_t first_index) override {
+    CheckCount(n, "StochasticRoundBf16");
+    CheckSrRange(key, static_cast<size_t>(n), first_index);
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchStochasticRound(
+        x, reinterpret_cast<uint16_t*>(y), n, first_index, static_cast<uint32_t>(key.seed),
+        static_cast<uint32_t>(key.seed >> 32), static_cast<uint32_t>(key.step), key.stream,
+        stream_));
+  }
+  void AdamW(const AdamWSpan* spans, int count, const AdamWConfig& cfg, int64_t step,
+             float grad_scale) override {
+    const AdamWScalars k = AdamWStepScalars(cfg, step);
+    for (int i = 0; i < count; ++i) CheckCount(spans[i].n, "AdamW");
+    Use();
+    for (int i = 0; i < count; ++i) {
+      const AdamWSpan& s = spans[i];
+      if (s.n == 0) continue;
+      const cuda::AdamWArgs a{k.beta1,     k.beta2,        k.eps,
+                              k.step_size, k.inv_sqrt_bc2, 1.0f - cfg.lr * s.weight_decay,
+                              grad_scale};
+      SSHSDP_CUDA_OK(cuda::LaunchAdamW(s.w, s.g, s.m, s.v, s.n, a, stream_));
+    }
+  }
+  double SumSquares(const float* x, int64_t n) override {
+    CheckCount(n, "SumSquares");
+    if (n == 0) return 0.0;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchSumSquares(x, n, partial_, stream_));
+    double out = 0.0;
+    CopyOut(&out, partial_ + cuda::kSumSquaresPartials, sizeof(double));
+    return out;
+  }
+  void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
+                    int64_t cols, int steps, const NsCoefficients& coef, float out_scale) override {
+    SSHSDP_CHECK(rows > 0 && cols > 0 && batch >= 0 && steps >= 0, NumericsError,
+                 "Newton–Schulz on {} matrices [{}, {}] with {} steps", batch, rows, cols, steps);
+    if (batch == 0) return;
+    Use();
+    const int64_t m = std::min(rows, cols), mat = rows * cols, gram = m * m;
+    // Work buffers of at most 64 MiB (as the CPU's) and grids of at most 65535 matrices: larger
+    // batches run in chunks.
+    const int64_t per = 2 * mat + 2 * gram;
+    const int64_t chunk =
+        std::clamp<int64_t>(kMaxWorkFloats / per, 1, std::min<int64_t>(batch, 65535));
+    const size_t bytes = static_cast<size_t>(chunk * per) * sizeof(float) +
+                         static_cast<size_t>(chunk) * sizeof(float*);
+    if (work_bytes_ < bytes) {
+      Synchronize();
+      SSHSDP_CUDA_OK(cudaFree(work_));
+      work_ = nullptr;
+      work_bytes_ = 0;
+      SSHSDP_CUDA_OK(cudaMalloc(&work_, bytes));
+      work_bytes_ = bytes;
+    }
+    for (int64_t b0 = 0; b0 < batch; b0 += chunk)
+      NewtonSchulzChunk(in + b0, out + b0, std::min(chunk, batch - b0), rows, cols, steps, coef,
+                        out_scale);
+  }
+
+ private:
+  static constexpr int64_t kMaxWorkFloats = int64_t{16} << 20;
+
+  void Use() { SSHSDP_CUDA_OK(cudaSetDevice(ordinal_)); }
+
+  // NewtonSchulz on `batch` matrices that fit the work buffer.
+  void NewtonSchulzChunk(const float* const* in, float* const* out, int64_t batch, int64_t rows,
+                         int64_t cols, int steps, const NsCoefficients& coef, float out_scale) {
+    const bool tall = rows > cols;
+    const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+    const int64_t mat = rows * cols, gram = m * m;
+    float* X = static_cast<float*>(work_);
+    float* Y = X + batch * mat;
+    float* A = Y + batch * mat;
+    float* B = A + batch * gram;
+    float** outs = reinterpret_cast<float**>(B + batch * gram);
+    for (int64_t i = 0; i < batch; ++i)
+      SSHSDP_CUDA_OK(cudaMemcpyAsync(X + i * mat, in[i], mat * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, stream_));
+    SSHSDP_CUDA_OK(cuda::LaunchNormalizeMatrices(X, mat, batch, stream_));
+    const int nb = static_cast<int>(batch);
+    for (int s = 0; s < steps; ++s) {
+      // A = X·Xᵀ (wide) or Xᵀ·X (tall); B = A·A → b·A + c·A² + a·I; X ← B·X or X·B.
+      if (tall)
+        Gemm(true, false, m, m, n, X, mat, X, mat, A, gram, nb);
+      else
+        Gemm(false, true, m, m, n, X, mat, X, mat, A, gram, nb);
+      Gemm(false, false, m, m, m, A, gram, A, gram, B, gram, nb);
+      SSHSDP_CUDA_OK(
+          cuda::LaunchNsPolynomial(A, B, batch * gram, m, coef.a, coef.b, coef.c, stream_));
+      if (tall)
+        Gemm(false, false, n, m, m, X, mat, B, gram, Y, mat, nb);
+      else
+        Gemm(false, false, m, n, m, B, gram, X, mat, Y, mat, nb);
+      std::swap(X, Y);
+    }
+    const std::vector<float*> host_outs(out, out + batch);
+    CopyIn(outs, host_outs.data(), host_outs.size() * sizeof(float*));
+    SSHSDP_CUDA_OK(cuda::LaunchScaleOut(X, outs, mat, batch, out_scale, stream_));
+  }
+
+  // Row-major C[M, N] = op(A)·op(B) for `batch` matrices (strides in elements): cuBLAS is
+  // column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory.
+  void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t sa,
+            const float* b, int64_t sb, float* c, int64_t sc, int batch) {
+    const float one = 1.0f, zero = 0.0f;
+    const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N);
+    SSHSDP_CUBLAS_OK(cublasSgemmStridedBatched(
+        blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+        static_cast<int>(M), static_cast<int>(K), &one, b, ldb, sb, a, lda, sa, &zero, c,
+        static_cast<int>(N), sc, batch));
+  }
+
+  int ordinal_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* work_ = nullptr;
+  size_t work_bytes_ = 0;
+  double* partial_ = nullptr;
+};
+
+}  // namespace
+
+bool CudaCompiled() { return true; }
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the "no device / no driver" status
+    return 0;
+  }
+  return n;
+}
+
+std::unique_ptr<Backend> MakeCudaBackend(int ordinal) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    throw DeviceError(
+        fmt::format("cuda:{}: no usable CUDA device ({}: {}); use the cpu backend on this machine",
+                    ordinal, cudaGetErrorName(e), cudaGetErrorString(e)));
+  }
+  SSHSDP_CHECK(n > 0, DeviceError, "cuda:{}: no CUDA device is visible; use the cpu backend",
+               ordinal);
+  SSHSDP_CHECK(ordinal >= 0 && ordinal < n, DeviceError,
+               "cuda:{}: this machine has {} CUDA device(s), ordinals 0..{}", ordinal, n, n - 1);
+  return std::make_unique<CudaBackend>(ordinal);
+}
+
+}  // namespace sshsdp

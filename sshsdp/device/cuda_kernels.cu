@@ -1,0 +1,229 @@
+// The CUDA backend's kernels (cuda_kernels_internal.h): elementwise ops with one thread per element
+// (grid-stride), stochastic rounding with one thread per Philox block of 8 elements, AdamW
+// per span, a two-pass double reduction whose grid depends only on n, and the Newton–Schulz
+// elementwise pieces. Compiled with --fmad=false (no multiply-add contraction), so the fp32
+// operations are those of the CPU code, in its order.
+#include "sshsdp/device/cuda_kernels_internal.h"
+
+#include <algorithm>
+
+namespace sshsdp::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxBlocks = 4096;  // grid-stride loops beyond
+
+int GridFor(int64_t work_items) {
+  const int64_t b = (work_items + kThreads - 1) / kThreads;
+  return static_cast<int>(std::clamp<int64_t>(b, 1, kMaxBlocks));
+}
+
+// ---- Scalar rules, the same as numerics/dtype.h and numerics/stochastic_rounding.h. ----
+__device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+__device__ __forceinline__ uint16_t SrBf16Bits(float x, uint16_t r) {
+  const uint32_t u = __float_as_uint(x);
+  const uint32_t a = u & 0x7FFFFFFFu;
+  uint32_t v = (u + r) >> 16;
+  v -= static_cast<uint32_t>((v & 0x7FFFu) == 0x7F80u);
+  const uint32_t special = (u >> 16) | (a > 0x7F800000u ? 0x0040u : 0u);
+  return static_cast<uint16_t>(a >= 0x7F800000u ? special : v);
+}
+
+// Philox-4x32-10 (numerics/philox.h) on counter c, key (k0, k1).
+__device__ __forceinline__ void Philox(uint32_t c[4], uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const uint32_t hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+    const uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+    c[0] = n0;
+    c[1] = lo1;
+    c[2] = n2;
+    c[3] = lo0;
+  }
+}
+
+// ---- Kernels. ----
+__global__ void FillKernel(float* x, int64_t n, float value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = value;
+}
+
+__global__ void CastF32ToBf16Kernel(const float* x, uint16_t* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = FloatToBf16Bits(x[i]);
+}
+
+__global__ void CastBf16ToF32Kernel(const uint16_t* x, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
+}
+
+// One thread per Philox block of 8 logical elements: logical element e draws 16-bit half
+// (e % 2) of word (e % 8) / 2 of block e / 8, counter (lo32, hi32 of the block, step, stream).
+__global__ void StochasticRoundKernel(const float* x, uint16_t* y, int64_t n, uint64_t first,
+                                      uint32_t k0, uint32_t k1, uint32_t step, uint32_t stream) {
+  const uint64_t b0 = first / 8, nb = (first + n - 1) / 8 - b0 + 1;  // n > 0
+  for (uint64_t t = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; t < nb;
+       t += uint64_t{gridDim.x} * blockDim.x) {
+    const uint64_t b = b0 + t;
+    uint32_t c[4] = {static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), step, stream};
+    Philox(c, k0, k1);
+    for (int j = 0; j < 8; ++j) {
+      const uint64_t e = b * 8 + j;
+      if (e < first || e >= first + n) continue;
+      const uint16_t r = static_cast<uint16_t>(c[j / 2] >> (16 * (j & 1)));
+      y[e - first] = SrBf16Bits(x[e - first], r);
+    }
+  }
+}
+
+// update/adamw.h's AdamWStep on one span, the same operations in the same order.
+__global__ void AdamWKernel(float* w, const float* g, float* m, float* v, int64_t n, float b1,
+                            float b2, float eps, float step_size, float inv_sqrt_bc2, float decay,
+                            float grad_scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float gi = g[i] * grad_scale;
+    const float mi = b1 * m[i] + (1.0f - b1) * gi;
+    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = sqrtf(vi) * inv_sqrt_bc2 + eps;
+    w[i] = w[i] * decay - step_size * mi / denom;
+  }
+}
+
+// Tree sum of a block's double values in shared memory; every thread gets the total. Assumes
+// blockDim.x == kThreads and one call per kernel (a second would race on `buf`).
+__device__ double BlockSum(double s) {
+  __shared__ double buf[kThreads];
+  buf[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) buf[threadIdx.x] += buf[threadIdx.x + w];
+    __syncthreads();
+  }
+  return buf[0];
+}
+
+// Pass 1: partial[block] = Σ x² over the block's grid-stride elements.
+__global__ void SumSquaresPartial(const float* x, int64_t n, double* partial) {
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    s += static_cast<double>(x[i]) * x[i];
+  const double t = BlockSum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = t;
+}
+
+// Pass 2 (one block): out = Σ partial.
+__global__ void SumPartials(const double* partial, int count, double* out) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  const double t = BlockSum(s);
+  if (threadIdx.x == 0) *out = t;
+}
+
+// One block per matrix: x_b *= 1 / (‖x_b‖_F + 1e-7) (the Newton–Schulz normalisation).
+__global__ void NormalizeMatrices(float* x, int64_t per) {
+  float* xb = x + blockIdx.x * per;
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < per; i += blockDim.x) s += static_cast<double>(xb[i]) * xb[i];
+  const double total = BlockSum(s);
+  const float scale = static_cast<float>(1.0 / (sqrt(total) + 1e-7));
+  for (int64_t i = threadIdx.x; i < per; i += blockDim.x) xb[i] *= scale;
+}
+
+// B = b·A + c·B, then a added on the diagonal of every m×m matrix.
+__global__ void NsPolynomial(const float* A, float* B, int64_t total, int64_t m, float a, float b,
+                             float c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < total;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float v = b * A[i] + c * B[i];
+    const int64_t k = i % (m * m);
+    if (k / m == k % m) v += a;
+    B[i] = v;
+  }
+}
+
+// out[b][i] = scale · x_b[i] for every matrix b (out: a device array of pointers).
+__global__ void ScaleOut(const float* x, float* const* out, int64_t per, float scale) {
+  const float* xb = x + blockIdx.y * per;
+  float* o = out[blockIdx.y];
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < per;
+       i += int64_t{gridDim.x} * blockDim.x)
+    o[i] = scale * xb[i];
+}
+
+}  // namespace
+
+cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
+  FillKernel<<<GridFor(n), kThreads, 0, s>>>(x, n, value);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCastF32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s) {
+  CastF32ToBf16Kernel<<<GridFor(n), kThreads, 0, s>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCastBf16ToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t s) {
+  CastBf16ToF32Kernel<<<GridFor(n), kThreads, 0, s>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchStochasticRound(const float* x, uint16_t* y, int64_t n, uint64_t first,
+                                  uint32_t k0, uint32_t k1, uint32_t step, uint32_t stream,
+                                  cudaStream_t s) {
+  const uint64_t blocks = (first + static_cast<uint64_t>(n) - 1) / 8 - first / 8 + 1;
+  StochasticRoundKernel<<<GridFor(static_cast<int64_t>(blocks)), kThreads, 0, s>>>(
+      x, y, n, first, k0, k1, step, stream);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdamW(float* w, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a,
+                        cudaStream_t s) {
+  AdamWKernel<<<GridFor(n), kThreads, 0, s>>>(w, g, m, v, n, a.beta1, a.beta2, a.eps, a.step_size,
+                                              a.inv_sqrt_bc2, a.decay, a.grad_scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, cudaStream_t s) {
+  const int grid = std::min(GridFor(n), kSumSquaresPartials);
+  SumSquaresPartial<<<grid, kThreads, 0, s>>>(x, n, partial);
+  SumPartials<<<1, kThreads, 0, s>>>(partial, grid, partial + kSumSquaresPartials);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchNormalizeMatrices(float* x, int64_t per, int64_t batch, cudaStream_t s) {
+  NormalizeMatrices<<<static_cast<unsigned>(batch), kThreads, 0, s>>>(x, per);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchNsPolynomial(const float* A, float* B, int64_t total, int64_t m, float a, float b,
+                               float c, cudaStream_t s) {
+  NsPolynomial<<<GridFor(total), kThreads, 0, s>>>(A, B, total, m, a, b, c);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchScaleOut(const float* x, float* const* out, int64_t per, int64_t batch,
+                           float scale, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(std::min(GridFor(per), 64)), static_cast<unsigned>(batch));
+  ScaleOut<<<grid, kThreads, 0, s>>>(x, out, per, scale);
+  return cudaGetLastError();
+}
+
+}  // namespace sshsdp::cuda

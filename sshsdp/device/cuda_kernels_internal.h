@@ -1,0 +1,47 @@
+// The CUDA backend's kernels behind plain launch functions (cuda_backend.cc calls them): each
+// enqueues its kernel on `stream` and returns the launch's cudaError_t. This header and
+// cuda_kernels.cu include nothing of sshsdp's (nvcc's front end rejects fmt's consteval format
+// strings), so the scalar rules they apply are restated here from numerics/dtype.h (bf16 RNE),
+// numerics/stochastic_rounding.h (SR) and update/adamw.h (AdamW) — device/backend_test.cc
+// holds them equal to those, bit for bit, on every input it tries.
+//
+//   cudaError_t e = LaunchCastF32ToBf16(x, y, n, stream);
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace sshsdp::cuda {
+
+// Each assumes n > 0 (callers skip empty ops).
+cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s);
+cudaError_t LaunchCastF32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s);
+cudaError_t LaunchCastBf16ToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t s);
+// Logical elements [first, first + n) under Philox key (k0, k1), counter words step, stream.
+cudaError_t LaunchStochasticRound(const float* x, uint16_t* y, int64_t n, uint64_t first,
+                                  uint32_t k0, uint32_t k1, uint32_t step, uint32_t stream,
+                                  cudaStream_t s);
+
+struct AdamWArgs {
+  float beta1, beta2, eps, step_size, inv_sqrt_bc2, decay, grad_scale;
+};
+cudaError_t LaunchAdamW(float* w, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a,
+                        cudaStream_t s);
+
+// Σ x² in double, deterministic: `partial` holds kSumSquaresPartials + 1 doubles; the total
+// lands in partial[kSumSquaresPartials].
+inline constexpr int kSumSquaresPartials = 1024;
+cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, cudaStream_t s);
+
+// Newton–Schulz pieces (update/newton_schulz.cc's iteration):
+// x_b *= 1 / (‖x_b‖_F + 1e-7) for `batch` contiguous matrices of `per` floats.
+cudaError_t LaunchNormalizeMatrices(float* x, int64_t per, int64_t batch, cudaStream_t s);
+// B = b·A + c·B, then + a on the diagonal of every m×m matrix; `total` = batch·m·m.
+cudaError_t LaunchNsPolynomial(const float* A, float* B, int64_t total, int64_t m, float a, float b,
+                               float c, cudaStream_t s);
+// out[b][i] = scale · x[b·per + i]; out is a device array of `batch` pointers.
+cudaError_t LaunchScaleOut(const float* x, float* const* out, int64_t per, int64_t batch,
+                           float scale, cudaStream_t s);
+
+}  // namespace sshsdp::cuda
