@@ -1,10 +1,10 @@
 // Device backends for the engine's own (non-model) work: the memory a data-tree root can live
 // in, and the elementwise and batched ops the engine runs on it — the cast G (fp32 -> bf16,
 // round to nearest even), bf16 stochastic rounding on the Philox stream of
-// numerics/stochastic_rounding.h, AdamW on ZeRO-1 fragments, the gradient norm's sum of
-// squares, fill, and Muon's batched Newton–Schulz. ggml's pattern: the CPU backend is the
-// reference (it calls the numerics/ and update/ functions the engine runs today) and every
-// other backend is checked against it op by op (backend_test.cc).
+// numerics/stochastic_rounding.h, MXFP8 weight quantization, AdamW on ZeRO-1 fragments, the
+// gradient norm's sum of squares, fill, and Muon's batched Newton–Schulz. ggml's pattern: the CPU
+// backend is the reference (it calls the numerics/ and update/ functions the engine runs today) and
+// every other backend is checked against it op by op (backend_test.cc).
 //
 // Pointers passed to a backend's ops are that backend's memory (Alloc); CopyIn / CopyOut move
 // bytes between it and host memory and return once the host side may be reused. Ops run in
@@ -21,7 +21,9 @@
 //   b->Free(x);  b->Free(y);
 //
 // What each op must equal on every backend (backend_test.cc checks it):
-//   CastF32ToBf16, CastBf16ToF32, StochasticRoundBf16, Fill   bit for bit
+//   CastF32ToBf16, CastBf16ToF32, StochasticRoundBf16, Fill,
+//   MxQuantizeWeight, MxDequantizeWeight                       bit for bit (a NaN output
+//                                                              may carry another payload)
 //   AdamW                                                      bit for bit (same fp32 ops in
 //                                                              the same order, no FMA)
 //   SumSquares                                                 1e-12 relative (any order)
@@ -36,6 +38,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/numerics/dtype.h"
+#include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/stochastic_rounding.h"
 #include "sshsdp/update/adamw.h"
 #include "sshsdp/update/newton_schulz.h"
@@ -74,6 +77,15 @@ class Backend {
   // (the span array itself is host memory).
   virtual void AdamW(const AdamWSpan* spans, int count, const AdamWConfig& cfg, int64_t step,
                      float grad_scale) = 0;
+  // numerics/mx.h's MxQuantizeWeight: row-major [rows, cols] fp32 to FP8 codes q [rows, cols]
+  // and UE8M0 scales [ceil(rows/32), ceil(cols/32)] of 32x32 blocks (the G stage of MXFP8
+  // runtime weights). NumericsError for bad options or a negative shape.
+  virtual void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q,
+                                uint8_t* scales, const MxOptions& opt) = 0;
+  // Its inverse, MxDequantizeWeight: fp32 [rows, cols] = code value · scale (what a GPU
+  // without an MX GEMM, Hopper, feeds its bf16/fp32 GEMM).
+  virtual void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows,
+                                  int64_t cols, float* out, const MxOptions& opt) = 0;
   // Σ x[i]² in double (the gradient norm's partial sum); waits for the result.
   virtual double SumSquares(const float* x, int64_t n) = 0;
   // out[i] = out_scale · NS(in[i]) for i < batch, fp32 [rows, cols] row-major matrices

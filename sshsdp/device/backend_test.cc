@@ -17,6 +17,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "sshsdp/device/backend.h"
@@ -76,12 +77,17 @@ std::vector<float> Values(size_t n, uint32_t seed) {
 
 // "" when got and want hold the same bits, else the first differing element with its input
 // (one GPU run must say what went wrong).
+// nan_equal: any two NaNs count as equal (float results of arithmetic on NaN: a GPU returns
+// its canonical NaN, x86 propagates the operand's payload).
 template <typename T>
 std::string FirstMismatch(const std::vector<T>& got, const std::vector<T>& want,
-                          const std::vector<float>* input = nullptr) {
+                          const std::vector<float>* input = nullptr, bool nan_equal = false) {
   if (got.size() != want.size()) return "sizes differ";
   for (size_t i = 0; i < got.size(); ++i) {
     if (std::memcmp(&got[i], &want[i], sizeof(T)) == 0) continue;
+    if constexpr (std::is_same_v<T, float>) {
+      if (nan_equal && std::isnan(got[i]) && std::isnan(want[i])) continue;
+    }
     uint32_t g = 0, w = 0;
     std::memcpy(&g, &got[i], sizeof(T));
     std::memcpy(&w, &want[i], sizeof(T));
@@ -201,6 +207,46 @@ TEST_F(BackendTest, AdamWBitForBitOverSpans) {
     }
   }
   EXPECT_THROW(b_->AdamW(nullptr, 0, cfg, 0, 1.0f), PlanError);
+}
+
+TEST_F(BackendTest, MxQuantizeWeightBitForBit) {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  const MxOptions opts[] = {{DType::kE4M3, MxScaleRule::kCeil},
+                            {DType::kE4M3, MxScaleRule::kOcpFloor},
+                            {DType::kE5M2, MxScaleRule::kCeil},
+                            {DType::kE5M2, MxScaleRule::kOcpFloor}};
+  for (const Shape& sh : {Shape{1, 1}, Shape{33, 70}, Shape{64, 64}, Shape{100, 33}, Shape{0, 5},
+                          Shape{5, 0}, Shape{257, 130}}) {
+    const size_t n = static_cast<size_t>(sh.rows * sh.cols);
+    const size_t ns = static_cast<size_t>(MxWeightScaleCount(sh.rows, sh.cols));
+    // Values spread over many binades (specials in some blocks: NaN / Inf blocks get the NaN
+    // scale), and a whole block of zeros.
+    std::vector<float> w = Values(n, static_cast<uint32_t>(sh.rows * 7 + sh.cols));
+    for (size_t i = 0; i < n && i < 40; ++i) w[i] = 0.0f;
+    for (const MxOptions& opt : opts) {
+      std::vector<uint8_t> want_q(n), want_s(ns);
+      MxQuantizeWeight(w.data(), sh.rows, sh.cols, want_q.data(), want_s.data(), opt);
+      Buffer<float> dw(*b_, w);
+      Buffer<uint8_t> dq(*b_, n), ds(*b_, ns);
+      b_->MxQuantizeWeight(dw.get(), sh.rows, sh.cols, dq.get(), ds.get(), opt);
+      EXPECT_EQ(FirstMismatch(dq.Read(), want_q), "")
+          << b_->name() << " codes [" << sh.rows << "x" << sh.cols << "] elem "
+          << DTypeName(opt.elem) << " rule " << static_cast<int>(opt.rule);
+      EXPECT_EQ(FirstMismatch(ds.Read(), want_s), "")
+          << b_->name() << " scales [" << sh.rows << "x" << sh.cols << "]";
+      // And back: every code (and NaN scale) decodes to the CPU's fp32 bits.
+      std::vector<float> want_w(n);
+      MxDequantizeWeight(want_q.data(), want_s.data(), sh.rows, sh.cols, want_w.data(), opt);
+      Buffer<float> dback(*b_, n);
+      b_->MxDequantizeWeight(dq.get(), ds.get(), sh.rows, sh.cols, dback.get(), opt);
+      EXPECT_EQ(FirstMismatch(dback.Read(), want_w, nullptr, /*nan_equal=*/true), "")
+          << b_->name() << " dequantized [" << sh.rows << "x" << sh.cols << "]";
+    }
+  }
+  EXPECT_THROW(b_->MxQuantizeWeight(nullptr, 2, 2, nullptr, nullptr, {DType::kF32}), NumericsError);
+  EXPECT_THROW(b_->MxQuantizeWeight(nullptr, -1, 2, nullptr, nullptr, {}), NumericsError);
 }
 
 TEST_F(BackendTest, NegativeCountsAreRefused) {

@@ -52,6 +52,14 @@ class CpuBackend final : public Backend {
     for (int i = 0; i < count; ++i) CheckCount(spans[i].n, "AdamW");
     AdamWStep(std::vector<AdamWSpan>(spans, spans + count), cfg, step, grad_scale);
   }
+  void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
+                        const MxOptions& opt) override {
+    sshsdp::MxQuantizeWeight(w, rows, cols, q, scales, opt);
+  }
+  void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                          float* out, const MxOptions& opt) override {
+    sshsdp::MxDequantizeWeight(q, scales, rows, cols, out, opt);
+  }
   double SumSquares(const float* x, int64_t n) override {
     CheckCount(n, "SumSquares");
     return kernels::SumSquares(x, n);

@@ -133,6 +133,28 @@ class CudaBackend final : public Backend {
       SSHSDP_CUDA_OK(cuda::LaunchAdamW(s.w, s.g, s.m, s.v, s.n, a, stream_));
     }
   }
+  void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
+                        const MxOptions& opt) override {
+    CheckMxOptions(opt);
+    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
+                 "MxQuantizeWeight: matrix shape must be non-negative, got [{}, {}]", rows, cols);
+    SSHSDP_CHECK(MxBlocks(rows) <= 65535, NumericsError,
+                 "{}: MxQuantizeWeight takes at most 65535·32 rows, got {}", name_, rows);
+    if (rows == 0 || cols == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMxQuantizeWeight(w, rows, cols, q, scales, opt.elem == DType::kE4M3,
+                                                opt.rule == MxScaleRule::kCeil, stream_));
+  }
+  void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                          float* out, const MxOptions& opt) override {
+    CheckMxOptions(opt);
+    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
+                 "MxDequantizeWeight: matrix shape must be non-negative, got [{}, {}]", rows, cols);
+    if (rows == 0 || cols == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMxDequantizeWeight(q, scales, rows, cols, out,
+                                                  opt.elem == DType::kE4M3, stream_));
+  }
   double SumSquares(const float* x, int64_t n) override {
     CheckCount(n, "SumSquares");
     if (n == 0) return 0.0;

@@ -168,6 +168,126 @@ __global__ void ScaleOut(const float* x, float* const* out, int64_t per, float s
     o[i] = scale * xb[i];
 }
 
+// ---- MXFP8 weight quantization (numerics/mx.h): 32x32 blocks, UE8M0 scales. ----
+// MxScaleCode: the block's scale code from its amax bits; elem_emax 8 (E4M3) or 15 (E5M2),
+// ceil = the kCeil rule (else the OCP floor rule).
+__device__ uint8_t MxScaleCodeDevice(uint32_t a, int elem_emax, bool ceil) {
+  if (a >= 0x7F800000u) return 0xFF;  // NaN or Inf in the block
+  if (a == 0) return 0;
+  int exp;
+  uint32_t mant;
+  if ((a >> 23) == 0) {
+    const int top = 31 - __clz(a);
+    exp = -149 + top;
+    mant = (a << (23 - top)) & 0x7FFFFFu;
+  } else {
+    exp = static_cast<int>(a >> 23) - 127;
+    mant = a & 0x7FFFFFu;
+  }
+  int e = exp - elem_emax;
+  if (ceil && mant > 0x600000u) ++e;
+  e = e < -127 ? -127 : (e > 127 ? 127 : e);
+  return static_cast<uint8_t>(e + 127);
+}
+
+// fp8_internal::EncodeSatFinite<mbits, bias, max_code> for finite f.
+template <int kMbits, int kBias, uint32_t kMaxCode>
+__device__ __forceinline__ uint8_t EncodeSatFiniteDevice(float f) {
+  constexpr int kShift = 23 - kMbits;
+  constexpr uint32_t kMinNormalBits = static_cast<uint32_t>(128 - kBias) << 23;
+  constexpr uint32_t kMagicBits = static_cast<uint32_t>(24 - kBias - kMbits + 127) << 23;
+  const uint32_t u = __float_as_uint(f);
+  const uint32_t sign = (u >> 24) & 0x80u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  uint32_t normal = (a + ((1u << (kShift - 1)) - 1) + ((a >> kShift) & 1u)) >> kShift;
+  normal -= static_cast<uint32_t>(127 - kBias) << kMbits;
+  const uint32_t sub =
+      __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(kMagicBits))) - kMagicBits;
+  uint32_t code = a < kMinNormalBits ? sub : normal;
+  code = code < kMaxCode ? code : kMaxCode;
+  return static_cast<uint8_t>(code | sign);
+}
+
+// One 256-thread block per 32x32 weight block (grid x = column blocks, y = row blocks).
+template <bool kE4M3>
+__global__ void MxQuantizeWeightKernel(const float* w, int64_t rows, int64_t cols, uint8_t* q,
+                                       uint8_t* scales, bool ceil) {
+  __shared__ uint32_t amax;
+  __shared__ uint8_t code;
+  const int64_t r0 = int64_t{blockIdx.y} * 32, c0 = int64_t{blockIdx.x} * 32;
+  const int64_t nr = rows - r0 < 32 ? rows - r0 : 32, nc = cols - c0 < 32 ? cols - c0 : 32;
+  if (threadIdx.x == 0) amax = 0;
+  __syncthreads();
+  uint32_t local = 0;
+  for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+    const int64_t r = i / 32, c = i % 32;
+    if (r < nr && c < nc) {
+      const uint32_t a = __float_as_uint(w[(r0 + r) * cols + c0 + c]) & 0x7FFFFFFFu;
+      local = a > local ? a : local;
+    }
+  }
+  atomicMax(&amax, local);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    code = MxScaleCodeDevice(amax, kE4M3 ? 8 : 15, ceil);
+    scales[int64_t{blockIdx.y} * gridDim.x + blockIdx.x] = code;
+  }
+  __syncthreads();
+  const uint8_t nan_code = kE4M3 ? 0x7F : 0x7E;
+  // 2^-e = UE8M0 code 254 - code: exact (2^-127 is the fp32 subnormal 0x00400000).
+  const uint8_t ic = static_cast<uint8_t>(254 - code);
+  const float inv = __uint_as_float(ic == 0 ? 0x00400000u : static_cast<uint32_t>(ic) << 23);
+  for (int i = threadIdx.x; i < 1024; i += blockDim.x) {
+    const int64_t r = i / 32, c = i % 32;
+    if (r >= nr || c >= nc) continue;
+    const int64_t at = (r0 + r) * cols + c0 + c;
+    if (code == 0xFF) {
+      q[at] = nan_code;
+    } else {
+      const float x = __fmul_rn(w[at], inv);
+      q[at] = kE4M3 ? EncodeSatFiniteDevice<3, 7, 0x7E>(x) : EncodeSatFiniteDevice<2, 15, 0x7B>(x);
+    }
+  }
+}
+
+// fp8.h's decode tables, from the bits: E4M3 (bias 7, no Inf, S.1111.111 NaN) and E5M2
+// (bias 15, IEEE Inf/NaN); every value is exact in fp32.
+__device__ float DecodeFp8(uint8_t c, bool e4m3) {
+  const int mbits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15, emax_field = e4m3 ? 15 : 31;
+  const uint32_t sign = static_cast<uint32_t>(c >> 7) << 31;
+  const uint32_t e = (c >> mbits) & emax_field, m = c & ((1u << mbits) - 1);
+  uint32_t bits;
+  if (!e4m3 && e == static_cast<uint32_t>(emax_field)) {
+    bits = m == 0 ? 0x7F800000u : 0x7FC00000u;
+  } else if (e4m3 && e == 15u && m == 7u) {
+    bits = 0x7FC00000u;
+  } else if (e == 0) {
+    if (m == 0) {
+      bits = 0;
+    } else {
+      const int top = 31 - __clz(m);
+      const int exp = 1 - bias - mbits + top;
+      bits = (static_cast<uint32_t>(exp + 127) << 23) | ((m & ~(1u << top)) << (23 - top));
+    }
+  } else {
+    bits = (static_cast<uint32_t>(static_cast<int>(e) - bias + 127) << 23) | (m << (23 - mbits));
+  }
+  return __uint_as_float(bits | sign);
+}
+
+__global__ void MxDequantizeWeightKernel(const uint8_t* q, const uint8_t* scales, int64_t rows,
+                                         int64_t cols, float* out, bool e4m3) {
+  const int64_t kb = (cols + 31) / 32, n = rows * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    const uint8_t sc = scales[(r / 32) * kb + c / 32];
+    const float s = sc == 0xFF ? __uint_as_float(0x7FC00000u)
+                               : __uint_as_float(sc == 0 ? 0x00400000u : uint32_t{sc} << 23);
+    out[i] = __fmul_rn(DecodeFp8(q[i], e4m3), s);
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
@@ -223,6 +343,23 @@ cudaError_t LaunchScaleOut(const float* x, float* const* out, int64_t per, int64
                            float scale, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(std::min(GridFor(per), 64)), static_cast<unsigned>(batch));
   ScaleOut<<<grid, kThreads, 0, s>>>(x, out, per, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q,
+                                   uint8_t* scales, bool e4m3, bool ceil, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
+  if (e4m3)
+    MxQuantizeWeightKernel<true><<<grid, kThreads, 0, s>>>(w, rows, cols, q, scales, ceil);
+  else
+    MxQuantizeWeightKernel<false><<<grid, kThreads, 0, s>>>(w, rows, cols, q, scales, ceil);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows,
+                                     int64_t cols, float* out, bool e4m3, cudaStream_t s) {
+  MxDequantizeWeightKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(q, scales, rows, cols, out,
+                                                                     e4m3);
   return cudaGetLastError();
 }
 

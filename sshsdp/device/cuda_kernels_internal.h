@@ -2,7 +2,8 @@
 // enqueues its kernel on `stream` and returns the launch's cudaError_t. This header and
 // cuda_kernels.cu include nothing of sshsdp's (nvcc's front end rejects fmt's consteval format
 // strings), so the scalar rules they apply are restated here from numerics/dtype.h (bf16 RNE),
-// numerics/stochastic_rounding.h (SR) and update/adamw.h (AdamW) — device/backend_test.cc
+// numerics/stochastic_rounding.h (SR), update/adamw.h (AdamW) and numerics/mx.h + fp8.h (MX
+// scale codes, saturating E4M3 / E5M2 encoding) — device/backend_test.cc
 // holds them equal to those, bit for bit, on every input it tries.
 //
 //   cudaError_t e = LaunchCastF32ToBf16(x, y, n, stream);
@@ -43,5 +44,15 @@ cudaError_t LaunchNsPolynomial(const float* A, float* B, int64_t total, int64_t 
 // out[b][i] = scale · x[b·per + i]; out is a device array of `batch` pointers.
 cudaError_t LaunchScaleOut(const float* x, float* const* out, int64_t per, int64_t batch,
                            float scale, cudaStream_t s);
+
+// numerics/mx.h's MxQuantizeWeight: row-major [rows, cols] (rows, cols > 0) to codes q and
+// scales [ceil(rows/32), ceil(cols/32)]; e4m3 (else E5M2), ceil (else the OCP floor rule).
+// Column blocks at most 2^31 - 1, row blocks at most 65535.
+cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q,
+                                   uint8_t* scales, bool e4m3, bool ceil, cudaStream_t s);
+
+// numerics/mx.h's MxDequantizeWeight: out [rows, cols] = decode(q) · 2^(scale - 127).
+cudaError_t LaunchMxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows,
+                                     int64_t cols, float* out, bool e4m3, cudaStream_t s);
 
 }  // namespace sshsdp::cuda

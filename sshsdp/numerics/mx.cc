@@ -9,14 +9,14 @@
 #include "sshsdp/numerics/fp8.h"
 
 namespace sshsdp {
-namespace {
-
-void CheckOptions(const MxOptions& opt) {
+void CheckMxOptions(const MxOptions& opt) {
   SSHSDP_CHECK(opt.elem == DType::kE4M3 || opt.elem == DType::kE5M2, NumericsError,
                "MX element type must be e4m3 or e5m2, got {}", DTypeName(opt.elem));
   SSHSDP_CHECK(opt.rule == MxScaleRule::kCeil || opt.rule == MxScaleRule::kOcpFloor, NumericsError,
                "unknown MX scale rule {}", static_cast<int>(opt.rule));
 }
+
+namespace {
 
 void CheckShape(const char* what, int64_t rows, int64_t cols) {
   SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
@@ -68,7 +68,7 @@ void QuantizeRows(const float* src, int64_t nrows, int64_t cols, uint8_t* q, uin
 }
 
 const float* DecodeTable(const MxOptions& opt) {
-  CheckOptions(opt);
+  CheckMxOptions(opt);
   return opt.elem == DType::kE4M3 ? fp8_internal::kE4M3Table.data()
                                   : fp8_internal::kE5M2Table.data();
 }
@@ -152,14 +152,14 @@ void MxBandsTouching(int64_t rows, int64_t cols, int64_t elem_begin, int64_t ele
 
 void MxQuantizeWeightBand(const float* band_src, int64_t rows, int64_t cols, int64_t band,
                           uint8_t* band_q, uint8_t* band_scales, const MxOptions& opt) {
-  CheckOptions(opt);
+  CheckMxOptions(opt);
   const MxBand b = MxWeightBand(rows, cols, band);
   QuantizeRows(band_src, b.row_end - b.row_begin, cols, band_q, band_scales, opt);
 }
 
 void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
                       const MxOptions& opt) {
-  CheckOptions(opt);
+  CheckMxOptions(opt);
   CheckShape("MxQuantizeWeight", rows, cols);
   for (int64_t band = 0; band < MxNumBands(rows); ++band) {
     const MxBand b = MxWeightBand(rows, cols, band);
@@ -182,7 +182,7 @@ void MxDequantizeWeightTransposed(const uint8_t* q, const uint8_t* scales, int64
 
 void MxQuantizeActivation(const float* x, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
                           const MxOptions& opt) {
-  CheckOptions(opt);
+  CheckMxOptions(opt);
   CheckShape("MxQuantizeActivation", rows, cols);
   const int64_t nblocks = MxBlocks(cols);
   for (int64_t r = 0; r < rows; ++r) {

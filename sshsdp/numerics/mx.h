@@ -94,6 +94,10 @@ constexpr int64_t MxActivationScaleCount(int64_t rows, int64_t cols) {
   return rows * MxBlocks(cols);
 }
 
+// NumericsError unless opt.elem is kE4M3 or kE5M2 and opt.rule one of the two rules (every
+// quantizer, on any backend, checks its options with it).
+void CheckMxOptions(const MxOptions& opt);
+
 // UE8M0 scale code of a block whose largest magnitude has fp32 bits `amax_bits` (sign bit
 // clear; NaN/Inf bit patterns allowed). Applies the rule, the clamp and the special cases
 // described above.
