@@ -28,6 +28,9 @@
 //                                                              the same order, no FMA)
 //   SumSquares                                                 1e-12 relative (any order)
 //   NewtonSchulz                                               1e-4 of the largest entry
+//   the layer ops and Gemm                                     the tolerances backend_test.cc
+//                                                              states per op (fp32 sums in
+//                                                              another order, libm-class exp)
 #pragma once
 
 #include <cstddef>
@@ -88,6 +91,28 @@ class Backend {
                                   int64_t cols, float* out, const MxOptions& opt) = 0;
   // Σ x[i]² in double (the gradient norm's partial sum); waits for the result.
   virtual double SumSquares(const float* x, int64_t n) = 0;
+  // ---- The reference GPT's layer ops on fp32 activations (kernels/layer_kernels.h and
+  // kernels/matmul.h: the same contracts). ----
+  virtual void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
+                              int d) = 0;
+  virtual void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
+                               float* dx, float* dg, int64_t rows, int d, bool accumulate_dx) = 0;
+  virtual void GeluForward(const float* x, float* y, int64_t n) = 0;
+  virtual void GeluBackwardInPlace(const float* x, float* dy, int64_t n) = 0;
+  virtual void SwigluForward(const float* h1, const float* h3, float* a, int64_t n) = 0;
+  virtual void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1,
+                              float* dh3, int64_t n) = 0;
+  // Logits become probabilities in place, losses[r] per row; returns Σ losses (waits).
+  virtual double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                            int64_t rows, int64_t V, int64_t ld) = 0;
+  virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets,
+                                           float* dlogits, int64_t rows, int64_t ld,
+                                           float scale) = 0;
+  // Row-major fp32 C[m, n] (=|+=) op(A)·op(B): A stored [m, k] ([k, m] when trans_a), B [k, n]
+  // ([n, k] when trans_b) — the linear layers' forward, data and weight-gradient products.
+  virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+                    const float* b, float* c, bool accumulate) = 0;
+
   // out[i] = out_scale · NS(in[i]) for i < batch, fp32 [rows, cols] row-major matrices
   // (update/newton_schulz.h: the same iteration and normalisation). The matrices are backend
   // memory; the pointer arrays `in` and `out` are host memory.
@@ -99,6 +124,12 @@ class Backend {
 // NumericsError naming the op unless n >= 0 (every backend checks its counts with it).
 inline void CheckCount(int64_t n, const char* op) {
   SSHSDP_CHECK(n >= 0, NumericsError, "{}: element count must be >= 0, got {}", op, n);
+}
+
+// NumericsError naming the op unless rows >= 0 and the row width d > 0.
+inline void CheckRows(int64_t rows, int d, const char* op) {
+  CheckCount(rows, op);
+  SSHSDP_CHECK(d > 0, NumericsError, "{}: row width must be > 0, got {}", op, d);
 }
 
 // The reference backend: host memory, the numerics/ and update/ functions.

@@ -21,6 +21,8 @@
 #include <vector>
 
 #include "sshsdp/device/backend.h"
+#include "sshsdp/kernels/layer_kernels.h"
+#include "sshsdp/kernels/matmul.h"
 
 namespace sshsdp {
 namespace {
@@ -247,6 +249,143 @@ TEST_F(BackendTest, MxQuantizeWeightBitForBit) {
   }
   EXPECT_THROW(b_->MxQuantizeWeight(nullptr, 2, 2, nullptr, nullptr, {DType::kF32}), NumericsError);
   EXPECT_THROW(b_->MxQuantizeWeight(nullptr, -1, 2, nullptr, nullptr, {}), NumericsError);
+}
+
+// ---- The reference GPT's layer ops: against kernels/layer_kernels.h and kernels/matmul.h,
+// the CPU functions every backend is held to. ----
+
+std::vector<float> Normal(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+// "" when |got - want| <= atol + rtol·|want| everywhere, else the first element that is not.
+std::string FirstOutside(const std::vector<float>& got, const std::vector<float>& want, float atol,
+                         float rtol) {
+  if (got.size() != want.size()) return "sizes differ";
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i])) continue;
+    return fmt::format("element {}: got {:.9g}, want {:.9g}", i, got[i], want[i]);
+  }
+  return "";
+}
+
+TEST_F(BackendTest, RmsNormForwardAndBackward) {
+  for (int64_t rows : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{64}}) {
+    for (int d : {1, 33, 256, 1000}) {
+      const size_t n = static_cast<size_t>(rows * d);
+      const auto x = Normal(n, 1), g = Normal(d, 2), dy = Normal(n, 3), dx0 = Normal(n, 4);
+      std::vector<float> y(n), rstd(rows), dx = dx0, dg(d);
+      kernels::RmsNormForward(x.data(), g.data(), y.data(), rstd.data(), rows, d);
+      Buffer<float> bx(*b_, x), bg(*b_, g), by(*b_, n), br(*b_, rows), bdy(*b_, dy);
+      b_->RmsNormForward(bx.get(), bg.get(), by.get(), br.get(), rows, d);
+      const std::string at = fmt::format("{} rows={} d={}", b_->name(), rows, d);
+      EXPECT_EQ(FirstOutside(by.Read(), y, 1e-6f, 1e-5f), "") << at << " y";
+      EXPECT_EQ(FirstOutside(br.Read(), rstd, 0.0f, 1e-5f), "") << at << " rstd";
+      for (bool acc : {false, true}) {
+        dx = dx0;
+        kernels::RmsNormBackward(dy.data(), x.data(), g.data(), rstd.data(), dx.data(), dg.data(),
+                                 rows, d, acc);
+        Buffer<float> bdx(*b_, dx0), bdg(*b_, Values(d, 9));
+        b_->RmsNormBackward(bdy.get(), bx.get(), bg.get(), br.get(), bdx.get(), bdg.get(), rows, d,
+                            acc);
+        EXPECT_EQ(FirstOutside(bdx.Read(), dx, 1e-5f, 1e-4f), "") << at << " dx acc=" << acc;
+        EXPECT_EQ(FirstOutside(bdg.Read(), dg, 1e-4f, 1e-4f), "") << at << " dg acc=" << acc;
+      }
+    }
+  }
+  EXPECT_THROW(b_->RmsNormForward(nullptr, nullptr, nullptr, nullptr, 1, 0), NumericsError);
+}
+
+TEST_F(BackendTest, ActivationsForwardAndBackward) {
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000}, (size_t{1} << 16) + 7}) {
+    std::vector<float> x = Normal(n, 5, 4.0f), h3 = Normal(n, 6), da = Normal(n, 7);
+    if (n > 10) x[3] = 40.0f, x[4] = -40.0f, x[5] = 0.0f;  // saturated and zero
+    const std::string at = fmt::format("{} n={}", b_->name(), n);
+    // GELU (tanh): the CPU's polynomial e^x and a GPU's expf differ in the last bits.
+    std::vector<float> y(n), dy = da;
+    kernels::GeluForward(x.data(), y.data(), static_cast<int64_t>(n));
+    kernels::GeluBackwardInPlace(x.data(), dy.data(), static_cast<int64_t>(n));
+    Buffer<float> bx(*b_, x), by(*b_, n), bdy(*b_, da), bh3(*b_, h3), bda(*b_, da);
+    b_->GeluForward(bx.get(), by.get(), static_cast<int64_t>(n));
+    b_->GeluBackwardInPlace(bx.get(), bdy.get(), static_cast<int64_t>(n));
+    EXPECT_EQ(FirstOutside(by.Read(), y, 2e-6f, 2e-6f), "") << at << " gelu";
+    EXPECT_EQ(FirstOutside(bdy.Read(), dy, 2e-6f, 2e-6f), "") << at << " gelu'";
+    // SwiGLU, with da aliasing dh1 as the experts' backward runs it.
+    std::vector<float> a(n), dh1 = da, dh3(n);
+    kernels::SwigluForward(x.data(), h3.data(), a.data(), static_cast<int64_t>(n));
+    kernels::SwigluBackward(x.data(), h3.data(), dh1.data(), dh1.data(), dh3.data(),
+                            static_cast<int64_t>(n));
+    Buffer<float> ba(*b_, n), bdh3(*b_, n);
+    b_->SwigluForward(bx.get(), bh3.get(), ba.get(), static_cast<int64_t>(n));
+    b_->SwigluBackward(bx.get(), bh3.get(), bda.get(), bda.get(), bdh3.get(),
+                       static_cast<int64_t>(n));
+    EXPECT_EQ(FirstOutside(ba.Read(), a, 2e-6f, 2e-6f), "") << at << " swiglu";
+    EXPECT_EQ(FirstOutside(bda.Read(), dh1, 4e-6f, 4e-6f), "") << at << " swiglu dh1";
+    EXPECT_EQ(FirstOutside(bdh3.Read(), dh3, 2e-6f, 2e-6f), "") << at << " swiglu dh3";
+  }
+}
+
+TEST_F(BackendTest, SoftmaxCrossEntropyForwardAndBackward) {
+  struct Shape {
+    int64_t rows, V, ld;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1}, Shape{5, 7, 20}, Shape{64, 300, 300},
+                          Shape{3, 1000, 1024}, Shape{0, 4, 4}}) {
+    const size_t n = static_cast<size_t>(sh.rows * sh.ld);
+    std::vector<float> logits = Normal(n, 8, 3.0f);
+    std::vector<int32_t> targets(static_cast<size_t>(sh.rows));
+    for (int64_t r = 0; r < sh.rows; ++r) targets[r] = static_cast<int32_t>((r * 37) % sh.V);
+    std::vector<float> probs = logits, losses(sh.rows);
+    const double want = kernels::SoftmaxCrossEntropyForward(probs.data(), targets.data(),
+                                                            losses.data(), sh.rows, sh.V, sh.ld);
+    Buffer<float> bl(*b_, logits), bloss(*b_, static_cast<size_t>(sh.rows));
+    Buffer<int32_t> bt(*b_, targets);
+    const double got =
+        b_->SoftmaxCrossEntropyForward(bl.get(), bt.get(), bloss.get(), sh.rows, sh.V, sh.ld);
+    const std::string at = fmt::format("{} rows={} V={} ld={}", b_->name(), sh.rows, sh.V, sh.ld);
+    EXPECT_NEAR(got, want, 1e-6 * (1.0 + std::fabs(want))) << at;
+    EXPECT_EQ(FirstOutside(bl.Read(), probs, 1e-7f, 1e-5f), "") << at << " probs";
+    EXPECT_EQ(FirstOutside(bloss.Read(), losses, 1e-5f, 1e-6f), "") << at << " losses";
+    // Backward from the same probabilities: the same two operations per element, bit for bit.
+    std::vector<float> dl(n);
+    kernels::SoftmaxCrossEntropyBackward(probs.data(), targets.data(), dl.data(), sh.rows, sh.ld,
+                                         0.125f);
+    Buffer<float> bp(*b_, probs), bdl(*b_, Values(n, 2));
+    b_->SoftmaxCrossEntropyBackward(bp.get(), bt.get(), bdl.get(), sh.rows, sh.ld, 0.125f);
+    EXPECT_EQ(FirstMismatch(bdl.Read(), dl), "") << at << " dlogits";
+  }
+  EXPECT_THROW(b_->SoftmaxCrossEntropyForward(nullptr, nullptr, nullptr, 1, 5, 4), NumericsError);
+}
+
+TEST_F(BackendTest, GemmEveryTransposeAndAccumulate) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{64, 96, 128}, Shape{130, 3, 257},
+                          Shape{0, 4, 4}, Shape{4, 0, 4}}) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const auto a = Normal(static_cast<size_t>(sh.m * sh.k), 10);
+      const auto b = Normal(static_cast<size_t>(sh.k * sh.n), 11);
+      const auto c0 = Normal(static_cast<size_t>(sh.m * sh.n), 12);
+      for (bool acc : {false, true}) {
+        std::vector<float> c = c0;
+        kernels::Gemm(ta, tb, sh.m, sh.n, sh.k, a.data(), b.data(), DType::kF32, c.data(),
+                      DType::kF32, acc);
+        Buffer<float> ba(*b_, a), bb(*b_, b), bc(*b_, c0);
+        b_->Gemm(ta, tb, sh.m, sh.n, sh.k, ba.get(), bb.get(), bc.get(), acc);
+        // fp32 sums of k products in another order: within k·2^-22 of the magnitudes.
+        const float tol = 2.5e-7f * static_cast<float>(sh.k) * 16.0f;
+        EXPECT_EQ(FirstOutside(bc.Read(), c, tol, 1e-5f), "")
+            << b_->name() << " [" << sh.m << "x" << sh.n << "x" << sh.k << "] ta=" << ta
+            << " tb=" << tb << " acc=" << acc;
+      }
+    }
+  }
 }
 
 TEST_F(BackendTest, NegativeCountsAreRefused) {

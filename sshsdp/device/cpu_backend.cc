@@ -7,6 +7,8 @@
 
 #include "sshsdp/device/backend.h"
 #include "sshsdp/kernels/elementwise.h"
+#include "sshsdp/kernels/layer_kernels.h"
+#include "sshsdp/kernels/matmul.h"
 
 namespace sshsdp {
 namespace {
@@ -63,6 +65,51 @@ class CpuBackend final : public Backend {
   double SumSquares(const float* x, int64_t n) override {
     CheckCount(n, "SumSquares");
     return kernels::SumSquares(x, n);
+  }
+  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
+                      int d) override {
+    CheckRows(rows, d, "RmsNormForward");
+    kernels::RmsNormForward(x, g, y, rstd, rows, d);
+  }
+  void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
+                       float* dx, float* dg, int64_t rows, int d, bool accumulate_dx) override {
+    CheckRows(rows, d, "RmsNormBackward");
+    kernels::RmsNormBackward(dy, x, g, rstd, dx, dg, rows, d, accumulate_dx);
+  }
+  void GeluForward(const float* x, float* y, int64_t n) override {
+    CheckCount(n, "GeluForward");
+    kernels::GeluForward(x, y, n);
+  }
+  void GeluBackwardInPlace(const float* x, float* dy, int64_t n) override {
+    CheckCount(n, "GeluBackwardInPlace");
+    kernels::GeluBackwardInPlace(x, dy, n);
+  }
+  void SwigluForward(const float* h1, const float* h3, float* a, int64_t n) override {
+    CheckCount(n, "SwigluForward");
+    kernels::SwigluForward(h1, h3, a, n);
+  }
+  void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
+                      int64_t n) override {
+    CheckCount(n, "SwigluBackward");
+    kernels::SwigluBackward(h1, h3, da, dh1, dh3, n);
+  }
+  double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                    int64_t rows, int64_t V, int64_t ld) override {
+    CheckCount(rows, "SoftmaxCrossEntropyForward");
+    SSHSDP_CHECK(V >= 1 && V <= ld, NumericsError,
+                 "SoftmaxCrossEntropyForward: need 1 <= V <= ld, got V={} ld={}", V, ld);
+    return kernels::SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld);
+  }
+  void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
+                                   int64_t rows, int64_t ld, float scale) override {
+    CheckCount(rows, "SoftmaxCrossEntropyBackward");
+    kernels::SoftmaxCrossEntropyBackward(probs, targets, dlogits, rows, ld, scale);
+  }
+  void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+            const float* b, float* c, bool accumulate) override {
+    SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "Gemm: negative shape [{}, {}, {}]",
+                 m, n, k);
+    kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kF32, c, DType::kF32, accumulate);
   }
   void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
                     int64_t cols, int steps, const NsCoefficients& coef, float out_scale) override {

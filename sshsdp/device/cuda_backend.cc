@@ -12,6 +12,7 @@
 
 #include "sshsdp/device/backend.h"
 #include "sshsdp/device/cuda_kernels_internal.h"
+#include "sshsdp/kernels/layer_kernels.h"
 
 namespace sshsdp {
 namespace {
@@ -46,6 +47,7 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     cudaFree(work_);
     cudaFree(partial_);
+    cudaFree(row_loss_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -164,6 +166,90 @@ class CudaBackend final : public Backend {
     CopyOut(&out, partial_ + cuda::kSumSquaresPartials, sizeof(double));
     return out;
   }
+  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
+                      int d) override {
+    CheckRowsFit(rows, d, "RmsNormForward");
+    if (rows == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchRmsNormForward(x, g, y, rstd, rows, d, kernels::kRmsEps, stream_));
+  }
+  void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
+                       float* dx, float* dg, int64_t rows, int d, bool accumulate_dx) override {
+    CheckRowsFit(rows, d, "RmsNormBackward");
+    Use();
+    if (rows == 0) {  // dg is overwritten with the empty sum
+      Fill(dg, d, 0.0f);
+      return;
+    }
+    SSHSDP_CUDA_OK(
+        cuda::LaunchRmsNormBackward(dy, x, g, rstd, dx, dg, rows, d, accumulate_dx, stream_));
+  }
+  void GeluForward(const float* x, float* y, int64_t n) override {
+    CheckCount(n, "GeluForward");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchGeluForward(x, y, n, kernels::kGeluC, stream_));
+  }
+  void GeluBackwardInPlace(const float* x, float* dy, int64_t n) override {
+    CheckCount(n, "GeluBackwardInPlace");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchGeluBackward(x, dy, n, kernels::kGeluC, stream_));
+  }
+  void SwigluForward(const float* h1, const float* h3, float* a, int64_t n) override {
+    CheckCount(n, "SwigluForward");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchSwigluForward(h1, h3, a, n, stream_));
+  }
+  void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
+                      int64_t n) override {
+    CheckCount(n, "SwigluBackward");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchSwigluBackward(h1, h3, da, dh1, dh3, n, stream_));
+  }
+  double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                    int64_t rows, int64_t V, int64_t ld) override {
+    CheckCount(rows, "SoftmaxCrossEntropyForward");
+    SSHSDP_CHECK(V >= 1 && V <= ld, NumericsError,
+                 "SoftmaxCrossEntropyForward: need 1 <= V <= ld, got V={} ld={}", V, ld);
+    if (rows == 0) return 0.0;
+    Use();
+    if (row_loss_rows_ < rows) {
+      Synchronize();
+      SSHSDP_CUDA_OK(cudaFree(row_loss_));
+      row_loss_ = nullptr;
+      row_loss_rows_ = 0;
+      SSHSDP_CUDA_OK(cudaMalloc(&row_loss_, static_cast<size_t>(rows + 1) * sizeof(double)));
+      row_loss_rows_ = rows;
+    }
+    SSHSDP_CUDA_OK(cuda::LaunchSoftmaxCrossEntropy(logits, targets, losses, row_loss_, rows, V, ld,
+                                                   row_loss_ + rows, stream_));
+    double total = 0.0;
+    CopyOut(&total, row_loss_ + rows, sizeof(double));
+    return total;
+  }
+  void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
+                                   int64_t rows, int64_t ld, float scale) override {
+    CheckCount(rows, "SoftmaxCrossEntropyBackward");
+    if (rows == 0 || ld == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(
+        cuda::LaunchSoftmaxCrossEntropyBackward(probs, targets, dlogits, rows, ld, scale, stream_));
+  }
+  void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
+            const float* b, float* c, bool accumulate) override {
+    SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "Gemm: negative shape [{}, {}, {}]", m,
+                 n, k);
+    if (m == 0 || n == 0) return;
+    Use();
+    if (k == 0) {  // an empty sum: C is zero, or unchanged when accumulating
+      if (!accumulate) Fill(c, m * n, 0.0f);
+      return;
+    }
+    GemmBatched(trans_a, trans_b, m, n, k, a, 0, b, 0, c, 0, 1, accumulate ? 1.0f : 0.0f);
+  }
   void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
                     int64_t cols, int steps, const NsCoefficients& coef, float out_scale) override {
     SSHSDP_CHECK(rows > 0 && cols > 0 && batch >= 0 && steps >= 0, NumericsError,
@@ -193,6 +279,7 @@ class CudaBackend final : public Backend {
 
  private:
   static constexpr int64_t kMaxWorkFloats = int64_t{16} << 20;
+  static constexpr int64_t kIntMax = 2147483647;
 
   void Use() { SSHSDP_CUDA_OK(cudaSetDevice(ordinal_)); }
 
@@ -215,16 +302,16 @@ class CudaBackend final : public Backend {
     for (int s = 0; s < steps; ++s) {
       // A = X·Xᵀ (wide) or Xᵀ·X (tall); B = A·A → b·A + c·A² + a·I; X ← B·X or X·B.
       if (tall)
-        Gemm(true, false, m, m, n, X, mat, X, mat, A, gram, nb);
+        GemmBatched(true, false, m, m, n, X, mat, X, mat, A, gram, nb);
       else
-        Gemm(false, true, m, m, n, X, mat, X, mat, A, gram, nb);
-      Gemm(false, false, m, m, m, A, gram, A, gram, B, gram, nb);
+        GemmBatched(false, true, m, m, n, X, mat, X, mat, A, gram, nb);
+      GemmBatched(false, false, m, m, m, A, gram, A, gram, B, gram, nb);
       SSHSDP_CUDA_OK(
           cuda::LaunchNsPolynomial(A, B, batch * gram, m, coef.a, coef.b, coef.c, stream_));
       if (tall)
-        Gemm(false, false, n, m, m, X, mat, B, gram, Y, mat, nb);
+        GemmBatched(false, false, n, m, m, X, mat, B, gram, Y, mat, nb);
       else
-        Gemm(false, false, m, n, m, B, gram, X, mat, Y, mat, nb);
+        GemmBatched(false, false, m, n, m, B, gram, X, mat, Y, mat, nb);
       std::swap(X, Y);
     }
     const std::vector<float*> host_outs(out, out + batch);
@@ -232,16 +319,23 @@ class CudaBackend final : public Backend {
     SSHSDP_CUDA_OK(cuda::LaunchScaleOut(X, outs, mat, batch, out_scale, stream_));
   }
 
-  // Row-major C[M, N] = op(A)·op(B) for `batch` matrices (strides in elements): cuBLAS is
-  // column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory.
-  void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t sa,
-            const float* b, int64_t sb, float* c, int64_t sc, int batch) {
-    const float one = 1.0f, zero = 0.0f;
+  // Row-major C[M, N] = op(A)·op(B) + beta·C for `batch` matrices (strides in elements):
+  // cuBLAS is column-major, so it computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory.
+  void GemmBatched(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, int64_t sa,
+                   const float* b, int64_t sb, float* c, int64_t sc, int batch, float beta = 0.0f) {
+    SSHSDP_CHECK(M <= kIntMax && N <= kIntMax && K <= kIntMax, NumericsError,
+                 "{}: GEMM dimensions past 2^31 - 1: [{}, {}, {}]", name_, M, N, K);
+    const float one = 1.0f;
     const int lda = static_cast<int>(ta ? M : K), ldb = static_cast<int>(tb ? K : N);
     SSHSDP_CUBLAS_OK(cublasSgemmStridedBatched(
         blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
-        static_cast<int>(M), static_cast<int>(K), &one, b, ldb, sb, a, lda, sa, &zero, c,
+        static_cast<int>(M), static_cast<int>(K), &one, b, ldb, sb, a, lda, sa, &beta, c,
         static_cast<int>(N), sc, batch));
+  }
+  void CheckRowsFit(int64_t rows, int d, const char* op) {
+    CheckRows(rows, d, op);
+    SSHSDP_CHECK(rows <= kIntMax, NumericsError, "{}: {} rows, at most 2^31 - 1 per call", op,
+                 rows);
   }
 
   int ordinal_;
@@ -251,6 +345,8 @@ class CudaBackend final : public Backend {
   void* work_ = nullptr;
   size_t work_bytes_ = 0;
   double* partial_ = nullptr;
+  double* row_loss_ = nullptr;  // SoftmaxCrossEntropyForward: per-row losses, then the total
+  int64_t row_loss_rows_ = 0;
 };
 
 }  // namespace

@@ -288,6 +288,166 @@ __global__ void MxDequantizeWeightKernel(const uint8_t* q, const uint8_t* scales
   }
 }
 
+// ---- The reference GPT's layer kernels (kernels/layer_kernels.cc). ----
+struct AddOp {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
+  }
+};
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return a > b ? a : b; }
+};
+
+// Tree reduction of one value per thread over the block (blockDim.x == kThreads) in the
+// caller's shared buffer; every thread gets the result, and buf may be reused afterwards.
+template <typename T, typename Op>
+__device__ T BlockReduce(T v, T* buf, Op op) {
+  buf[threadIdx.x] = v;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) buf[threadIdx.x] = op(buf[threadIdx.x], buf[threadIdx.x + w]);
+    __syncthreads();
+  }
+  const T r = buf[0];
+  __syncthreads();
+  return r;
+}
+
+// One block per row: rstd = 1/sqrt(mean(x²) + eps), y = x·rstd·g.
+__global__ void RmsNormForwardKernel(const float* x, const float* g, float* y, float* rstd, int d,
+                                     float eps) {
+  __shared__ float buf[kThreads];
+  const float* xr = x + blockIdx.x * int64_t{d};
+  float* yr = y + blockIdx.x * int64_t{d};
+  float ss = 0.0f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) ss += xr[i] * xr[i];
+  ss = BlockReduce(ss, buf, AddOp{});
+  const float s = 1.0f / sqrtf(ss / static_cast<float>(d) + eps);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = s;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) yr[i] = xr[i] * s * g[i];
+}
+
+// One block per row: dx (+)= rstd·(g·dy − x·rstd²·Σ(dy·g·x)/d).
+__global__ void RmsNormBackwardRowsKernel(const float* dy, const float* x, const float* g,
+                                          const float* rstd, float* dx, int d, bool accumulate) {
+  __shared__ float buf[kThreads];
+  const int64_t off = blockIdx.x * int64_t{d};
+  const float s = rstd[blockIdx.x];
+  float dot = 0.0f;
+  for (int i = threadIdx.x; i < d; i += blockDim.x) dot += dy[off + i] * g[i] * x[off + i];
+  dot = BlockReduce(dot, buf, AddOp{});
+  const float c = s * s * dot / static_cast<float>(d);
+  for (int i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = s * (g[i] * dy[off + i] - x[off + i] * c);
+    dx[off + i] = accumulate ? dx[off + i] + v : v;
+  }
+}
+
+// One thread per column: dg = Σ_rows dy·x·rstd, rows in order (the CPU's order).
+__global__ void RmsNormGainKernel(const float* dy, const float* x, const float* rstd, float* dg,
+                                  int64_t rows, int d) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= d) return;
+  float acc = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) acc += dy[r * d + i] * x[r * d + i] * rstd[r];
+  dg[i] = acc;
+}
+
+__device__ __forceinline__ float GeluTanh(float v, float c) {
+  float z = c * (v + 0.044715f * v * v * v);
+  z = fminf(fmaxf(z, -10.0f), 10.0f);
+  return 1.0f - 2.0f / (expf(2.0f * z) + 1.0f);
+}
+
+__global__ void GeluForwardKernel(const float* x, float* y, int64_t n, float c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    y[i] = 0.5f * v * (1.0f + GeluTanh(v, c));
+  }
+}
+
+__global__ void GeluBackwardKernel(const float* x, float* dy, int64_t n, float c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float v = x[i];
+    const float t = GeluTanh(v, c);
+    const float dt = (1.0f - t * t) * c * (1.0f + 3.0f * 0.044715f * v * v);
+    dy[i] *= 0.5f * (1.0f + t) + 0.5f * v * dt;
+  }
+}
+
+__global__ void SwigluForwardKernel(const float* h1, const float* h3, float* a, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float z = h1[i];
+    const float s = 1.0f / (1.0f + expf(-z));
+    a[i] = z * s * h3[i];
+  }
+}
+
+// da may alias dh1 or dh3: each element is read before either output is written.
+__global__ void SwigluBackwardKernel(const float* h1, const float* h3, const float* da, float* dh1,
+                                     float* dh3, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float z = h1[i], g = da[i], h = h3[i];
+    const float s = 1.0f / (1.0f + expf(-z));
+    dh1[i] = g * h * s * (1.0f + z * (1.0f - s));
+    dh3[i] = g * z * s;
+  }
+}
+
+// One block per row of [rows, ld] logits, the first V real: probabilities in place (padded
+// columns 0), losses[r] = lse − logit[target] (lse in double), row_loss[r] the same in double.
+__global__ void SoftmaxCrossEntropyKernel(float* logits, const int32_t* targets, float* losses,
+                                          double* row_loss, int64_t V, int64_t ld) {
+  __shared__ float buf[kThreads];
+  float* p = logits + blockIdx.x * ld;
+  const float target_logit = p[targets[blockIdx.x]];
+  float mx = p[0];
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) mx = p[v] > mx ? p[v] : mx;
+  mx = BlockReduce(mx, buf, MaxOp{});
+  float sum = 0.0f;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) {
+    const float e = expf(p[v] - mx);
+    p[v] = e;
+    sum += e;
+  }
+  for (int64_t v = V + threadIdx.x; v < ld; v += blockDim.x) p[v] = 0.0f;
+  sum = BlockReduce(sum, buf, AddOp{});
+  if (threadIdx.x == 0) {
+    const double loss = static_cast<double>(mx) + log(static_cast<double>(sum)) - target_logit;
+    losses[blockIdx.x] = static_cast<float>(loss);
+    row_loss[blockIdx.x] = loss;
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t v = threadIdx.x; v < V; v += blockDim.x) p[v] *= inv;
+}
+
+// One block: out = Σ x[i] over n doubles.
+__global__ void SumDoubles(const double* x, int64_t n, double* out) {
+  __shared__ double buf[kThreads];
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
+  s = BlockReduce(s, buf, AddOp{});
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void ScaleCopyKernel(const float* x, float* y, int64_t n, float scale) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = x[i] * scale;
+}
+
+__global__ void SubtractAtTargets(float* dl, const int32_t* targets, int64_t rows, int64_t ld,
+                                  float scale) {
+  for (int64_t r = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; r < rows;
+       r += int64_t{gridDim.x} * blockDim.x)
+    dl[r * ld + targets[r]] -= scale;
+}
+
 }  // namespace
 
 cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
@@ -360,6 +520,60 @@ cudaError_t LaunchMxDequantizeWeight(const uint8_t* q, const uint8_t* scales, in
                                      int64_t cols, float* out, bool e4m3, cudaStream_t s) {
   MxDequantizeWeightKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(q, scales, rows, cols, out,
                                                                      e4m3);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNormForward(const float* x, const float* g, float* y, float* rstd,
+                                 int64_t rows, int d, float eps, cudaStream_t s) {
+  RmsNormForwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, g, y, rstd, d, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRmsNormBackward(const float* dy, const float* x, const float* g,
+                                  const float* rstd, float* dx, float* dg, int64_t rows, int d,
+                                  bool accumulate_dx, cudaStream_t s) {
+  RmsNormBackwardRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, g, rstd, dx, d,
+                                                                             accumulate_dx);
+  RmsNormGainKernel<<<(d + kThreads - 1) / kThreads, kThreads, 0, s>>>(dy, x, rstd, dg, rows, d);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGeluForward(const float* x, float* y, int64_t n, float c, cudaStream_t s) {
+  GeluForwardKernel<<<GridFor(n), kThreads, 0, s>>>(x, y, n, c);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchGeluBackward(const float* x, float* dy, int64_t n, float c, cudaStream_t s) {
+  GeluBackwardKernel<<<GridFor(n), kThreads, 0, s>>>(x, dy, n, c);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwigluForward(const float* h1, const float* h3, float* a, int64_t n,
+                                cudaStream_t s) {
+  SwigluForwardKernel<<<GridFor(n), kThreads, 0, s>>>(h1, h3, a, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSwigluBackward(const float* h1, const float* h3, const float* da, float* dh1,
+                                 float* dh3, int64_t n, cudaStream_t s) {
+  SwigluBackwardKernel<<<GridFor(n), kThreads, 0, s>>>(h1, h3, da, dh1, dh3, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSoftmaxCrossEntropy(float* logits, const int32_t* targets, float* losses,
+                                      double* row_loss, int64_t rows, int64_t V, int64_t ld,
+                                      double* total, cudaStream_t s) {
+  SoftmaxCrossEntropyKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+      logits, targets, losses, row_loss, V, ld);
+  SumDoubles<<<1, kThreads, 0, s>>>(row_loss, rows, total);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchSoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets,
+                                              float* dlogits, int64_t rows, int64_t ld, float scale,
+                                              cudaStream_t s) {
+  ScaleCopyKernel<<<GridFor(rows * ld), kThreads, 0, s>>>(probs, dlogits, rows * ld, scale);
+  SubtractAtTargets<<<GridFor(rows), kThreads, 0, s>>>(dlogits, targets, rows, ld, scale);
   return cudaGetLastError();
 }
 

@@ -55,4 +55,25 @@ cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, u
 cudaError_t LaunchMxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows,
                                      int64_t cols, float* out, bool e4m3, cudaStream_t s);
 
+// The reference GPT's layer kernels (kernels/layer_kernels.h), rows > 0 / n > 0. Rows go one
+// per block (at most 2^31 - 1). eps and c (= kRmsEps, kGeluC) come from the caller.
+cudaError_t LaunchRmsNormForward(const float* x, const float* g, float* y, float* rstd,
+                                 int64_t rows, int d, float eps, cudaStream_t s);
+cudaError_t LaunchRmsNormBackward(const float* dy, const float* x, const float* g,
+                                  const float* rstd, float* dx, float* dg, int64_t rows, int d,
+                                  bool accumulate_dx, cudaStream_t s);
+cudaError_t LaunchGeluForward(const float* x, float* y, int64_t n, float c, cudaStream_t s);
+cudaError_t LaunchGeluBackward(const float* x, float* dy, int64_t n, float c, cudaStream_t s);
+cudaError_t LaunchSwigluForward(const float* h1, const float* h3, float* a, int64_t n,
+                                cudaStream_t s);
+cudaError_t LaunchSwigluBackward(const float* h1, const float* h3, const float* da, float* dh1,
+                                 float* dh3, int64_t n, cudaStream_t s);
+// row_loss: rows doubles of scratch; *total (device) = Σ losses in double.
+cudaError_t LaunchSoftmaxCrossEntropy(float* logits, const int32_t* targets, float* losses,
+                                      double* row_loss, int64_t rows, int64_t V, int64_t ld,
+                                      double* total, cudaStream_t s);
+cudaError_t LaunchSoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets,
+                                              float* dlogits, int64_t rows, int64_t ld, float scale,
+                                              cudaStream_t s);
+
 }  // namespace sshsdp::cuda
