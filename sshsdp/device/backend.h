@@ -28,7 +28,8 @@
 //                                                              the same order, no FMA)
 //   SumSquares                                                 1e-12 relative (any order)
 //   NewtonSchulz                                               1e-4 of the largest entry
-//   the layer ops and Gemm                                     the tolerances backend_test.cc
+//   EmbeddingForward/Backward, Add                             bit for bit
+//   the other layer ops and Gemm                               the tolerances backend_test.cc
 //                                                              states per op (fp32 sums in
 //                                                              another order, libm-class exp)
 #pragma once
@@ -108,6 +109,21 @@ class Backend {
   virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets,
                                            float* dlogits, int64_t rows, int64_t ld,
                                            float scale) = 0;
+  // kernels/layer_kernels.h's fp32 embeddings (tokens in backend memory, each < vocab).
+  virtual void EmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B,
+                                int T, int d, float* out) = 0;
+  virtual void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
+                                 float* dwte, int64_t vocab, float* dwpe, int64_t seq_len,
+                                 bool accumulate) = 0;
+  // kernels/attention.h's causal attention over the packed QKV activation [B·T, 3d]:
+  // out [B·T, d], lse [B, H, T] (forward), dqkv [B·T, 3d] overwritten (backward).
+  virtual void CausalAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
+                                      int dh) = 0;
+  virtual void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
+                                       const float* lse, float* dqkv, int B, int T, int H,
+                                       int dh) = 0;
+  // y = a + b (y may alias a or b): the residual adds.
+  virtual void Add(const float* a, const float* b, float* y, int64_t n) = 0;
   // Row-major fp32 C[m, n] (=|+=) op(A)·op(B): A stored [m, k] ([k, m] when trans_a), B [k, n]
   // ([n, k] when trans_b) — the linear layers' forward, data and weight-gradient products.
   virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
@@ -130,6 +146,12 @@ inline void CheckCount(int64_t n, const char* op) {
 inline void CheckRows(int64_t rows, int d, const char* op) {
   CheckCount(rows, op);
   SSHSDP_CHECK(d > 0, NumericsError, "{}: row width must be > 0, got {}", op, d);
+}
+
+// NumericsError naming the op unless B, T >= 0 and the row width d > 0.
+inline void CheckShape(int B, int T, int d, const char* op) {
+  SSHSDP_CHECK(B >= 0 && T >= 0 && d > 0, NumericsError,
+               "{}: need B, T >= 0 and a row width > 0, got B={} T={} width={}", op, B, T, d);
 }
 
 // The reference backend: host memory, the numerics/ and update/ functions.

@@ -1,4 +1,6 @@
-// Every op of a device backend (backend.h) against the CPU functions the engine runs, on
+// Every op of a device backend (backend.h) against the CPU functions the engine and the
+// models run (the models' layers are a fixture here: the fp32 embedding kernels are checked
+// against them), on
 // the same inputs: casts, stochastic rounding, AdamW and fill bit for bit; the sum of
 // squares to 1e-12 relative; Newton–Schulz to 1e-4 of the largest entry. Sizes include 0,
 // odd sizes and sizes that start and end inside a Philox block; inputs include NaN, ±Inf,
@@ -21,8 +23,10 @@
 #include <vector>
 
 #include "sshsdp/device/backend.h"
+#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/layer_kernels.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/models/layers.h"
 
 namespace sshsdp {
 namespace {
@@ -385,6 +389,90 @@ TEST_F(BackendTest, GemmEveryTransposeAndAccumulate) {
             << " tb=" << tb << " acc=" << acc;
       }
     }
+  }
+}
+
+TEST_F(BackendTest, EmbeddingsBitForBit) {
+  const int vocab = 50, seq = 9, d = 24;
+  for (int B : {0, 1, 3}) {
+    for (int T : {1, 9}) {
+      const size_t n = static_cast<size_t>(B) * T * d;
+      std::vector<int32_t> tokens(static_cast<size_t>(B) * T);
+      for (size_t i = 0; i < tokens.size(); ++i)
+        tokens[i] = static_cast<int32_t>((i * 7) % 5);  // repeats
+      const auto wte = Normal(static_cast<size_t>(vocab) * d, 1);
+      const auto wpe = Normal(static_cast<size_t>(seq) * d, 2);
+      const auto dx = Normal(n, 3);
+      // The fp32 kernels equal the models' embedding on fp32 views (their oracle) ...
+      std::vector<float> out(n), ref(n);
+      kernels::EmbeddingForwardF32(wte.data(), wpe.data(), tokens.data(), B, T, d, out.data());
+      layers::EmbeddingForward({const_cast<float*>(wte.data()), DType::kF32},
+                               {const_cast<float*>(wpe.data()), DType::kF32}, tokens.data(), B, T,
+                               d, ref.data());
+      EXPECT_EQ(FirstMismatch(out, ref), "") << "B=" << B << " T=" << T;
+      // ... and every backend equals the fp32 kernels.
+      Buffer<float> bwte(*b_, wte), bwpe(*b_, wpe), bout(*b_, n), bdx(*b_, dx);
+      Buffer<int32_t> btok(*b_, tokens);
+      b_->EmbeddingForward(bwte.get(), bwpe.get(), btok.get(), B, T, d, bout.get());
+      EXPECT_EQ(FirstMismatch(bout.Read(), out), "") << b_->name() << " B=" << B << " T=" << T;
+      for (bool acc : {false, true}) {
+        std::vector<float> gte = Normal(wte.size(), 4), gpe = Normal(wpe.size(), 5);
+        Buffer<float> bgte(*b_, gte), bgpe(*b_, gpe);
+        std::vector<float> rte = gte, rpe = gpe, scratch;
+        kernels::EmbeddingBackwardF32(dx.data(), tokens.data(), B, T, d, gte.data(), vocab,
+                                      gpe.data(), seq, acc);
+        layers::EmbeddingBackward(dx.data(), tokens.data(), B, T, d, {rte.data(), DType::kF32},
+                                  vocab, {rpe.data(), DType::kF32}, seq, acc, scratch);
+        EXPECT_EQ(FirstMismatch(gte, rte), "") << "dwte acc=" << acc;
+        EXPECT_EQ(FirstMismatch(gpe, rpe), "") << "dwpe acc=" << acc;
+        b_->EmbeddingBackward(bdx.get(), btok.get(), B, T, d, bgte.get(), vocab, bgpe.get(), seq,
+                              acc);
+        EXPECT_EQ(FirstMismatch(bgte.Read(), gte), "") << b_->name() << " dwte acc=" << acc;
+        EXPECT_EQ(FirstMismatch(bgpe.Read(), gpe), "") << b_->name() << " dwpe acc=" << acc;
+      }
+    }
+  }
+}
+
+TEST_F(BackendTest, AddBitForBit) {
+  for (size_t n : kSizes) {
+    const auto a = Normal(n, 1), b = Normal(n, 2);
+    std::vector<float> y(n);
+    for (size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+    Buffer<float> ba(*b_, a), bb(*b_, b);
+    b_->Add(ba.get(), bb.get(), ba.get(), static_cast<int64_t>(n));  // in place, as residuals
+    EXPECT_EQ(FirstMismatch(ba.Read(), y), "") << b_->name() << " n=" << n;
+  }
+}
+
+TEST_F(BackendTest, CausalAttentionForwardAndBackward) {
+  struct Shape {
+    int B, T, H, dh;
+  };
+  // T past the CPU kernel's 64-row query block, odd T, one head, dh = 1.
+  for (const Shape& sh : {Shape{1, 1, 1, 4}, Shape{2, 7, 3, 5}, Shape{1, 130, 2, 16},
+                          Shape{3, 33, 4, 1}, Shape{0, 8, 2, 4}}) {
+    const int d = sh.H * sh.dh;
+    const size_t rows = static_cast<size_t>(sh.B) * sh.T;
+    const auto qkv = Normal(rows * 3 * d, 21), dout = Normal(rows * d, 22);
+    std::vector<float> out(rows * d), lse(static_cast<size_t>(sh.B) * sh.H * sh.T),
+        dqkv(rows * 3 * d);
+    std::vector<float> scratch(
+        static_cast<size_t>(kernels::AttentionScratchFloats(sh.B, sh.T, sh.H)));
+    kernels::CausalAttentionForward(qkv.data(), out.data(), lse.data(), scratch.data(), sh.B, sh.T,
+                                    sh.H, sh.dh);
+    kernels::CausalAttentionBackward(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
+                                     scratch.data(), sh.B, sh.T, sh.H, sh.dh);
+    Buffer<float> bq(*b_, qkv), bo(*b_, rows * d), bl(*b_, lse.size()), bd(*b_, dout),
+        bdq(*b_, Values(rows * 3 * d, 5));
+    b_->CausalAttentionForward(bq.get(), bo.get(), bl.get(), sh.B, sh.T, sh.H, sh.dh);
+    b_->CausalAttentionBackward(bd.get(), bq.get(), bo.get(), bl.get(), bdq.get(), sh.B, sh.T, sh.H,
+                                sh.dh);
+    const std::string at =
+        fmt::format("{} B={} T={} H={} dh={}", b_->name(), sh.B, sh.T, sh.H, sh.dh);
+    EXPECT_EQ(FirstOutside(bo.Read(), out, 2e-6f, 1e-5f), "") << at << " out";
+    EXPECT_EQ(FirstOutside(bl.Read(), lse, 2e-6f, 1e-5f), "") << at << " lse";
+    EXPECT_EQ(FirstOutside(bdq.Read(), dqkv, 1e-5f, 1e-4f), "") << at << " dqkv";
   }
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "sshsdp/device/backend.h"
+#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/layer_kernels.h"
 #include "sshsdp/kernels/matmul.h"
@@ -105,10 +106,38 @@ class CpuBackend final : public Backend {
     CheckCount(rows, "SoftmaxCrossEntropyBackward");
     kernels::SoftmaxCrossEntropyBackward(probs, targets, dlogits, rows, ld, scale);
   }
+  void EmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B, int T,
+                        int d, float* out) override {
+    CheckShape(B, T, d, "EmbeddingForward");
+    kernels::EmbeddingForwardF32(wte, wpe, tokens, B, T, d, out);
+  }
+  void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d, float* dwte,
+                         int64_t vocab, float* dwpe, int64_t seq_len, bool accumulate) override {
+    CheckShape(B, T, d, "EmbeddingBackward");
+    kernels::EmbeddingBackwardF32(dx, tokens, B, T, d, dwte, vocab, dwpe, seq_len, accumulate);
+  }
+  void CausalAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
+                              int dh) override {
+    CheckShape(B, T, H * dh, "CausalAttentionForward");
+    attention_scratch_.resize(static_cast<size_t>(kernels::AttentionScratchFloats(B, T, H)));
+    kernels::CausalAttentionForward(qkv, out, lse, attention_scratch_.data(), B, T, H, dh);
+  }
+  void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
+                               const float* lse, float* dqkv, int B, int T, int H,
+                               int dh) override {
+    CheckShape(B, T, H * dh, "CausalAttentionBackward");
+    attention_scratch_.resize(static_cast<size_t>(kernels::AttentionScratchFloats(B, T, H)));
+    kernels::CausalAttentionBackward(dout, qkv, out, lse, dqkv, attention_scratch_.data(), B, T, H,
+                                     dh);
+  }
+  void Add(const float* a, const float* b, float* y, int64_t n) override {
+    CheckCount(n, "Add");
+    kernels::AddThreaded(a, b, y, n);
+  }
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             const float* b, float* c, bool accumulate) override {
-    SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "Gemm: negative shape [{}, {}, {}]",
-                 m, n, k);
+    SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "Gemm: negative shape [{}, {}, {}]", m,
+                 n, k);
     kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kF32, c, DType::kF32, accumulate);
   }
   void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
@@ -119,6 +148,7 @@ class CpuBackend final : public Backend {
 
  private:
   sshsdp::NewtonSchulz ns_;
+  std::vector<float> attention_scratch_;
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <vector>
 
@@ -48,6 +49,7 @@ class CudaBackend final : public Backend {
     cudaFree(work_);
     cudaFree(partial_);
     cudaFree(row_loss_);
+    cudaFree(attn_d_);
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -238,6 +240,55 @@ class CudaBackend final : public Backend {
     SSHSDP_CUDA_OK(
         cuda::LaunchSoftmaxCrossEntropyBackward(probs, targets, dlogits, rows, ld, scale, stream_));
   }
+  void EmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B, int T,
+                        int d, float* out) override {
+    CheckShape(B, T, d, "EmbeddingForward");
+    if (B == 0 || T == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchEmbeddingForward(wte, wpe, tokens, B, T, d, out, stream_));
+  }
+  void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d, float* dwte,
+                         int64_t vocab, float* dwpe, int64_t seq_len, bool accumulate) override {
+    CheckShape(B, T, d, "EmbeddingBackward");
+    if (!accumulate) {
+      Fill(dwte, vocab * d, 0.0f);
+      Fill(dwpe, seq_len * d, 0.0f);
+    }
+    if (B == 0 || T == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchEmbeddingBackward(dx, tokens, B, T, d, dwte, dwpe, stream_));
+  }
+  void CausalAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
+                              int dh) override {
+    CheckAttention(B, T, H, dh, "CausalAttentionForward");
+    if (B == 0 || T == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchAttentionForward(qkv, out, lse, B, T, H, dh, Scale(dh), stream_));
+  }
+  void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
+                               const float* lse, float* dqkv, int B, int T, int H,
+                               int dh) override {
+    CheckAttention(B, T, H, dh, "CausalAttentionBackward");
+    if (B == 0 || T == 0) return;
+    Use();
+    const int64_t rows = int64_t{B} * H * T;
+    if (attn_d_rows_ < rows) {
+      Synchronize();
+      SSHSDP_CUDA_OK(cudaFree(attn_d_));
+      attn_d_ = nullptr;
+      attn_d_rows_ = 0;
+      SSHSDP_CUDA_OK(cudaMalloc(&attn_d_, static_cast<size_t>(rows) * sizeof(float)));
+      attn_d_rows_ = rows;
+    }
+    SSHSDP_CUDA_OK(cuda::LaunchAttentionBackward(dout, qkv, out, lse, dqkv, attn_d_, B, T, H, dh,
+                                                 Scale(dh), stream_));
+  }
+  void Add(const float* a, const float* b, float* y, int64_t n) override {
+    CheckCount(n, "Add");
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchAdd(a, b, y, n, stream_));
+  }
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             const float* b, float* c, bool accumulate) override {
     SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "Gemm: negative shape [{}, {}, {}]", m,
@@ -332,6 +383,17 @@ class CudaBackend final : public Backend {
         static_cast<int>(M), static_cast<int>(K), &one, b, ldb, sb, a, lda, sa, &beta, c,
         static_cast<int>(N), sc, batch));
   }
+  // The reference attention kernels keep a row of T scores (two in the backward) in shared
+  // memory and put T, H and B on grid dimensions.
+  void CheckAttention(int B, int T, int H, int dh, const char* op) {
+    SSHSDP_CHECK(H > 0 && dh > 0, NumericsError, "{}: need H, dh > 0, got H={} dh={}", op, H, dh);
+    CheckShape(B, T, H * dh, op);
+    SSHSDP_CHECK(T <= 4096 && H <= 65535 && B <= 65535, NumericsError,
+                 "{}: {}'s attention takes T <= 4096, H and B <= 65535; got T={} H={} B={}", op,
+                 name_, T, H, B);
+  }
+  // 1/√dh, as kernels/attention.cc scales the scores.
+  static float Scale(int dh) { return 1.0f / std::sqrt(static_cast<float>(dh)); }
   void CheckRowsFit(int64_t rows, int d, const char* op) {
     CheckRows(rows, d, op);
     SSHSDP_CHECK(rows <= kIntMax, NumericsError, "{}: {} rows, at most 2^31 - 1 per call", op,
@@ -345,6 +407,8 @@ class CudaBackend final : public Backend {
   void* work_ = nullptr;
   size_t work_bytes_ = 0;
   double* partial_ = nullptr;
+  float* attn_d_ = nullptr;  // CausalAttentionBackward: dout·out per (sequence, head, row)
+  int64_t attn_d_rows_ = 0;
   double* row_loss_ = nullptr;  // SoftmaxCrossEntropyForward: per-row losses, then the total
   int64_t row_loss_rows_ = 0;
 };

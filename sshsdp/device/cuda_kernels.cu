@@ -448,6 +448,158 @@ __global__ void SubtractAtTargets(float* dl, const int32_t* targets, int64_t row
     dl[r * ld + targets[r]] -= scale;
 }
 
+// ---- Embeddings (fp32 tables), residual add. ----
+__global__ void EmbeddingForwardKernel(const float* wte, const float* wpe, const int32_t* tokens,
+                                       int64_t BT, int T, int d, float* out) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < BT * d;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bt = i / d, c = i % d;
+    out[i] = wte[int64_t{tokens[bt]} * d + c] + wpe[(bt % T) * d + c];
+  }
+}
+
+// One thread per column of the token table: rows added in (sample, position) order, as the
+// CPU adds them (a deterministic reference kernel; a fast one would sort by token first).
+__global__ void EmbeddingTokenGradKernel(const float* dx, const int32_t* tokens, int64_t BT, int d,
+                                         float* dwte) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= d) return;
+  for (int64_t bt = 0; bt < BT; ++bt) dwte[int64_t{tokens[bt]} * d + c] += dx[bt * d + c];
+}
+
+// One thread per (position, column): samples in order.
+__global__ void EmbeddingPositionGradKernel(const float* dx, int B, int T, int d, float* dwpe) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < int64_t{T} * d;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float acc = dwpe[i];
+    for (int b = 0; b < B; ++b) acc += dx[int64_t{b} * T * d + i];
+    dwpe[i] = acc;
+  }
+}
+
+__global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = a[i] + b[i];
+}
+
+// ---- Causal attention over the packed QKV activation [B·T, 3d] (kernels/attention.h). ----
+// Reference kernels, one block per (row, head, sequence): correct and deterministic, not
+// fast (a flash kernel on tensor cores is the next step). Dynamic shared memory holds a row
+// of T scores (forward, dq) or two (dk/dv).
+
+// Forward: query row t of head h in sequence b: s_j = q·k_j·scale (j ≤ t), lse, out = Σ p_j v_j.
+__global__ void AttentionForwardKernel(const float* qkv, float* out, float* lse, int T, int H,
+                                       int dh, float scale) {
+  extern __shared__ float sh[];
+  __shared__ float red[kThreads];
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
+  const float* base = qkv + int64_t{b} * T * 3 * d;
+  const float* q = base + int64_t{t} * 3 * d + h * dh;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    const float* k = base + int64_t{j} * 3 * d + d + h * dh;
+    float s = 0.0f;
+    for (int i = 0; i < dh; ++i) s += q[i] * k[i];
+    s *= scale;
+    sh[j] = s;
+    mx = s > mx ? s : mx;
+  }
+  mx = BlockReduce(mx, red, MaxOp{});
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    const float e = expf(sh[j] - mx);
+    sh[j] = e;
+    sum += e;
+  }
+  sum = BlockReduce(sum, red, AddOp{});
+  const float inv = 1.0f / sum;
+  if (threadIdx.x == 0) lse[(int64_t{b} * H + h) * T + t] = mx + logf(sum);
+  float* o = out + (int64_t{b} * T + t) * d + h * dh;
+  for (int i = threadIdx.x; i < dh; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j <= t; ++j) acc += sh[j] * base[int64_t{j} * 3 * d + 2 * d + h * dh + i];
+    o[i] = acc * inv;
+  }
+}
+
+// Backward, queries: D_t = dout_t·out_t (kept for the key pass); p_j = exp(s_j − lse_t),
+// dS_j = p_j (dout_t·v_j − D_t); dq_t = scale·Σ_j dS_j k_j.
+__global__ void AttentionBackwardQueryKernel(const float* dout, const float* qkv, const float* out,
+                                             const float* lse, float* dqkv, float* Dbuf, int T,
+                                             int H, int dh, float scale) {
+  extern __shared__ float sh[];
+  __shared__ float red[kThreads];
+  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
+  const float* base = qkv + int64_t{b} * T * 3 * d;
+  const int64_t row = int64_t{b} * T + t;
+  const float* q = base + int64_t{t} * 3 * d + h * dh;
+  const float* go = dout + row * d + h * dh;
+  const float* o = out + row * d + h * dh;
+  float D = 0.0f;
+  for (int i = threadIdx.x; i < dh; i += blockDim.x) D += go[i] * o[i];
+  D = BlockReduce(D, red, AddOp{});
+  const float l = lse[(int64_t{b} * H + h) * T + t];
+  if (threadIdx.x == 0) Dbuf[(int64_t{b} * H + h) * T + t] = D;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    const float* k = base + int64_t{j} * 3 * d + d + h * dh;
+    const float* v = base + int64_t{j} * 3 * d + 2 * d + h * dh;
+    float s = 0.0f, dp = 0.0f;
+    for (int i = 0; i < dh; ++i) {
+      s += q[i] * k[i];
+      dp += go[i] * v[i];
+    }
+    const float p = expf(s * scale - l);
+    sh[j] = p * (dp - D);
+  }
+  __syncthreads();
+  float* dq = dqkv + row * 3 * d + h * dh;
+  for (int i = threadIdx.x; i < dh; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j <= t; ++j) acc += sh[j] * base[int64_t{j} * 3 * d + d + h * dh + i];
+    dq[i] = acc * scale;
+  }
+}
+
+// Backward, keys: for key j, over queries t ≥ j: dk_j = scale·Σ_t dS_tj q_t, dv_j = Σ_t p_tj
+// dout_t.
+__global__ void AttentionBackwardKeyKernel(const float* dout, const float* qkv, const float* lse,
+                                           const float* Dbuf, float* dqkv, int T, int H, int dh,
+                                           float scale) {
+  extern __shared__ float sh[];  // [T] p, then [T] dS
+  float* P = sh;
+  float* dS = sh + T;
+  const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
+  const float* base = qkv + int64_t{b} * T * 3 * d;
+  const float* k = base + int64_t{j} * 3 * d + d + h * dh;
+  const float* v = base + int64_t{j} * 3 * d + 2 * d + h * dh;
+  for (int t = j + threadIdx.x; t < T; t += blockDim.x) {
+    const float* q = base + int64_t{t} * 3 * d + h * dh;
+    const float* go = dout + (int64_t{b} * T + t) * d + h * dh;
+    float s = 0.0f, dp = 0.0f;
+    for (int i = 0; i < dh; ++i) {
+      s += q[i] * k[i];
+      dp += go[i] * v[i];
+    }
+    const int64_t at = (int64_t{b} * H + h) * T + t;
+    const float p = expf(s * scale - lse[at]);
+    P[t] = p;
+    dS[t] = p * (dp - Dbuf[at]);
+  }
+  __syncthreads();
+  float* dk = dqkv + (int64_t{b} * T + j) * 3 * d + d + h * dh;
+  float* dv = dk + d;
+  for (int i = threadIdx.x; i < dh; i += blockDim.x) {
+    float ak = 0.0f, av = 0.0f;
+    for (int t = j; t < T; ++t) {
+      ak += dS[t] * base[int64_t{t} * 3 * d + h * dh + i];
+      av += P[t] * dout[(int64_t{b} * T + t) * d + h * dh + i];
+    }
+    dk[i] = ak * scale;
+    dv[i] = av;
+  }
+}
+
 }  // namespace
 
 cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
@@ -574,6 +726,44 @@ cudaError_t LaunchSoftmaxCrossEntropyBackward(const float* probs, const int32_t*
                                               cudaStream_t s) {
   ScaleCopyKernel<<<GridFor(rows * ld), kThreads, 0, s>>>(probs, dlogits, rows * ld, scale);
   SubtractAtTargets<<<GridFor(rows), kThreads, 0, s>>>(dlogits, targets, rows, ld, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B,
+                                   int T, int d, float* out, cudaStream_t s) {
+  const int64_t BT = int64_t{B} * T;
+  EmbeddingForwardKernel<<<GridFor(BT * d), kThreads, 0, s>>>(wte, wpe, tokens, BT, T, d, out);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
+                                    float* dwte, float* dwpe, cudaStream_t s) {
+  EmbeddingTokenGradKernel<<<(d + kThreads - 1) / kThreads, kThreads, 0, s>>>(
+      dx, tokens, int64_t{B} * T, d, dwte);
+  EmbeddingPositionGradKernel<<<GridFor(int64_t{T} * d), kThreads, 0, s>>>(dx, B, T, d, dwpe);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
+  AddKernel<<<GridFor(n), kThreads, 0, s>>>(a, b, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
+                                   int dh, float scale, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(B));
+  AttentionForwardKernel<<<grid, kThreads, sizeof(float) * T, s>>>(qkv, out, lse, T, H, dh, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const float* out,
+                                    const float* lse, float* dqkv, float* D, int B, int T, int H,
+                                    int dh, float scale, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(B));
+  AttentionBackwardQueryKernel<<<grid, kThreads, sizeof(float) * T, s>>>(dout, qkv, out, lse, dqkv,
+                                                                         D, T, H, dh, scale);
+  AttentionBackwardKeyKernel<<<grid, kThreads, 2 * sizeof(float) * T, s>>>(dout, qkv, lse, D, dqkv,
+                                                                           T, H, dh, scale);
   return cudaGetLastError();
 }
 

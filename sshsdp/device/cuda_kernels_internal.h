@@ -76,4 +76,19 @@ cudaError_t LaunchSoftmaxCrossEntropyBackward(const float* probs, const int32_t*
                                               float* dlogits, int64_t rows, int64_t ld, float scale,
                                               cudaStream_t s);
 
+// Embeddings over fp32 tables; the backward adds into dwte / dwpe (the caller zeroes them
+// first unless accumulating). B·T > 0, d > 0.
+cudaError_t LaunchEmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B,
+                                   int T, int d, float* out, cudaStream_t s);
+cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
+                                    float* dwte, float* dwpe, cudaStream_t s);
+cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+// Causal attention (kernels/attention.h's layout); B, T, H, dh > 0, T ≤ 65535 and T floats
+// (forward) / 2·T floats (backward) of shared memory; D: B·H·T floats of scratch.
+cudaError_t LaunchAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
+                                   int dh, float scale, cudaStream_t s);
+cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const float* out,
+                                    const float* lse, float* dqkv, float* D, int B, int T, int H,
+                                    int dh, float scale, cudaStream_t s);
+
 }  // namespace sshsdp::cuda

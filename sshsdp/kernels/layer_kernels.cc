@@ -260,4 +260,32 @@ void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh
   });
 }
 
+void EmbeddingForwardF32(const float* wte, const float* wpe, const int32_t* tokens, int B, int T,
+                         int d, float* out) {
+  for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
+    const float* e = wte + static_cast<int64_t>(tokens[bt]) * d;
+    const float* p = wpe + (bt % T) * d;
+    float* x = out + bt * d;
+    for (int i = 0; i < d; ++i) x[i] = e[i] + p[i];
+  }
+}
+
+void EmbeddingBackwardF32(const float* dx, const int32_t* tokens, int B, int T, int d, float* dwte,
+                          int64_t vocab, float* dwpe, int64_t seq_len, bool accumulate) {
+  if (!accumulate) {
+    std::fill_n(dwte, vocab * d, 0.0f);
+    std::fill_n(dwpe, seq_len * d, 0.0f);
+  }
+  for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
+    const float* g = dx + bt * d;
+    float* e = dwte + static_cast<int64_t>(tokens[bt]) * d;
+    for (int i = 0; i < d; ++i) e[i] += g[i];
+  }
+  for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
+    const float* g = dx + bt * d;
+    float* p = dwpe + (bt % T) * d;
+    for (int i = 0; i < d; ++i) p[i] += g[i];
+  }
+}
+
 }  // namespace sshsdp::kernels

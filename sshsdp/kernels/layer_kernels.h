@@ -54,4 +54,15 @@ double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* 
 void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                  int64_t rows, int64_t ld, float scale);
 
+// ---- Embeddings over fp32 tables: out[b·T + t] = wte[tokens[b·T + t]] + wpe[t]. ----
+// (models/layers.h's EmbeddingForward/Backward take fp32 or bf16 runtime views; these are
+// their fp32 case, the device backends' reference.)
+void EmbeddingForwardF32(const float* wte, const float* wpe, const int32_t* tokens, int B, int T,
+                         int d, float* out);
+// dwte [vocab, d], dwpe [≥ T, d] (=|+=) the scatter-add of dx [B·T, d], samples then positions
+// in order (repeated tokens add up); without accumulate every row is overwritten (zeros for
+// tokens that never occur).
+void EmbeddingBackwardF32(const float* dx, const int32_t* tokens, int B, int T, int d, float* dwte,
+                          int64_t vocab, float* dwpe, int64_t seq_len, bool accumulate);
+
 }  // namespace sshsdp::kernels
