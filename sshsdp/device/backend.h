@@ -154,6 +154,13 @@ inline void CheckShape(int B, int T, int d, const char* op) {
                "{}: need B, T >= 0 and a row width > 0, got B={} T={} width={}", op, B, T, d);
 }
 
+// NumericsError unless H, dh > 0, B, T >= 0 and the packed QKV row (3·H·dh) fits an int.
+inline void CheckAttentionShape(int B, int T, int H, int dh, const char* op) {
+  SSHSDP_CHECK(H > 0 && dh > 0 && int64_t{3} * H * dh <= 2147483647, NumericsError,
+               "{}: need H, dh > 0 and 3·H·dh < 2^31, got H={} dh={}", op, H, dh);
+  CheckShape(B, T, H * dh, op);
+}
+
 // The reference backend: host memory, the numerics/ and update/ functions.
 std::unique_ptr<Backend> MakeCpuBackend();
 // CUDA device `ordinal`. DeviceError naming the reason when sshsdp was built without CUDA

@@ -118,14 +118,14 @@ class CpuBackend final : public Backend {
   }
   void CausalAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
                               int dh) override {
-    CheckShape(B, T, H * dh, "CausalAttentionForward");
+    CheckAttentionShape(B, T, H, dh, "CausalAttentionForward");
     attention_scratch_.resize(static_cast<size_t>(kernels::AttentionScratchFloats(B, T, H)));
     kernels::CausalAttentionForward(qkv, out, lse, attention_scratch_.data(), B, T, H, dh);
   }
   void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
                                const float* lse, float* dqkv, int B, int T, int H,
                                int dh) override {
-    CheckShape(B, T, H * dh, "CausalAttentionBackward");
+    CheckAttentionShape(B, T, H, dh, "CausalAttentionBackward");
     attention_scratch_.resize(static_cast<size_t>(kernels::AttentionScratchFloats(B, T, H)));
     kernels::CausalAttentionBackward(dout, qkv, out, lse, dqkv, attention_scratch_.data(), B, T, H,
                                      dh);

@@ -142,6 +142,8 @@ class CudaBackend final : public Backend {
     CheckMxOptions(opt);
     SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
                  "MxQuantizeWeight: matrix shape must be non-negative, got [{}, {}]", rows, cols);
+    SSHSDP_CHECK(MxBlocks(cols) <= kIntMax, NumericsError,
+                 "{}: MxQuantizeWeight takes at most (2^31 - 1)·32 columns, got {}", name_, cols);
     SSHSDP_CHECK(MxBlocks(rows) <= 65535, NumericsError,
                  "{}: MxQuantizeWeight takes at most 65535·32 rows, got {}", name_, rows);
     if (rows == 0 || cols == 0) return;
@@ -213,7 +215,7 @@ class CudaBackend final : public Backend {
   }
   double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
                                     int64_t rows, int64_t V, int64_t ld) override {
-    CheckCount(rows, "SoftmaxCrossEntropyForward");
+    CheckRowsFit(rows, 1, "SoftmaxCrossEntropyForward");
     SSHSDP_CHECK(V >= 1 && V <= ld, NumericsError,
                  "SoftmaxCrossEntropyForward: need 1 <= V <= ld, got V={} ld={}", V, ld);
     if (rows == 0) return 0.0;
@@ -234,7 +236,7 @@ class CudaBackend final : public Backend {
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                    int64_t rows, int64_t ld, float scale) override {
-    CheckCount(rows, "SoftmaxCrossEntropyBackward");
+    CheckRowsFit(rows, 1, "SoftmaxCrossEntropyBackward");
     if (rows == 0 || ld == 0) return;
     Use();
     SSHSDP_CUDA_OK(
@@ -386,8 +388,7 @@ class CudaBackend final : public Backend {
   // The reference attention kernels keep a row of T scores (two in the backward) in shared
   // memory and put T, H and B on grid dimensions.
   void CheckAttention(int B, int T, int H, int dh, const char* op) {
-    SSHSDP_CHECK(H > 0 && dh > 0, NumericsError, "{}: need H, dh > 0, got H={} dh={}", op, H, dh);
-    CheckShape(B, T, H * dh, op);
+    CheckAttentionShape(B, T, H, dh, op);
     SSHSDP_CHECK(T <= 4096 && H <= 65535 && B <= 65535, NumericsError,
                  "{}: {}'s attention takes T <= 4096, H and B <= 65535; got T={} H={} B={}", op,
                  name_, T, H, B);

@@ -1,8 +1,11 @@
-// The CUDA backend's kernels (cuda_kernels_internal.h): elementwise ops with one thread per element
-// (grid-stride), stochastic rounding with one thread per Philox block of 8 elements, AdamW
-// per span, a two-pass double reduction whose grid depends only on n, and the Newton–Schulz
-// elementwise pieces. Compiled with --fmad=false (no multiply-add contraction), so the fp32
-// operations are those of the CPU code, in its order.
+// The CUDA backend's kernels (cuda_kernels_internal.h): elementwise ops with one thread per
+// element (grid-stride), stochastic rounding with one thread per Philox block of 8 elements,
+// AdamW per span, MXFP8 weight (de)quantization per 32x32 tile, a two-pass double reduction
+// whose grid depends only on n, the Newton–Schulz elementwise pieces, and the reference GPT's
+// layer kernels (row-per-block reductions; plain reference attention and embedding-gradient
+// kernels, deterministic, not fast). Compiled with --fmad=false (no multiply-add
+// contraction): the elementwise ops apply the CPU code's fp32 operations in its order; the
+// reductions sum in tree order, not the CPU's.
 #include "sshsdp/device/cuda_kernels_internal.h"
 
 #include <algorithm>

@@ -83,8 +83,9 @@ cudaError_t LaunchEmbeddingForward(const float* wte, const float* wpe, const int
 cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
                                     float* dwte, float* dwpe, cudaStream_t s);
 cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
-// Causal attention (kernels/attention.h's layout); B, T, H, dh > 0, T ≤ 65535 and T floats
-// (forward) / 2·T floats (backward) of shared memory; D: B·H·T floats of scratch.
+// Causal attention (kernels/attention.h's layout); B, T, H, dh > 0, T ≤ 4096 (the backward's
+// 2·T floats of dynamic shared memory within the default 48 KiB), B, H ≤ 65535; D: B·H·T
+// floats of scratch.
 cudaError_t LaunchAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
                                    int dh, float scale, cudaStream_t s);
 cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const float* out,

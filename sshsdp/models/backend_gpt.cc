@@ -1,0 +1,217 @@
+// BackendGpt (backend_gpt.h): gpt.cc's forward and backward, op for op, on a device backend.
+#include "sshsdp/models/backend_gpt.h"
+
+#include <cmath>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp {
+
+BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T) : b_(b), c_(c), B_(B), T_(T) {
+  c_.Validate();
+  SSHSDP_CHECK(B >= 1 && T >= 1 && T <= c_.seq_len, ConfigError,
+               "BackendGpt: need B >= 1 and 1 <= T <= seq_len {}, got B={} T={}", c_.seq_len, B, T);
+  const int64_t d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
+  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay) {
+    int64_t n = 1;
+    for (int64_t s : shape) n *= s;
+    tensors_.push_back({std::move(name), std::move(shape), num_params_, n, decay});
+    num_params_ += n;
+  };
+  add("wte", {Vp, d}, true);
+  add("wpe", {c_.seq_len, d}, true);
+  for (int l = 0; l < c_.n_layer; ++l) {
+    const std::string p = "blocks." + std::to_string(l) + ".";
+    add(p + "ln1.g", {d}, false);
+    add(p + "attn.qkv", {3 * d, d}, true);
+    add(p + "attn.proj", {d, d}, true);
+    add(p + "ln2.g", {d}, false);
+    add(p + "mlp.fc1", {ff, d}, true);
+    add(p + "mlp.fc2", {d, ff}, true);
+  }
+  add("lnf.g", {d}, false);
+  add("lm_head", {Vp, d}, true);
+
+  const int64_t n = num_params_ * static_cast<int64_t>(sizeof(float));
+  weights_ = static_cast<float*>(b_.Alloc(n));
+  grads_ = static_cast<float*>(b_.Alloc(n));
+  m_ = static_cast<float*>(b_.Alloc(n));
+  v_ = static_cast<float*>(b_.Alloc(n));
+
+  // Activations: a table of sizes, one allocation.
+  const int64_t BT = int64_t{B} * T, L = c_.n_layer, H = c_.n_head;
+  float** slots[] = {&a_.residual, &a_.ln1,     &a_.ln1_rstd, &a_.qkv,  &a_.lse,      &a_.atty,
+                     &a_.res_mid,  &a_.ln2,     &a_.ln2_rstd, &a_.fch,  &a_.fch_gelu, &a_.lnf,
+                     &a_.lnf_rstd, &a_.probs,   &a_.losses,   &a_.dres, &a_.dtmp,     &a_.dqkv,
+                     &a_.dfch,     &a_.dlogits, &a_.dgain};
+  const int64_t sizes[] = {(L + 1) * BT * d,
+                           L * BT * d,
+                           L * BT,
+                           L * BT * 3 * d,
+                           L * B * H * T,
+                           L * BT * d,
+                           L * BT * d,
+                           L * BT * d,
+                           L * BT,
+                           L * BT * ff,
+                           L * BT * ff,
+                           BT * d,
+                           BT,
+                           BT * Vp,
+                           BT,
+                           BT * d,
+                           BT * d,
+                           BT * 3 * d,
+                           BT * ff,
+                           BT * Vp,
+                           d};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  acts_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(total) * sizeof(float)));
+  int64_t at = 0;
+  for (size_t i = 0; i < std::size(slots); ++i) {
+    *slots[i] = acts_ + at;
+    at += sizes[i];
+  }
+  tokens_ = static_cast<int32_t*>(b_.Alloc(static_cast<size_t>(2 * BT) * sizeof(int32_t)));
+}
+
+BackendGpt::~BackendGpt() {
+  for (void* p : {static_cast<void*>(weights_), static_cast<void*>(grads_), static_cast<void*>(m_),
+                  static_cast<void*>(v_), static_cast<void*>(acts_), static_cast<void*>(tokens_)})
+    b_.Free(p);
+}
+
+void BackendGpt::LoadWeights(const float* host) {
+  b_.CopyIn(weights_, host, static_cast<size_t>(num_params_) * sizeof(float));
+  b_.Fill(m_, num_params_, 0.0f);
+  b_.Fill(v_, num_params_, 0.0f);
+}
+
+void BackendGpt::ReadWeights(float* host) {
+  b_.CopyOut(host, weights_, static_cast<size_t>(num_params_) * sizeof(float));
+}
+
+void BackendGpt::ReadGrads(float* host) {
+  b_.CopyOut(host, grads_, static_cast<size_t>(num_params_) * sizeof(float));
+}
+
+void BackendGpt::Forward() {
+  const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
+  const int H = c_.n_head, dh = c_.head_dim();
+  b_.EmbeddingForward(W(0), W(1), tokens_, B_, T_, static_cast<int>(d), a_.residual);
+  for (int l = 0; l < c_.n_layer; ++l) {
+    const int w = 2 + 6 * l;  // ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2
+    const float* x = a_.residual + l * BT * d;
+    float* out = a_.residual + (l + 1) * BT * d;
+    float* ln1 = a_.ln1 + l * BT * d;
+    float* qkv = a_.qkv + l * BT * 3 * d;
+    float* atty = a_.atty + l * BT * d;
+    float* res_mid = a_.res_mid + l * BT * d;
+    float* ln2 = a_.ln2 + l * BT * d;
+    float* fch = a_.fch + l * BT * ff;
+    float* fch_gelu = a_.fch_gelu + l * BT * ff;
+    b_.RmsNormForward(x, W(w), ln1, a_.ln1_rstd + l * BT, BT, static_cast<int>(d));
+    b_.Gemm(false, true, BT, 3 * d, d, ln1, W(w + 1), qkv, false);
+    b_.CausalAttentionForward(qkv, atty, a_.lse + l * int64_t{B_} * H * T_, B_, T_, H, dh);
+    b_.Gemm(false, true, BT, d, d, atty, W(w + 2), res_mid, false);
+    b_.Add(x, res_mid, res_mid, BT * d);
+    b_.RmsNormForward(res_mid, W(w + 3), ln2, a_.ln2_rstd + l * BT, BT, static_cast<int>(d));
+    b_.Gemm(false, true, BT, ff, d, ln2, W(w + 4), fch, false);
+    b_.GeluForward(fch, fch_gelu, BT * ff);
+    b_.Gemm(false, true, BT, d, ff, fch_gelu, W(w + 5), out, false);
+    b_.Add(res_mid, out, out, BT * d);
+  }
+  const int head = 2 + 6 * c_.n_layer;
+  b_.RmsNormForward(a_.residual + c_.n_layer * BT * d, W(head), a_.lnf, a_.lnf_rstd, BT,
+                    static_cast<int>(d));
+  b_.Gemm(false, true, BT, Vp, d, a_.lnf, W(head + 1), a_.probs, false);
+}
+
+void BackendGpt::GainGrad(const float* dy, const float* x, const float* g, const float* rstd,
+                          float* dx, float* dg, bool acc_dx, bool acc_dg) {
+  const int64_t BT = int64_t{B_} * T_;
+  const int d = c_.d_model;
+  b_.RmsNormBackward(dy, x, g, rstd, dx, acc_dg ? a_.dgain : dg, BT, d, acc_dx);
+  if (acc_dg) b_.Add(dg, a_.dgain, dg, d);
+}
+
+void BackendGpt::Backward(bool acc) {
+  const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
+  const int H = c_.n_head, dh = c_.head_dim();
+  const int head = 2 + 6 * c_.n_layer;
+  b_.SoftmaxCrossEntropyBackward(a_.probs, tokens_ + BT, a_.dlogits, BT, Vp,
+                                 static_cast<float>(1.0 / static_cast<double>(BT)));
+  b_.Gemm(true, false, Vp, d, BT, a_.dlogits, a_.lnf, G(head + 1), acc);
+  b_.Gemm(false, false, BT, d, Vp, a_.dlogits, W(head + 1), a_.dtmp, false);
+  GainGrad(a_.dtmp, a_.residual + c_.n_layer * BT * d, W(head), a_.lnf_rstd, a_.dres, G(head),
+           false, acc);
+  for (int l = c_.n_layer - 1; l >= 0; --l) {
+    const int w = 2 + 6 * l;
+    const float* x = a_.residual + l * BT * d;
+    const float* ln1 = a_.ln1 + l * BT * d;
+    const float* qkv = a_.qkv + l * BT * 3 * d;
+    const float* atty = a_.atty + l * BT * d;
+    const float* res_mid = a_.res_mid + l * BT * d;
+    const float* ln2 = a_.ln2 + l * BT * d;
+    const float* fch = a_.fch + l * BT * ff;
+    const float* fch_gelu = a_.fch_gelu + l * BT * ff;
+    // MLP.
+    b_.Gemm(true, false, d, ff, BT, a_.dres, fch_gelu, G(w + 5), acc);
+    b_.Gemm(false, false, BT, ff, d, a_.dres, W(w + 5), a_.dfch, false);
+    b_.GeluBackwardInPlace(fch, a_.dfch, BT * ff);
+    b_.Gemm(true, false, ff, d, BT, a_.dfch, ln2, G(w + 4), acc);
+    b_.Gemm(false, false, BT, d, ff, a_.dfch, W(w + 4), a_.dtmp, false);
+    GainGrad(a_.dtmp, res_mid, W(w + 3), a_.ln2_rstd + l * BT, a_.dres, G(w + 3), true, acc);
+    // Attention.
+    b_.Gemm(true, false, d, d, BT, a_.dres, atty, G(w + 2), acc);
+    b_.Gemm(false, false, BT, d, d, a_.dres, W(w + 2), a_.dtmp, false);
+    b_.CausalAttentionBackward(a_.dtmp, qkv, atty, a_.lse + l * int64_t{B_} * H * T_, a_.dqkv, B_,
+                               T_, H, dh);
+    b_.Gemm(true, false, 3 * d, d, BT, a_.dqkv, ln1, G(w + 1), acc);
+    b_.Gemm(false, false, BT, d, 3 * d, a_.dqkv, W(w + 1), a_.dtmp, false);
+    GainGrad(a_.dtmp, x, W(w), a_.ln1_rstd + l * BT, a_.dres, G(w), true, acc);
+  }
+  b_.EmbeddingBackward(a_.dres, tokens_, B_, T_, static_cast<int>(d), G(0), Vp, G(1), c_.seq_len,
+                       acc);
+}
+
+double BackendGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets, bool accumulate) {
+  const int64_t BT = int64_t{B_} * T_;
+  for (int64_t i = 0; i < BT; ++i)
+    SSHSDP_CHECK(tokens[i] >= 0 && tokens[i] < c_.vocab && targets[i] >= 0 && targets[i] < c_.vocab,
+                 ConfigError, "BackendGpt: token {} of the batch is outside the vocabulary of {}",
+                 i, c_.vocab);
+  b_.CopyIn(tokens_, tokens, static_cast<size_t>(BT) * sizeof(int32_t));
+  b_.CopyIn(tokens_ + BT, targets, static_cast<size_t>(BT) * sizeof(int32_t));
+  Forward();
+  const double sum = b_.SoftmaxCrossEntropyForward(a_.probs, tokens_ + BT, a_.losses, BT, c_.vocab,
+                                                   c_.padded_vocab());
+  Backward(accumulate);
+  return sum / static_cast<double>(BT);
+}
+
+double BackendGpt::TrainStep(const int32_t* tokens, const int32_t* targets, int microbatches,
+                             const AdamWConfig& adamw, float clip, int64_t step,
+                             double* grad_norm) {
+  SSHSDP_CHECK(microbatches >= 1, ConfigError, "BackendGpt: microbatches must be >= 1, got {}",
+               microbatches);
+  const int64_t BT = int64_t{B_} * T_;
+  double loss = 0.0;
+  for (int mb = 0; mb < microbatches; ++mb)
+    loss += ForwardBackward(tokens + mb * BT, targets + mb * BT, mb > 0);
+  const double norm_scale = 1.0 / microbatches;
+  const double norm = std::sqrt(b_.SumSquares(grads_, num_params_)) * norm_scale;
+  if (grad_norm) *grad_norm = norm;
+  double coef = 1.0;
+  if (clip > 0 && norm > clip) coef = clip / (norm + 1e-6);
+  std::vector<AdamWSpan> spans;
+  for (const Tensor& t : tensors_)
+    spans.push_back({weights_ + t.offset, grads_ + t.offset, m_ + t.offset, v_ + t.offset, t.size,
+                     t.decay ? adamw.weight_decay : 0.0f});
+  b_.AdamW(spans.data(), static_cast<int>(spans.size()), adamw, step,
+           static_cast<float>(coef * norm_scale));
+  return loss / microbatches;
+}
+
+}  // namespace sshsdp

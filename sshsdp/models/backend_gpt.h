@@ -1,0 +1,86 @@
+// The dense GPT of gpt.h (packed QKV, padded vocabulary, fp32 weights and activations) with
+// its whole training step on ONE device backend (device/backend.h): forward, backward,
+// microbatch accumulation, global-norm clipping and AdamW, every tensor in backend memory —
+// the single-device path of the GPU backend (issue 19), built only from the backend's ops so
+// that the CPU backend trains it like Gpt (backend_gpt_test: same loss and gradients as Gpt,
+// the same AdamW as update/adamw.h) and the CUDA backend runs the same program on a GPU
+// (models_backend_gpt_check, scripts/gpu_check.sh). One flat allocation each for weights,
+// gradients, AdamW's m and v, and activations, with a table of per-tensor offsets (llm.c).
+//
+//   std::unique_ptr<Backend> dev = MakeBackend("cuda");
+//   BackendGpt gpt(*dev, GptConfig::Preset("small"), /*B=*/4, /*T=*/128);
+//   gpt.LoadWeights(host_weights.data());          // gpt.tensors() order, fp32
+//   double loss = gpt.TrainStep(tokens, targets, /*microbatches=*/4, adamw, /*clip=*/1.0f,
+//                               /*step=*/1, &grad_norm);
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sshsdp/device/backend.h"
+#include "sshsdp/models/gpt.h"
+
+namespace sshsdp {
+
+class BackendGpt {
+ public:
+  // A tensor of the flat weight buffer: Gpt's runtime parameter of that name and shape.
+  struct Tensor {
+    std::string name;
+    std::vector<int64_t> shape;
+    int64_t offset = 0, size = 0;
+    bool decay = true;  // AdamW weight decay (not on norm gains)
+  };
+
+  // Batches of B sequences of T <= c.seq_len tokens. ConfigError for bad sizes.
+  BackendGpt(Backend& b, const GptConfig& c, int B, int T);
+  ~BackendGpt();
+  BackendGpt(const BackendGpt&) = delete;
+  BackendGpt& operator=(const BackendGpt&) = delete;
+
+  // wte, wpe, then per block ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2, then lnf.g,
+  // lm_head (Gpt's runtime parameters in group order).
+  const std::vector<Tensor>& tensors() const { return tensors_; }
+  int64_t num_params() const { return num_params_; }
+
+  // Host fp32 arrays of num_params() floats in tensors() order. Loading zeroes m and v.
+  void LoadWeights(const float* host);
+  void ReadWeights(float* host);
+  void ReadGrads(float* host);
+
+  // Forward and backward of one batch (host tokens / targets [B, T], each < vocab): returns
+  // the mean cross-entropy; gradients overwritten (accumulate = false) or added to.
+  double ForwardBackward(const int32_t* tokens, const int32_t* targets, bool accumulate);
+
+  // One optimizer step over `microbatches` batches ([microbatches, B, T] host arrays):
+  // gradients summed, scaled by 1/microbatches, clipped to global norm `clip` (0: off) as the
+  // engine clips (coefficient clip / (norm + 1e-6) when norm > clip), then AdamW at `step`
+  // (>= 1). Returns the mean loss; *grad_norm (if given) gets the norm before clipping.
+  double TrainStep(const int32_t* tokens, const int32_t* targets, int microbatches,
+                   const AdamWConfig& adamw, float clip, int64_t step, double* grad_norm);
+
+ private:
+  void Forward();
+  void Backward(bool acc);
+  // Gain gradient: overwritten, or added through the scratch row.
+  void GainGrad(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
+                float* dg, bool acc_dx, bool acc_dg);
+  float* W(int i) { return weights_ + tensors_[i].offset; }
+  float* G(int i) { return grads_ + tensors_[i].offset; }
+
+  Backend& b_;
+  GptConfig c_;
+  int B_, T_;
+  std::vector<Tensor> tensors_;
+  int64_t num_params_ = 0;
+  float *weights_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  float* acts_ = nullptr;      // every activation, one allocation
+  int32_t* tokens_ = nullptr;  // [B·T] tokens, then [B·T] targets
+  struct Acts {
+    float *residual, *ln1, *ln1_rstd, *qkv, *lse, *atty, *res_mid, *ln2, *ln2_rstd, *fch, *fch_gelu,
+        *lnf, *lnf_rstd, *probs, *losses, *dres, *dtmp, *dqkv, *dfch, *dlogits, *dgain;
+  } a_{};
+};
+
+}  // namespace sshsdp
