@@ -1,6 +1,7 @@
 // BackendGpt (backend_gpt.h): gpt.cc's forward and backward, op for op, on a device backend.
 #include "sshsdp/models/backend_gpt.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "sshsdp/base/error.h"
@@ -38,33 +39,16 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T) : b_(b), c_
   m_ = static_cast<float*>(b_.Alloc(n));
   v_ = static_cast<float*>(b_.Alloc(n));
 
-  // Activations: a table of sizes, one allocation.
-  const int64_t BT = int64_t{B} * T, L = c_.n_layer, H = c_.n_head;
+  // Activations: Gpt's table of sizes plus the gain-gradient scratch row, one allocation.
   float** slots[] = {&a_.residual, &a_.ln1,     &a_.ln1_rstd, &a_.qkv,  &a_.lse,      &a_.atty,
                      &a_.res_mid,  &a_.ln2,     &a_.ln2_rstd, &a_.fch,  &a_.fch_gelu, &a_.lnf,
                      &a_.lnf_rstd, &a_.probs,   &a_.losses,   &a_.dres, &a_.dtmp,     &a_.dqkv,
                      &a_.dfch,     &a_.dlogits, &a_.dgain};
-  const int64_t sizes[] = {(L + 1) * BT * d,
-                           L * BT * d,
-                           L * BT,
-                           L * BT * 3 * d,
-                           L * B * H * T,
-                           L * BT * d,
-                           L * BT * d,
-                           L * BT * d,
-                           L * BT,
-                           L * BT * ff,
-                           L * BT * ff,
-                           BT * d,
-                           BT,
-                           BT * Vp,
-                           BT,
-                           BT * d,
-                           BT * d,
-                           BT * 3 * d,
-                           BT * ff,
-                           BT * Vp,
-                           d};
+  int64_t sizes[kGptActivationTensors + 1];
+  const auto model_sizes = GptActivationFloats(c_, B, T);
+  std::copy(model_sizes.begin(), model_sizes.end(), sizes);
+  sizes[kGptActivationTensors] = d;
+  static_assert(std::size(slots) == std::size(sizes), "a slot per activation");
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
   acts_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(total) * sizeof(float)));
@@ -73,7 +57,7 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T) : b_(b), c_
     *slots[i] = acts_ + at;
     at += sizes[i];
   }
-  tokens_ = static_cast<int32_t*>(b_.Alloc(static_cast<size_t>(2 * BT) * sizeof(int32_t)));
+  tokens_ = static_cast<int32_t*>(b_.Alloc(static_cast<size_t>(2) * B * T * sizeof(int32_t)));
 }
 
 BackendGpt::~BackendGpt() {

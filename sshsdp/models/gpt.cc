@@ -127,6 +127,15 @@ std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
   return out;
 }
 
+std::array<int64_t, kGptActivationTensors> GptActivationFloats(const GptConfig& c, int B, int T) {
+  const int64_t BT = static_cast<int64_t>(B) * T, L = c.n_layer, d = c.d_model, ff = c.ff(),
+                V = c.padded_vocab(), H = c.n_head;
+  return {(L + 1) * BT * d, L * BT * d, L * BT,     L * BT * 3 * d, L * B * H * T,
+          L * BT * d,       L * BT * d, L * BT * d, L * BT,         L * BT * ff,
+          L * BT * ff,      BT * d,     BT,         BT * V,         BT,
+          BT * d,           BT * d,     BT * 3 * d, BT * ff,        BT * V};
+}
+
 void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
   SSHSDP_CHECK(B > 0 && T > 0 && T <= c_.seq_len, ConfigError,
                "GPT batch B={} T={} invalid (need B > 0 and 0 < T <= seq_len {})", B, T,
@@ -142,33 +151,15 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
   B_ = B, T_ = T;
 
   // Arena: one allocation, each tensor 64-byte aligned.
-  const int64_t L = c_.n_layer, d = c_.d_model, ff = c_.ff(), V = c_.padded_vocab(), H = c_.n_head;
   float** slots[] = {
       &acts_.residual, &acts_.ln1,     &acts_.ln1_rstd,   &acts_.qkv,  &acts_.lse,      &acts_.atty,
       &acts_.res_mid,  &acts_.ln2,     &acts_.ln2_rstd,   &acts_.fch,  &acts_.fch_gelu, &acts_.lnf,
       &acts_.lnf_rstd, &acts_.probs,   &acts_.losses,     &acts_.dres, &acts_.dtmp,     &acts_.dqkv,
       &acts_.dfch,     &acts_.dlogits, &acts_.att_scratch};
-  const int64_t sizes[] = {(L + 1) * BT * d,
-                           L * BT * d,
-                           L * BT,
-                           L * BT * 3 * d,
-                           L * B * H * T,
-                           L * BT * d,
-                           L * BT * d,
-                           L * BT * d,
-                           L * BT,
-                           L * BT * ff,
-                           L * BT * ff,
-                           BT * d,
-                           BT,
-                           BT * V,
-                           BT,
-                           BT * d,
-                           BT * d,
-                           BT * 3 * d,
-                           BT * ff,
-                           BT * V,
-                           kernels::AttentionScratchFloats(B, T, c_.n_head)};
+  int64_t sizes[kGptActivationTensors + 1];
+  const auto model_sizes = GptActivationFloats(c_, B, T);
+  std::copy(model_sizes.begin(), model_sizes.end(), sizes);
+  sizes[kGptActivationTensors] = kernels::AttentionScratchFloats(B, T, c_.n_head);
   static_assert(sizeof(slots) / sizeof(slots[0]) == sizeof(sizes) / sizeof(sizes[0]));
   int64_t offsets[sizeof(sizes) / sizeof(sizes[0])];
   int64_t total = 0;

@@ -30,6 +30,8 @@
 // (B, T, config).
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string_view>
 #include <vector>
 
@@ -69,6 +71,13 @@ struct GptConfig {
   // Throws ConfigError on non-positive sizes or d_model not divisible by n_head.
   void Validate() const;
 };
+
+// Floats of the dense GPT's activations for a batch of B sequences of T tokens, in the order
+// of Gpt's and BackendGpt's arenas: residual [L+1, BT, d], ln1, ln1_rstd, qkv, lse [L, B, H,
+// T], atty, res_mid, ln2, ln2_rstd, fch, fch_gelu, lnf, lnf_rstd, probs [BT, Vp], losses,
+// then the backward's scratch dres, dtmp, dqkv, dfch, dlogits.
+inline constexpr int kGptActivationTensors = 20;
+std::array<int64_t, kGptActivationTensors> GptActivationFloats(const GptConfig& c, int B, int T);
 
 class Gpt final : public Model {
  public:
