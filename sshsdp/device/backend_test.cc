@@ -224,8 +224,7 @@ TEST_F(BackendTest, AdamWBitForBitOverSpans) {
     for (size_t i = 0; i < std::size(sizes); ++i) {
       const std::vector<float>* want[] = {&w[i], &g[i], &m[i], &v[i]};
       for (int f = 0; f < 4; ++f) {
-        const std::vector<float> got = dev[i * 4 + f]->Read();
-        EXPECT_EQ(0, std::memcmp(got.data(), want[f]->data(), got.size() * 4))
+        EXPECT_EQ(FirstMismatch(dev[i * 4 + f]->Read(), *want[f]), "")
             << b_->name() << " step " << step << " span " << i << " field "
             << "wgmv"[f];
       }
