@@ -34,33 +34,21 @@ void EmbeddingForward(const TensorRef& wte, const TensorRef& wpe, const int32_t*
 void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
                        const TensorRef& dwte, int64_t vocab, const TensorRef& dwpe, int64_t seq_len,
                        bool accumulate, std::vector<float>& scratch) {
-  // Each table: scatter-add rows into fp32 (the view itself when it is fp32; a scratch table
-  // when bf16, written once at the end so bf16 rounding happens once per element).
-  auto scatter = [&](const TensorRef& g, int64_t rows, auto&& row_of) {
-    const int64_t n = rows * d;
-    float* dst;
-    bool direct = g.dtype == DType::kF32;
-    if (direct) {
-      dst = static_cast<float*>(g.data);
-      if (!accumulate) kernels::Fill(dst, n, 0.0f);  // rows that never occur get explicit zeros
-    } else {
-      if (static_cast<int64_t>(scratch.size()) < n) scratch.resize(n);
-      dst = scratch.data();
-      kernels::Fill(dst, n, 0.0f);
-    }
-    for (int b = 0; b < B; ++b) {
-      for (int t = 0; t < T; ++t) {
-        const float* g_row = dx + (static_cast<int64_t>(b) * T + t) * d;
-        float* row = dst + row_of(b, t) * d;
-        for (int i = 0; i < d; ++i) row[i] += g_row[i];  // repeated tokens add up
-      }
-    }
-    if (!direct) kernels::WriteOrAccumulate(dst, g.data, g.dtype, n, accumulate);
-  };
-  scatter(dwte, vocab, [&](int b, int t) {
-    return static_cast<int64_t>(tokens[static_cast<int64_t>(b) * T + t]);
-  });
-  scatter(dwpe, seq_len, [](int, int t) { return static_cast<int64_t>(t); });
+  // The scatter-add is kernels::EmbeddingBackwardF32's, into fp32 tables: a view itself when
+  // it is fp32 (zeroed first unless accumulating, so rows that never occur get explicit
+  // zeros), else a zeroed scratch table written once at the end, so bf16 rounding happens
+  // once per element.
+  const int64_t n_te = vocab * d, n_pe = seq_len * d;
+  const bool te_direct = dwte.dtype == DType::kF32, pe_direct = dwpe.dtype == DType::kF32;
+  const int64_t need = (te_direct ? 0 : n_te) + (pe_direct ? 0 : n_pe);
+  if (static_cast<int64_t>(scratch.size()) < need) scratch.resize(static_cast<size_t>(need));
+  float* te = te_direct ? static_cast<float*>(dwte.data) : scratch.data();
+  float* pe = pe_direct ? static_cast<float*>(dwpe.data) : scratch.data() + (te_direct ? 0 : n_te);
+  if (!te_direct || !accumulate) kernels::Fill(te, n_te, 0.0f);
+  if (!pe_direct || !accumulate) kernels::Fill(pe, n_pe, 0.0f);
+  kernels::EmbeddingBackwardF32(dx, tokens, B, T, d, te, vocab, pe, seq_len, /*accumulate=*/true);
+  if (!te_direct) kernels::WriteOrAccumulate(te, dwte.data, dwte.dtype, n_te, accumulate);
+  if (!pe_direct) kernels::WriteOrAccumulate(pe, dwpe.data, dwpe.dtype, n_pe, accumulate);
 }
 
 RuntimeParamSpec Single(std::string name, std::vector<int64_t> shape, UpdateKind kind,
