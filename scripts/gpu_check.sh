@@ -5,13 +5,17 @@
 # (models/backend_gpt.h, fp32), its losses compared with the CPU backend's run from the same
 # weights and batches (first loss within 1e-5, the first five within 1e-3), tokens/s and
 # fp32 TFLOP/s reported next to eager PyTorch training the same GPT on the same GPU in fp32.
-# Not covered yet (not built): NCCL, several processes on one GPU, the engine on the GPU.
+# (3) The NCCL communicator against MPI's on one rank (the H200 machine has one GPU; NCCL before
+# 2.30 refuses two ranks on it, which a second run checks), where an MPI runtime can start.
+# Not covered yet (not built): several processes on one GPU (CUDA IPC), the engine on the GPU.
 #
 #   scripts/gpu_check.sh prepare   # here (the build machine, no GPU needed): build the CUDA
-#                                  # backend test in build-gpu/ and bundle it with the shared
-#                                  # libraries a bare GPU image lacks (oneDNN, OpenMPI, fmt) into
-#                                  # gpu-bundle/ (git-ignored; ~45 MB)
-#   scripts/gpu_check.sh           # on the GPU machine (device tool: carry gpu-bundle):
+#                                  # tests in build-gpu/ and bundle them with the shared
+#                                  # libraries a bare GPU image lacks (oneDNN, fmt) and a
+#                                  # relocatable Open MPI (mpirun, orted, plugins, PMIx) into
+#                                  # gpu-bundle/, packed as gpu-bundle.tar.xz (git-ignored;
+#                                  # 52 MB unpacked, 10 MB packed)
+#   scripts/gpu_check.sh           # on the GPU machine (device tool: carry gpu-bundle.tar.xz):
 #                                  # nvidia-smi, then the op-by-op test on cuda:0; exit 0 only
 #                                  # if it ran and passed (a skip is a failure here)
 #
@@ -21,21 +25,64 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-run}
 bundle=gpu-bundle
+
+# A relocatable copy of this machine's Open MPI (launcher, daemon, plugins, help texts, PMIx)
+# under $1/ompi, so a bare GPU image can start several processes: OPAL_PREFIX and
+# PMIX_INSTALL_PREFIX point it there at run time. Plugins that need network stacks the image
+# lacks (UCX, verbs, PSM, libfabric) are left out; shared memory and TCP remain.
+bundle_openmpi() {
+  local b=$1 ompi=$1/ompi
+  local pkglib=/usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3
+  local pmix=/usr/lib/x86_64-linux-gnu/pmix2
+  mkdir -p "$ompi/bin" "$ompi${pkglib#/usr}" "$ompi${pmix#/usr}/lib/pmix" "$ompi/share"
+  cp -L /usr/bin/orterun "$ompi/bin/mpirun"
+  cp -L /usr/bin/orted "$ompi/bin/orted"
+  cp -r /usr/share/openmpi "$ompi/share/"
+  [ -d /usr/share/pmix ] && cp -r /usr/share/pmix "$ompi/share/"
+  cp -L "$pmix"/lib/pmix/*.so "$ompi${pmix#/usr}/lib/pmix/"
+  local keep='libevent|libudev|libopen-pal|libopen-rte|libhwloc|libz\.|libmpi\.|libnuma|libpmix|libmunge|libatomic|libuuid|libmca_common_(sm|ompio|monitoring)'
+  local f deps
+  for f in "$pkglib"/*.so; do
+    deps=$(ldd "$f" | awk '/=> \//{print $3}' |
+      grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so' || true)
+    if echo "$deps" | grep -vE "$keep" | grep -q .; then continue; fi  # needs a network stack
+    cp -L "$f" "$ompi${pkglib#/usr}/"
+    [ -n "$deps" ] && echo "$deps" | xargs -r -I{} cp -Ln {} "$b/lib/"
+  done
+  ldd "$ompi/bin/mpirun" "$ompi/bin/orted" "$ompi${pmix#/usr}"/lib/pmix/*.so |
+    awk '/=> \//{print $3}' | sort -u |
+    grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so' |
+    xargs -r -I{} cp -Ln {} "$b/lib/"
+  cp -Ln "$pmix"/lib/libpmix.so.2 "$b/lib/" 2>/dev/null || true
+}
+
+# On the GPU machine: the bundled Open MPI's launcher, found through the environment.
+use_bundled_openmpi() {
+  export OPAL_PREFIX="$PWD/$bundle/ompi"
+  export PMIX_INSTALL_PREFIX="$PWD/$bundle/ompi/lib/x86_64-linux-gnu/pmix2"
+  export PMIX_MCA_mca_base_component_path="$PMIX_INSTALL_PREFIX/lib/pmix"
+  export PATH="$OPAL_PREFIX/bin:$PATH"
+}
 case "$mode" in
   prepare)
     # Its own build directory: -DSSHSDP_CUDA=ON is not left in build/'s cache.
-    BUILD_DIR=build-gpu BUILD_TARGETS="device_backend_test models_backend_gpt_check" \
+    BUILD_DIR=build-gpu \
+      BUILD_TARGETS="device_backend_test device_nccl_test models_backend_gpt_check" \
       scripts/build.sh -DSSHSDP_CUDA=ON
     rm -rf "$bundle" && mkdir -p "$bundle/lib"
-    cp build-gpu/sshsdp/device/device_backend_test build-gpu/sshsdp/models/models_backend_gpt_check \
-      "$bundle/"
-    # Every shared library outside the C library and CUDA's own (the GPU image has those).
-    ldd "$bundle"/device_backend_test "$bundle"/models_backend_gpt_check |
+    cp build-gpu/sshsdp/device/device_backend_test build-gpu/sshsdp/device/device_nccl_test \
+      build-gpu/sshsdp/models/models_backend_gpt_check "$bundle/"
+    # Every shared library outside the C library and CUDA's own (the GPU image has those; NCCL
+    # too: the toolkit's, or the nvidia-nccl wheel next to PyTorch).
+    ldd "$bundle"/device_backend_test "$bundle"/device_nccl_test "$bundle"/models_backend_gpt_check |
       awk '/=> \//{print $3}' | sort -u |
-      grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda/|libcu' |
+      grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda|libcu|libnccl' |
       xargs -r -I{} cp -L {} "$bundle/lib/"
     ldd --version | head -1 >"$bundle/built-with-glibc"
-    du -sh "$bundle"
+    bundle_openmpi "$bundle"
+    # One compressed file to carry (oneDNN alone is 40 MB; xz: the whole bundle ~15 MB).
+    tar -cJf "$bundle.tar.xz" "$bundle"
+    du -sh "$bundle" "$bundle.tar.xz"
     ;;
   build)
     BUILD_DIR=build-gpu scripts/build.sh -DSSHSDP_CUDA=ON
@@ -44,8 +91,10 @@ case "$mode" in
     build-gpu/sshsdp/device/device_backend_test --backend=cuda  # exit 77 (skip) is a failure
     ;;
   run)
+    [ -x "$bundle/device_backend_test" ] || [ ! -f "$bundle.tar.xz" ] || tar -xJf "$bundle.tar.xz"
     [ -x "$bundle/device_backend_test" ] || {
-      echo "gpu_check.sh: no $bundle/ (run 'scripts/gpu_check.sh prepare' first and carry it)" >&2
+      echo "gpu_check.sh: no $bundle/ (run 'scripts/gpu_check.sh prepare' first and carry" \
+        "$bundle.tar.xz)" >&2
       exit 2
     }
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
@@ -56,7 +105,9 @@ case "$mode" in
       2>/dev/null | head -1 | xargs -r dirname)
     rt_libs=$(find /usr/local /usr/lib /opt ${site:+"$site"} -name 'libcudart.so.13*' \
       2>/dev/null | head -1 | xargs -r dirname)
-    export LD_LIBRARY_PATH="$PWD/$bundle/lib:${cuda_libs}:${rt_libs}:${LD_LIBRARY_PATH:-}"
+    nccl_libs=$(find /usr/local /usr/lib /opt ${site:+"$site"} -name 'libnccl.so.2*' \
+      2>/dev/null | head -1 | xargs -r dirname)
+    export LD_LIBRARY_PATH="$PWD/$bundle/lib:${cuda_libs}:${rt_libs}:${nccl_libs}:${LD_LIBRARY_PATH:-}"
     if ldd "$bundle/device_backend_test" | grep 'not found'; then
       echo "gpu_check.sh: shared libraries missing on this machine (above)" >&2
       exit 1
@@ -105,7 +156,18 @@ torch.cuda.synchronize(); dt = (time.perf_counter() - t0) / 20
 print(f"torch {torch.__version__} eager on {torch.cuda.get_device_name()}: "
       f"{4 * 4 * 128 / dt:.0f} tokens/s (fp32, no TF32)")
 PY
-    echo "not built yet: NCCL communicator, several processes on one GPU, the engine on the GPU"
+    echo "== NCCL communicator against MPI's (device_nccl_test) =="
+    if ldd "$bundle/device_nccl_test" | grep 'not found'; then
+      echo "gpu_check.sh: NCCL test not run: libraries missing (above)"
+    else
+      use_bundled_openmpi
+      timeout 180 mpirun --allow-run-as-root -np 1 "$bundle/device_nccl_test" || rc=1
+      # One GPU: two ranks must be refused by name (77) under NCCL < 2.30, or pass.
+      r=0
+      timeout 180 mpirun --allow-run-as-root -np 2 "$bundle/device_nccl_test" || r=$?
+      [ $r -eq 0 ] || [ $r -eq 77 ] || rc=1
+    fi
+    echo "not built yet: several processes on one GPU (CUDA IPC), the engine on the GPU"
     exit $((rc == 0 ? 0 : 1))
     ;;
   *)
