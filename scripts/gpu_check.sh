@@ -6,8 +6,9 @@
 # weights and batches (first loss within 1e-5, the first five within 1e-3), tokens/s and
 # fp32 TFLOP/s reported next to eager PyTorch training the same GPT on the same GPU in fp32.
 # (3) The NCCL communicator against MPI's on one rank (the H200 machine has one GPU; NCCL before
-# 2.30 refuses two ranks on it, which a second run checks), where an MPI runtime can start.
-# Not covered yet (not built): several processes on one GPU (CUDA IPC), the engine on the GPU.
+# 2.30 refuses two ranks on it, which a second run checks); (4) the direct path on device
+# buffers with 1, 2 and 3 processes sharing the GPU through CUDA IPC, bit for bit against the
+# host direct path. Not covered yet (not built): the engine on the GPU.
 #
 #   scripts/gpu_check.sh prepare   # here (the build machine, no GPU needed): build the CUDA
 #                                  # tests in build-gpu/ and bundle them with the shared
@@ -67,14 +68,15 @@ case "$mode" in
   prepare)
     # Its own build directory: -DSSHSDP_CUDA=ON is not left in build/'s cache.
     BUILD_DIR=build-gpu \
-      BUILD_TARGETS="device_backend_test device_nccl_test models_backend_gpt_check" \
+      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check" \
       scripts/build.sh -DSSHSDP_CUDA=ON
     rm -rf "$bundle" && mkdir -p "$bundle/lib"
     cp build-gpu/sshsdp/device/device_backend_test build-gpu/sshsdp/device/device_nccl_test \
-      build-gpu/sshsdp/models/models_backend_gpt_check "$bundle/"
+      build-gpu/sshsdp/device/device_direct_test build-gpu/sshsdp/models/models_backend_gpt_check \
+      "$bundle/"
     # Every shared library outside the C library and CUDA's own (the GPU image has those; NCCL
     # too: the toolkit's, or the nvidia-nccl wheel next to PyTorch).
-    ldd "$bundle"/device_backend_test "$bundle"/device_nccl_test "$bundle"/models_backend_gpt_check |
+    ldd "$bundle"/device_*_test "$bundle"/models_backend_gpt_check |
       awk '/=> \//{print $3}' | sort -u |
       grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda|libcu|libnccl' |
       xargs -r -I{} cp -L {} "$bundle/lib/"
@@ -156,18 +158,23 @@ torch.cuda.synchronize(); dt = (time.perf_counter() - t0) / 20
 print(f"torch {torch.__version__} eager on {torch.cuda.get_device_name()}: "
       f"{4 * 4 * 128 / dt:.0f} tokens/s (fp32, no TF32)")
 PY
+    use_bundled_openmpi
     echo "== NCCL communicator against MPI's (device_nccl_test) =="
     if ldd "$bundle/device_nccl_test" | grep 'not found'; then
       echo "gpu_check.sh: NCCL test not run: libraries missing (above)"
     else
-      use_bundled_openmpi
       timeout 180 mpirun --allow-run-as-root -np 1 "$bundle/device_nccl_test" || rc=1
       # One GPU: two ranks must be refused by name (77) under NCCL < 2.30, or pass.
       r=0
       timeout 180 mpirun --allow-run-as-root -np 2 "$bundle/device_nccl_test" || r=$?
       [ $r -eq 0 ] || [ $r -eq 77 ] || rc=1
     fi
-    echo "not built yet: several processes on one GPU (CUDA IPC), the engine on the GPU"
+    echo "== direct path on device buffers, processes sharing the GPU (device_direct_test) =="
+    for np in 1 2 3; do
+      timeout 180 mpirun --allow-run-as-root --oversubscribe -np $np \
+        "$bundle/device_direct_test" --memory=cuda || rc=1
+    done
+    echo "not built yet: the engine on the GPU"
     exit $((rc == 0 ? 0 : 1))
     ;;
   *)

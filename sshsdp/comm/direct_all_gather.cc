@@ -47,23 +47,35 @@ void DirectCommunicator::AllGather(const void* send, void* recv, size_t count, D
     } else if (Resolve(recv, total, "recv", &r, &err) == 0) {
       d.v[kWindow] = r.reg->id;
       d.v[kOffset] = static_cast<int64_t>(r.offset);
+      if (device_ && !in_place && !device_->IsDeviceMemory(send, shard))
+        err = fmt::format(
+            "send ({} bytes at {}) is not memory of {}, where the registered "
+            "buffers live",
+            shard, send, device_->name());
     }
   }
   counters_.calls++;
   Rendezvous(d, where, err);
   if (count == 0) return;
   if (!in_place) {
-    std::memcpy(out + static_cast<size_t>(p) * shard, send, shard);
+    if (device_) {
+      device_->Copy(out + static_cast<size_t>(p) * shard, send, shard);
+    } else {
+      std::memcpy(out + static_cast<size_t>(p) * shard, send, shard);
+    }
     counters_.local_copy_bytes += shard;
   }
-  if (n == 1) return;
+  if (n == 1) {
+    if (device_) device_->Complete();
+    return;
+  }
   DoAllGather(static_cast<const char*>(send), out, r, count, e, in_place, s);
 }
 
 void DirectCommunicator::DoAllGather(const char* own, char* recv, const Resolved& r, size_t count,
                                      size_t e, bool /*in_place*/, uint64_t s) {
   const NodeGeometry& g = geo_;
-  const RmaWindow& w = *r.reg->window;
+  const Registered& reg = *r.reg;  // host: reg.window; device: one node (K = 1), no RMA
   const size_t shard = count * e;
   const int p0 = rank();
   auto at_offset = [&](int position) { return r.offset + static_cast<size_t>(position) * shard; };
@@ -71,20 +83,25 @@ void DirectCommunicator::DoAllGather(const char* own, char* recv, const Resolved
   for (int k = 0; k < g.K; ++k) {
     if (k == g.k0) continue;
     const int t = g.at[k][g.l0];
-    w.Put(own, shard, t, at_offset(p0));
+    reg.window->Put(own, shard, t, at_offset(p0));
     CountTo(t, shard);
   }
-  // 2. While those fly: this rank's shard into every node peer's buffer (shared window).
+  // 2. While those fly: this rank's shard into every node peer's buffer (shared window, or a
+  //    device copy into the peer's mapped region).
   for (int l = 0; l < g.L; ++l) {
     if (l == g.l0) continue;
-    std::memcpy(w.local_base(l) + at_offset(p0), own, shard);
+    if (device_) {
+      device_->Copy(reg.peer(l) + at_offset(p0), own, shard);
+    } else {
+      std::memcpy(reg.peer(l) + at_offset(p0), own, shard);
+    }
     CountTo(g.at[g.k0][l], shard);
   }
   // 3. Remote completion, then the arrival flag (flag seen => data complete).
   for (int k = 0; k < g.K; ++k) {
     if (k == g.k0) continue;
     const int t = g.at[k][g.l0];
-    w.Flush(t);
+    reg.window->Flush(t);
     SignalArrival(t, s);
   }
   // 4. Intra-node broadcast of the counterparts' shards, each as soon as it has arrived.
@@ -101,12 +118,11 @@ void DirectCommunicator::DoAllGather(const char* own, char* recv, const Resolved
           ++i;
           continue;
         }
-        w.Sync();
+        reg.window->Sync();
         const int src = g.at[k][g.l0];
         for (int l = 0; l < g.L; ++l) {
           if (l == g.l0) continue;
-          std::memcpy(w.local_base(l) + at_offset(src), recv + static_cast<size_t>(src) * shard,
-                      shard);
+          std::memcpy(reg.peer(l) + at_offset(src), recv + static_cast<size_t>(src) * shard, shard);
           CountTo(g.at[g.k0][l], shard);
         }
         pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(i));
@@ -116,10 +132,14 @@ void DirectCommunicator::DoAllGather(const char* own, char* recv, const Resolved
     }
   }
   // 5. Pushes into node peers are complete; wait until theirs into this buffer are.
-  w.Sync();
+  if (device_) {
+    device_->Complete();
+  } else {
+    reg.window->Sync();
+  }
   SignalDone(s);
   WaitDone(s, "AllGather");
-  w.Sync();
+  if (!device_) reg.window->Sync();
 }
 
 }  // namespace sshsdp

@@ -48,17 +48,22 @@ NodeGeometry DirectCommunicator::CheckGeometry(const std::vector<int>& world_ran
 }
 
 std::unique_ptr<DirectCommunicator> DirectCommunicator::Create(
-    std::unique_ptr<MpiCommunicator> group) {
+    std::unique_ptr<MpiCommunicator> group, DirectDeviceMemory* device) {
   SSHSDP_CHECK(group != nullptr, CommError, "DirectCommunicator::Create: null group");
   std::vector<int> world_ranks(group->size());
   for (int i = 0; i < group->size(); ++i) world_ranks[i] = group->world_rank(i);
   NodeGeometry geo =
       CheckGeometry(world_ranks, group->rank(), group->ranks_per_node(), group->name());
-  return std::unique_ptr<DirectCommunicator>(new DirectCommunicator(std::move(group), geo));
+  SSHSDP_CHECK(device == nullptr || geo.K == 1, CommError,
+               "{}: device buffers ({}) on the direct path need every member on one node, but "
+               "the group spans {} nodes of {} ranks; across nodes use the NCCL communicator",
+               group->name(), device ? device->name() : "", geo.K, geo.ranks_per_node);
+  return std::unique_ptr<DirectCommunicator>(new DirectCommunicator(std::move(group), geo, device));
 }
 
-DirectCommunicator::DirectCommunicator(std::unique_ptr<MpiCommunicator> group, NodeGeometry geo)
-    : inner_(std::move(group)), geo_(std::move(geo)) {
+DirectCommunicator::DirectCommunicator(std::unique_ptr<MpiCommunicator> group, NodeGeometry geo,
+                                       DirectDeviceMemory* device)
+    : inner_(std::move(group)), geo_(std::move(geo)), device_(device) {
   const std::string who = name();
   CheckMpi(MPI_Comm_split(inner_->handle(), geo_.k0, geo_.l0, &node_comm_),
            who + ": MPI_Comm_split by node");
@@ -91,7 +96,12 @@ DirectCommunicator::~DirectCommunicator() {
   }
   // Window frees are collective: every member destroys in the same order.
   workspace_.reset();
-  for (auto& r : registered_) r->window.reset();
+  for (auto& r : registered_) {
+    r->window.reset();
+    if (!r->device.empty()) {
+      device_->CloseRegions(r->device, geo_.l0, [this] { MPI_Barrier(node_comm_); });
+    }
+  }
   control_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -119,11 +129,24 @@ DataNode& DirectCommunicator::Register(std::unique_ptr<DataNode> root) {
   }
   auto reg = std::make_unique<Registered>();
   reg->id = static_cast<int>(registered_.size());
-  reg->window = std::make_unique<RmaWindow>(root->name(), root->bytes(), node_comm_,
-                                            geo_.K > 1 ? inner_->handle() : MPI_COMM_NULL, geo_);
+  reg->l0 = geo_.l0;
+  if (device_) {
+    reg->bytes = (root->bytes() + 63) / 64 * 64;
+    MPI_Comm node = node_comm_;
+    reg->device = device_->OpenRegions(
+        reg->bytes, geo_.l0, geo_.L, [node, where](const void* mine, void* all, size_t bytes) {
+          CheckMpi(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all,
+                                 static_cast<int>(bytes), MPI_BYTE, node),
+                   where + ": MPI_Allgather of device memory handles");
+        });
+  } else {
+    reg->window = std::make_unique<RmaWindow>(root->name(), root->bytes(), node_comm_,
+                                              geo_.K > 1 ? inner_->handle() : MPI_COMM_NULL, geo_);
+    reg->bytes = reg->window->bytes();
+  }
   std::shared_ptr<std::atomic<void*>> bound = reg->bound;
   root->OnBind([bound](void* p) { bound->store(p); });
-  root->AttachExternal(reg->window->base(), reg->window->bytes());
+  root->AttachExternal(reg->base(), reg->bytes);
   reg->root = std::move(root);
   registered_.push_back(std::move(reg));
   return *registered_.back()->root;
@@ -161,7 +184,7 @@ void DirectCommunicator::GrowWorkspace(size_t slot_bytes) {
 size_t DirectCommunicator::registered_bytes() const {
   size_t b = control_ ? control_->bytes() : 0;
   if (workspace_) b += workspace_->bytes();
-  for (const auto& r : registered_) b += r->window->bytes();
+  for (const auto& r : registered_) b += r->bytes;
   return b;
 }
 
@@ -169,15 +192,15 @@ int DirectCommunicator::Resolve(const void* p, size_t n, const char* what, Resol
                                 std::string* error) const {
   for (const auto& r : registered_) {
     size_t off = 0;
-    if (!r->window->Contains(p, n, &off)) continue;
+    if (!r->Contains(p, n, &off)) continue;
     void* now = r->bound->load();
-    if (now != r->window->base()) {
+    if (now != r->base()) {
       *error = fmt::format(
           "{} lies in the window of registered root '{}', but that root is now {} (window base "
           "{}): a detected binding change — a registered root must stay bound to its window "
           "while the communicator uses it",
           what, r->root->name(), now ? fmt::format("bound at {}", now) : std::string("released"),
-          static_cast<void*>(r->window->base()));
+          static_cast<void*>(r->base()));
       return 1;
     }
     out->reg = r.get();
@@ -186,28 +209,28 @@ int DirectCommunicator::Resolve(const void* p, size_t n, const char* what, Resol
   }
   std::string known;
   for (const auto& r : registered_) {
-    const auto b = reinterpret_cast<uintptr_t>(r->window->base());
+    const auto b = reinterpret_cast<uintptr_t>(r->base());
     const auto u = reinterpret_cast<uintptr_t>(p);
     void* now = r->bound->load();
-    if (now && now != r->window->base()) {
+    if (now && now != r->base()) {
       const auto nb = reinterpret_cast<uintptr_t>(now);
       if (u >= nb && u < nb + r->root->bytes()) {
         *error = fmt::format(
             "{} ({} bytes at {}) belongs to registered root '{}', whose binding changed from "
             "its window at {} to {}: a detected binding change — registered bases must stay "
             "stable",
-            what, n, p, r->root->name(), static_cast<void*>(r->window->base()), now);
+            what, n, p, r->root->name(), static_cast<void*>(r->base()), now);
         return 1;
       }
     }
-    if (u >= b && u < b + r->window->bytes()) {
+    if (u >= b && u < b + r->bytes) {
       *error = fmt::format(
           "{} ({} bytes at offset {}) extends past the end of registered window '{}' ({} bytes)",
-          what, n, u - b, r->root->name(), r->window->bytes());
+          what, n, u - b, r->root->name(), r->bytes);
       return 1;
     }
     known += fmt::format("{}'{}' [{}, +{})", known.empty() ? "" : ", ", r->root->name(),
-                         static_cast<void*>(r->window->base()), r->window->bytes());
+                         static_cast<void*>(r->base()), r->bytes);
   }
   *error = fmt::format(
       "{} ({} bytes at {}) is not inside a registered window (registered: {}); make it a view "
@@ -335,10 +358,24 @@ void DirectCommunicator::CountTo(int position, uint64_t bytes) {
 // ---------------------------------------------------------------------------------------
 // Delegated calls.
 
+bool DirectCommunicator::OnDevice(const void* p, size_t bytes) const {
+  return device_ != nullptr && bytes > 0 && p != nullptr && device_->IsDeviceMemory(p, bytes);
+}
+
+// Device buffers go through host copies around MPI's call (device mode: small transfers —
+// norms, update fragments).
 void DirectCommunicator::AllReduce(void* buf, size_t count, DType dtype) {
   BusyGuard guard(busy_, "AllReduce on " + name());
   const CommCounters before = inner_->counters();
-  inner_->AllReduce(buf, count, dtype);
+  const size_t bytes = count * DTypeSize(dtype);
+  if (OnDevice(buf, bytes)) {
+    std::vector<char> host(bytes);
+    device_->ToHost(host.data(), buf, bytes);
+    inner_->AllReduce(host.data(), count, dtype);
+    device_->FromHost(buf, host.data(), bytes);
+  } else {
+    inner_->AllReduce(buf, count, dtype);
+  }
   counters_ += Delta(inner_->counters(), before);
 }
 
@@ -346,7 +383,24 @@ void DirectCommunicator::Exchange(const std::vector<P2POp>& sends,
                                   const std::vector<P2POp>& recvs) {
   BusyGuard guard(busy_, "Exchange on " + name());
   const CommCounters before = inner_->counters();
-  inner_->Exchange(sends, recvs);
+  std::vector<P2POp> s = sends, r = recvs;
+  // Host copies of device buffers (moving a vector keeps its heap block: pointers stay valid).
+  std::vector<std::vector<char>> staged;
+  std::vector<size_t> staged_recvs;
+  for (P2POp& op : s) {
+    if (!OnDevice(op.data, op.bytes)) continue;
+    staged.emplace_back(op.bytes);
+    device_->ToHost(staged.back().data(), op.data, op.bytes);
+    op.data = staged.back().data();
+  }
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (!OnDevice(r[i].data, r[i].bytes)) continue;
+    staged.emplace_back(r[i].bytes);
+    r[i].data = staged.back().data();
+    staged_recvs.push_back(i);
+  }
+  inner_->Exchange(s, r);
+  for (size_t i : staged_recvs) device_->FromHost(recvs[i].data, r[i].data, r[i].bytes);
   counters_ += Delta(inner_->counters(), before);
 }
 
@@ -359,12 +413,12 @@ void DirectCommunicator::Barrier() {
 
 std::unique_ptr<Communicator> DirectCommunicator::Split(int color, int key) {
   BusyGuard guard(busy_, "Split on " + name());
-  return Create(AsMpi(inner_->Split(color, key), name()));
+  return Create(AsMpi(inner_->Split(color, key), name()), device_);
 }
 
 std::unique_ptr<Communicator> DirectCommunicator::Duplicate() {
   BusyGuard guard(busy_, "Duplicate on " + name());
-  return Create(AsMpi(inner_->Duplicate(), name()));
+  return Create(AsMpi(inner_->Duplicate(), name()), device_);
 }
 
 }  // namespace sshsdp

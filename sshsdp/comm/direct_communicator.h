@@ -87,6 +87,10 @@
 //   z2->ReduceScatter(g.FindChild("slot0")->data(), DType::kF32, gz2, DType::kF32, shard,
 //                     /*accumulate=*/true);                       // gz2 += Σ slices
 //   uint64_t inter = z2->counters().inter_node_bytes;             // == (K-1)·shard·4
+//
+// Device buffers (direct_device.h): Create(group, device) registers roots in device memory
+// mapped by every node peer (CUDA IPC), pushes with device copies and reduces on the device,
+// same protocol, same counters; one node only (K = 1, CommError otherwise, at Create).
 #pragma once
 
 #include <atomic>
@@ -97,6 +101,7 @@
 #include <vector>
 
 #include "sshsdp/comm/communicator.h"
+#include "sshsdp/comm/direct_device.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/rma_window.h"
 #include "sshsdp/layout/data_node.h"
@@ -119,7 +124,11 @@ class DirectCommunicator final : public Communicator {
   // Wraps `group` (whose ranks_per_node defines the nodes). Throws LayoutError from
   // NodeGeometry::Of before any collective when the group is not balanced over nodes, and
   // CommError when a node's ranks cannot share memory. Collective over the group otherwise.
-  static std::unique_ptr<DirectCommunicator> Create(std::unique_ptr<MpiCommunicator> group);
+  // With `device` (owned by the caller, outliving this and its splits and duplicates),
+  // registered roots live in that device's memory (direct_device.h); the group must then lie on
+  // one node (CommError otherwise).
+  static std::unique_ptr<DirectCommunicator> Create(std::unique_ptr<MpiCommunicator> group,
+                                                    DirectDeviceMemory* device = nullptr);
   // The geometry check alone (no MPI), for plan-time validation of a layout.
   static NodeGeometry CheckGeometry(const std::vector<int>& world_ranks, int my_position,
                                     int ranks_per_node, const std::string& who);
@@ -175,7 +184,10 @@ class DirectCommunicator final : public Communicator {
     Registered* reg = nullptr;
     size_t offset = 0;
   };
-  explicit DirectCommunicator(std::unique_ptr<MpiCommunicator> group, NodeGeometry geo);
+  DirectCommunicator(std::unique_ptr<MpiCommunicator> group, NodeGeometry geo,
+                     DirectDeviceMemory* device);
+  // Whether [p, p + bytes) must be staged through host memory for MPI (device mode).
+  bool OnDevice(const void* p, size_t bytes) const;
 
   // Finds the registered window holding [p, p + n) (or explains why none does).
   int Resolve(const void* p, size_t n, const char* what, Resolved* out, std::string* error) const;
@@ -200,6 +212,7 @@ class DirectCommunicator final : public Communicator {
 
   std::unique_ptr<MpiCommunicator> inner_;
   NodeGeometry geo_;
+  DirectDeviceMemory* device_ = nullptr;  // null: host memory
   MPI_Comm node_comm_ = MPI_COMM_NULL;
   std::unique_ptr<RmaWindow> control_;
   std::vector<std::unique_ptr<Registered>> registered_;

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/direct_communicator.h"
@@ -94,7 +95,21 @@ struct DirectCommunicator::Descriptor {
 struct DirectCommunicator::Registered {
   int id = 0;
   std::unique_ptr<DataNode> root;
-  std::unique_ptr<RmaWindow> window;
+  std::unique_ptr<RmaWindow> window;  // host memory
+  std::vector<char*> device;          // or device memory: every node peer's base, by index
+  int l0 = 0;                         // this rank's node-local index
+  size_t bytes = 0;
+  char* base() const { return window ? window->base() : device[l0]; }
+  // Node peer l's region, addressable from this process (load/store or device copies).
+  char* peer(int l) const { return window ? window->local_base(l) : device[l]; }
+  bool Contains(const void* p, size_t n, size_t* offset) const {
+    if (window) return window->Contains(p, n, offset);
+    const auto b = reinterpret_cast<uintptr_t>(base());
+    const auto u = reinterpret_cast<uintptr_t>(p);
+    if (u < b || u - b > bytes || n > bytes - (u - b)) return false;
+    if (offset) *offset = u - b;
+    return true;
+  }
   // Where the root is bound now (updated by its bind callback on whichever thread binds).
   std::shared_ptr<std::atomic<void*>> bound = std::make_shared<std::atomic<void*>>(nullptr);
 };

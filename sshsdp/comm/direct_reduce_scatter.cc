@@ -112,6 +112,18 @@ void FinalReduceFrom(const T* const* local, int L, const void* const* remote, DT
 
 }  // namespace
 
+void HostReduceSlices(const void* const* srcs, DType src_dtype, int m, void* out, DType out_dtype,
+                      size_t n, bool accumulate) {
+  const void* const none[1] = {nullptr};  // no other node: K = 1
+  if (src_dtype == DType::kF32) {
+    FinalReduceFrom(reinterpret_cast<const float* const*>(srcs), m, none, DType::kF32, 1, 0, out,
+                    out_dtype, n, accumulate);
+  } else {
+    FinalReduceFrom(reinterpret_cast<const bf16* const*>(srcs), m, none, DType::kF32, 1, 0, out,
+                    out_dtype, n, accumulate);
+  }
+}
+
 void DirectCommunicator::ReduceScatter(const void* send, DType send_dtype, void* recv,
                                        DType recv_dtype, size_t count, bool accumulate) {
   ReduceScatterPartials(send, send_dtype, recv, recv_dtype, count, accumulate, {});
@@ -160,6 +172,9 @@ void DirectCommunicator::ReduceScatterPartials(const void* send, DType send_dtyp
     } else if (Resolve(send, send_bytes, "send (G′)", &r, &err) == 0) {
       d.v[kWindow] = r.reg->id;
       d.v[kOffset] = static_cast<int64_t>(r.offset);
+      if (device_ && !device_->IsDeviceMemory(recv, recv_bytes))
+        err = fmt::format("recv ({} bytes at {}) is not memory of {}, where the reduction runs",
+                          recv_bytes, recv, device_->name());
     }
   }
   counters_.calls++;
@@ -176,7 +191,7 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
                                          bool accumulate, const ReduceScatterOptions& o,
                                          uint64_t s) {
   const NodeGeometry& g = geo_;
-  const RmaWindow& w = *r.reg->window;
+  const Registered& reg = *r.reg;  // host: reg.window; device: one node (K = 1), no partials
   const size_t es = DTypeSize(send_dtype);
   const size_t pe = DTypeSize(o.partial_dtype);
   const bool sr = o.partial_dtype == DType::kBF16;
@@ -185,7 +200,7 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
   // Slice j of node member l's G′, read in place from its registered region.
   auto slice = [&](int l, int j) -> const char* {
     if (l == g.l0) return send + static_cast<size_t>(j) * slice_bytes;
-    return w.local_base(l) + r.offset + static_cast<size_t>(j) * slice_bytes;
+    return reg.peer(l) + r.offset + static_cast<size_t>(j) * slice_bytes;
   };
   // Workspace: inbound partials of the other nodes, then outbound partials to them.
   auto slot_index = [](int k, int self) { return k < self ? k : k - 1; };
@@ -247,7 +262,11 @@ void DirectCommunicator::DoReduceScatter(const Resolved& r, const char* send, DT
   for (int k = 0; k < g.K; ++k)
     if (k != g.k0) remote[k] = inbound(k);
   gather_sources(p0);
-  if (send_dtype == DType::kF32) {
+  if (device_) {
+    device_->ReduceSlices(reinterpret_cast<const void* const*>(srcs.data()), send_dtype, g.L, recv,
+                          recv_dtype, count, accumulate);
+    device_->Complete();
+  } else if (send_dtype == DType::kF32) {
     FinalReduceFrom(reinterpret_cast<const float* const*>(srcs.data()), g.L, remote.data(),
                     o.partial_dtype, g.K, g.k0, recv, recv_dtype, count, accumulate);
   } else {

@@ -6,28 +6,15 @@
 // kernels, deterministic, not fast). Compiled with --fmad=false (no multiply-add
 // contraction): the elementwise ops apply the CPU code's fp32 operations in its order; the
 // reductions sum in tree order, not the CPU's.
-#include "sshsdp/device/cuda_kernels_internal.h"
-
 #include <algorithm>
+
+#include "sshsdp/device/cuda_common.cuh"
+#include "sshsdp/device/cuda_kernels_internal.h"
 
 namespace sshsdp::cuda {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kMaxBlocks = 4096;  // grid-stride loops beyond
-
-int GridFor(int64_t work_items) {
-  const int64_t b = (work_items + kThreads - 1) / kThreads;
-  return static_cast<int>(std::clamp<int64_t>(b, 1, kMaxBlocks));
-}
-
-// ---- Scalar rules, the same as numerics/dtype.h and numerics/stochastic_rounding.h. ----
-__device__ __forceinline__ uint16_t FloatToBf16Bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
-  u += 0x7FFFu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
+// ---- Scalar rules, the same as numerics/stochastic_rounding.h (bf16 RNE: cuda_common.cuh). ----
 
 __device__ __forceinline__ uint16_t SrBf16Bits(float x, uint16_t r) {
   const uint32_t u = __float_as_uint(x);

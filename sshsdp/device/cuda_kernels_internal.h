@@ -83,6 +83,15 @@ cudaError_t LaunchEmbeddingForward(const float* wte, const float* wpe, const int
 cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
                                     float* dwte, float* dwpe, cudaStream_t s);
 cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
+
+// The direct path's reduction (cuda_direct_kernels.cu): out[i] (=|+=) Σ_{j<m} src[j][i] in
+// fp32, in the order of j; sources fp32 or bf16, out fp32 or bf16 (RNE). 1 <= m <= kMaxSlices.
+constexpr int kMaxSlices = 64;
+struct SliceArgs {
+  const void* src[kMaxSlices];
+};
+cudaError_t LaunchReduceSlices(const SliceArgs& a, int m, bool src_bf16, void* out, bool out_bf16,
+                               int64_t n, bool accumulate, cudaStream_t s);
 // Causal attention (kernels/attention.h's layout); B, T, H, dh > 0, T ≤ 4096 (the backward's
 // 2·T floats of dynamic shared memory within the default 48 KiB), B, H ≤ 65535; D: B·H·T
 // floats of scratch.

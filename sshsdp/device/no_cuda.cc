@@ -1,6 +1,7 @@
 // The CUDA entry points of backend.h in a build without CUDA (SSHSDP_CUDA off, or no nvcc
 // found): there is no CUDA backend, and asking for one says how to get it.
 #include "sshsdp/device/backend.h"
+#include "sshsdp/device/cuda_direct_memory.h"
 
 namespace sshsdp {
 
@@ -12,6 +13,13 @@ std::unique_ptr<Backend> MakeCudaBackend(int ordinal) {
       "cuda:{}: this sshsdp was built without CUDA; rebuild with the CUDA toolkit installed "
       "(nvcc on PATH) and -DSSHSDP_CUDA=ON, or use the cpu backend",
       ordinal));
+}
+
+std::unique_ptr<DirectDeviceMemory> MakeCudaDirectMemory(const Backend& backend) {
+  throw DeviceError(fmt::format(
+      "the direct path on device memory needs CUDA, and this sshsdp was built without it "
+      "(backend {}); rebuild with -DSSHSDP_CUDA=ON",
+      backend.name()));
 }
 
 }  // namespace sshsdp
