@@ -8,7 +8,8 @@
 
 namespace sshsdp {
 
-BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T) : b_(b), c_(c), B_(B), T_(T) {
+BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params)
+    : b_(b), c_(c), B_(B), T_(T) {
   c_.Validate();
   SSHSDP_CHECK(B >= 1 && T >= 1 && T <= c_.seq_len, ConfigError,
                "BackendGpt: need B >= 1 and 1 <= T <= seq_len {}, got B={} T={}", c_.seq_len, B, T);
@@ -33,11 +34,13 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T) : b_(b), c_
   add("lnf.g", {d}, false);
   add("lm_head", {Vp, d}, true);
 
-  const int64_t n = num_params_ * static_cast<int64_t>(sizeof(float));
-  weights_ = static_cast<float*>(b_.Alloc(n));
-  grads_ = static_cast<float*>(b_.Alloc(n));
-  m_ = static_cast<float*>(b_.Alloc(n));
-  v_ = static_cast<float*>(b_.Alloc(n));
+  if (own_params) {
+    const int64_t n = num_params_ * static_cast<int64_t>(sizeof(float));
+    weights_ = static_cast<float*>(b_.Alloc(n));
+    grads_ = static_cast<float*>(b_.Alloc(n));
+    m_ = static_cast<float*>(b_.Alloc(n));
+    v_ = static_cast<float*>(b_.Alloc(n));
+  }
 
   // Activations: Gpt's table of sizes plus the gain-gradient scratch row, one allocation.
   float** slots[] = {&a_.residual, &a_.ln1,     &a_.ln1_rstd, &a_.qkv,  &a_.lse,      &a_.atty,
@@ -51,7 +54,8 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T) : b_(b), c_
   static_assert(std::size(slots) == std::size(sizes), "a slot per activation");
   int64_t total = 0;
   for (int64_t s : sizes) total += s;
-  acts_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(total) * sizeof(float)));
+  activation_bytes_ = total * static_cast<int64_t>(sizeof(float));
+  acts_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(activation_bytes_)));
   int64_t at = 0;
   for (size_t i = 0; i < std::size(slots); ++i) {
     *slots[i] = acts_ + at;
@@ -66,50 +70,65 @@ BackendGpt::~BackendGpt() {
     b_.Free(p);
 }
 
+void BackendGpt::RequireParams(const char* what) const {
+  SSHSDP_CHECK(weights_ != nullptr, ConfigError,
+               "BackendGpt::{}: built without parameter buffers (the engine's model, whose "
+               "weights the engine holds); train it through the engine",
+               what);
+}
+
 void BackendGpt::LoadWeights(const float* host) {
+  RequireParams("LoadWeights");
   b_.CopyIn(weights_, host, static_cast<size_t>(num_params_) * sizeof(float));
   b_.Fill(m_, num_params_, 0.0f);
   b_.Fill(v_, num_params_, 0.0f);
 }
 
 void BackendGpt::ReadWeights(float* host) {
+  RequireParams("ReadWeights");
   b_.CopyOut(host, weights_, static_cast<size_t>(num_params_) * sizeof(float));
 }
 
 void BackendGpt::ReadGrads(float* host) {
+  RequireParams("ReadGrads");
   b_.CopyOut(host, grads_, static_cast<size_t>(num_params_) * sizeof(float));
 }
 
-void BackendGpt::Forward() {
+void BackendGpt::ForwardGroup(int g, const float* const* w) {
   const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
-  const int H = c_.n_head, dh = c_.head_dim();
-  b_.EmbeddingForward(W(0), W(1), tokens_, B_, T_, static_cast<int>(d), a_.residual);
-  for (int l = 0; l < c_.n_layer; ++l) {
-    const int w = 2 + 6 * l;  // ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2
-    const float* x = a_.residual + l * BT * d;
-    float* out = a_.residual + (l + 1) * BT * d;
-    float* ln1 = a_.ln1 + l * BT * d;
-    float* qkv = a_.qkv + l * BT * 3 * d;
-    float* atty = a_.atty + l * BT * d;
-    float* res_mid = a_.res_mid + l * BT * d;
-    float* ln2 = a_.ln2 + l * BT * d;
-    float* fch = a_.fch + l * BT * ff;
-    float* fch_gelu = a_.fch_gelu + l * BT * ff;
-    b_.RmsNormForward(x, W(w), ln1, a_.ln1_rstd + l * BT, BT, static_cast<int>(d));
-    b_.Gemm(false, true, BT, 3 * d, d, ln1, W(w + 1), qkv, false);
-    b_.CausalAttentionForward(qkv, atty, a_.lse + l * int64_t{B_} * H * T_, B_, T_, H, dh);
-    b_.Gemm(false, true, BT, d, d, atty, W(w + 2), res_mid, false);
-    b_.Add(x, res_mid, res_mid, BT * d);
-    b_.RmsNormForward(res_mid, W(w + 3), ln2, a_.ln2_rstd + l * BT, BT, static_cast<int>(d));
-    b_.Gemm(false, true, BT, ff, d, ln2, W(w + 4), fch, false);
-    b_.GeluForward(fch, fch_gelu, BT * ff);
-    b_.Gemm(false, true, BT, d, ff, fch_gelu, W(w + 5), out, false);
-    b_.Add(res_mid, out, out, BT * d);
+  const int H = c_.n_head, dh = c_.head_dim(), L = c_.n_layer;
+  if (g == 0) {  // wte, wpe
+    b_.EmbeddingForward(w[0], w[1], tokens_, B_, T_, static_cast<int>(d), a_.residual);
+    return;
   }
-  const int head = 2 + 6 * c_.n_layer;
-  b_.RmsNormForward(a_.residual + c_.n_layer * BT * d, W(head), a_.lnf, a_.lnf_rstd, BT,
-                    static_cast<int>(d));
-  b_.Gemm(false, true, BT, Vp, d, a_.lnf, W(head + 1), a_.probs, false);
+  if (g == L + 1) {  // lnf.g, lm_head; then the loss
+    b_.RmsNormForward(a_.residual + L * BT * d, w[0], a_.lnf, a_.lnf_rstd, BT, static_cast<int>(d));
+    b_.Gemm(false, true, BT, Vp, d, a_.lnf, w[1], a_.probs, false);
+    loss_ = b_.SoftmaxCrossEntropyForward(a_.probs, tokens_ + BT, a_.losses, BT, c_.vocab, Vp) /
+            static_cast<double>(BT);
+    return;
+  }
+  // ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2
+  const int l = g - 1;
+  const float* x = a_.residual + l * BT * d;
+  float* out = a_.residual + (l + 1) * BT * d;
+  float* ln1 = a_.ln1 + l * BT * d;
+  float* qkv = a_.qkv + l * BT * 3 * d;
+  float* atty = a_.atty + l * BT * d;
+  float* res_mid = a_.res_mid + l * BT * d;
+  float* ln2 = a_.ln2 + l * BT * d;
+  float* fch = a_.fch + l * BT * ff;
+  float* fch_gelu = a_.fch_gelu + l * BT * ff;
+  b_.RmsNormForward(x, w[0], ln1, a_.ln1_rstd + l * BT, BT, static_cast<int>(d));
+  b_.Gemm(false, true, BT, 3 * d, d, ln1, w[1], qkv, false);
+  b_.CausalAttentionForward(qkv, atty, a_.lse + l * int64_t{B_} * H * T_, B_, T_, H, dh);
+  b_.Gemm(false, true, BT, d, d, atty, w[2], res_mid, false);
+  b_.Add(x, res_mid, res_mid, BT * d);
+  b_.RmsNormForward(res_mid, w[3], ln2, a_.ln2_rstd + l * BT, BT, static_cast<int>(d));
+  b_.Gemm(false, true, BT, ff, d, ln2, w[4], fch, false);
+  b_.GeluForward(fch, fch_gelu, BT * ff);
+  b_.Gemm(false, true, BT, d, ff, fch_gelu, w[5], out, false);
+  b_.Add(res_mid, out, out, BT * d);
 }
 
 void BackendGpt::GainGrad(const float* dy, const float* x, const float* g, const float* rstd,
@@ -120,47 +139,74 @@ void BackendGpt::GainGrad(const float* dy, const float* x, const float* g, const
   if (acc_dg) b_.Add(dg, a_.dgain, dg, d);
 }
 
-void BackendGpt::Backward(bool acc) {
+void BackendGpt::BackwardGroup(int g, const float* const* w, float* const* grad, bool acc) {
   const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
-  const int H = c_.n_head, dh = c_.head_dim();
-  const int head = 2 + 6 * c_.n_layer;
-  b_.SoftmaxCrossEntropyBackward(a_.probs, tokens_ + BT, a_.dlogits, BT, Vp,
-                                 static_cast<float>(1.0 / static_cast<double>(BT)));
-  b_.Gemm(true, false, Vp, d, BT, a_.dlogits, a_.lnf, G(head + 1), acc);
-  b_.Gemm(false, false, BT, d, Vp, a_.dlogits, W(head + 1), a_.dtmp, false);
-  GainGrad(a_.dtmp, a_.residual + c_.n_layer * BT * d, W(head), a_.lnf_rstd, a_.dres, G(head),
-           false, acc);
-  for (int l = c_.n_layer - 1; l >= 0; --l) {
-    const int w = 2 + 6 * l;
-    const float* x = a_.residual + l * BT * d;
-    const float* ln1 = a_.ln1 + l * BT * d;
-    const float* qkv = a_.qkv + l * BT * 3 * d;
-    const float* atty = a_.atty + l * BT * d;
-    const float* res_mid = a_.res_mid + l * BT * d;
-    const float* ln2 = a_.ln2 + l * BT * d;
-    const float* fch = a_.fch + l * BT * ff;
-    const float* fch_gelu = a_.fch_gelu + l * BT * ff;
-    // MLP.
-    b_.Gemm(true, false, d, ff, BT, a_.dres, fch_gelu, G(w + 5), acc);
-    b_.Gemm(false, false, BT, ff, d, a_.dres, W(w + 5), a_.dfch, false);
-    b_.GeluBackwardInPlace(fch, a_.dfch, BT * ff);
-    b_.Gemm(true, false, ff, d, BT, a_.dfch, ln2, G(w + 4), acc);
-    b_.Gemm(false, false, BT, d, ff, a_.dfch, W(w + 4), a_.dtmp, false);
-    GainGrad(a_.dtmp, res_mid, W(w + 3), a_.ln2_rstd + l * BT, a_.dres, G(w + 3), true, acc);
-    // Attention.
-    b_.Gemm(true, false, d, d, BT, a_.dres, atty, G(w + 2), acc);
-    b_.Gemm(false, false, BT, d, d, a_.dres, W(w + 2), a_.dtmp, false);
-    b_.CausalAttentionBackward(a_.dtmp, qkv, atty, a_.lse + l * int64_t{B_} * H * T_, a_.dqkv, B_,
-                               T_, H, dh);
-    b_.Gemm(true, false, 3 * d, d, BT, a_.dqkv, ln1, G(w + 1), acc);
-    b_.Gemm(false, false, BT, d, 3 * d, a_.dqkv, W(w + 1), a_.dtmp, false);
-    GainGrad(a_.dtmp, x, W(w), a_.ln1_rstd + l * BT, a_.dres, G(w), true, acc);
+  const int H = c_.n_head, dh = c_.head_dim(), L = c_.n_layer;
+  if (g == L + 1) {
+    b_.SoftmaxCrossEntropyBackward(a_.probs, tokens_ + BT, a_.dlogits, BT, Vp,
+                                   static_cast<float>(1.0 / static_cast<double>(BT)));
+    b_.Gemm(true, false, Vp, d, BT, a_.dlogits, a_.lnf, grad[1], acc);
+    b_.Gemm(false, false, BT, d, Vp, a_.dlogits, w[1], a_.dtmp, false);
+    GainGrad(a_.dtmp, a_.residual + L * BT * d, w[0], a_.lnf_rstd, a_.dres, grad[0], false, acc);
+    return;
   }
-  b_.EmbeddingBackward(a_.dres, tokens_, B_, T_, static_cast<int>(d), G(0), Vp, G(1), c_.seq_len,
-                       acc);
+  if (g == 0) {
+    b_.EmbeddingBackward(a_.dres, tokens_, B_, T_, static_cast<int>(d), grad[0], Vp, grad[1],
+                         c_.seq_len, acc);
+    return;
+  }
+  const int l = g - 1;
+  const float* x = a_.residual + l * BT * d;
+  const float* ln1 = a_.ln1 + l * BT * d;
+  const float* qkv = a_.qkv + l * BT * 3 * d;
+  const float* atty = a_.atty + l * BT * d;
+  const float* res_mid = a_.res_mid + l * BT * d;
+  const float* ln2 = a_.ln2 + l * BT * d;
+  const float* fch = a_.fch + l * BT * ff;
+  const float* fch_gelu = a_.fch_gelu + l * BT * ff;
+  // MLP.
+  b_.Gemm(true, false, d, ff, BT, a_.dres, fch_gelu, grad[5], acc);
+  b_.Gemm(false, false, BT, ff, d, a_.dres, w[5], a_.dfch, false);
+  b_.GeluBackwardInPlace(fch, a_.dfch, BT * ff);
+  b_.Gemm(true, false, ff, d, BT, a_.dfch, ln2, grad[4], acc);
+  b_.Gemm(false, false, BT, d, ff, a_.dfch, w[4], a_.dtmp, false);
+  GainGrad(a_.dtmp, res_mid, w[3], a_.ln2_rstd + l * BT, a_.dres, grad[3], true, acc);
+  // Attention.
+  b_.Gemm(true, false, d, d, BT, a_.dres, atty, grad[2], acc);
+  b_.Gemm(false, false, BT, d, d, a_.dres, w[2], a_.dtmp, false);
+  b_.CausalAttentionBackward(a_.dtmp, qkv, atty, a_.lse + l * int64_t{B_} * H * T_, a_.dqkv, B_, T_,
+                             H, dh);
+  b_.Gemm(true, false, 3 * d, d, BT, a_.dqkv, ln1, grad[1], acc);
+  b_.Gemm(false, false, BT, d, 3 * d, a_.dqkv, w[1], a_.dtmp, false);
+  GainGrad(a_.dtmp, x, w[0], a_.ln1_rstd + l * BT, a_.dres, grad[0], true, acc);
 }
 
-double BackendGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets, bool accumulate) {
+// The group's slice of the flat buffers: group g's tensors are consecutive in tensors().
+int BackendGpt::FirstTensor(int g) const {
+  return g == 0 ? 0 : g == c_.n_layer + 1 ? 2 + 6 * c_.n_layer : 2 + 6 * (g - 1);
+}
+
+void BackendGpt::Forward() {
+  for (int g = 0; g < num_groups(); ++g) {
+    std::vector<const float*> w;
+    for (int i = FirstTensor(g); i < FirstTensor(g) + GroupTensors(g); ++i) w.push_back(W(i));
+    ForwardGroup(g, w.data());
+  }
+}
+
+void BackendGpt::Backward(bool acc) {
+  for (int g = num_groups() - 1; g >= 0; --g) {
+    std::vector<const float*> w;
+    std::vector<float*> grad;
+    for (int i = FirstTensor(g); i < FirstTensor(g) + GroupTensors(g); ++i) {
+      w.push_back(W(i));
+      grad.push_back(G(i));
+    }
+    BackwardGroup(g, w.data(), grad.data(), acc);
+  }
+}
+
+void BackendGpt::SetTokens(const int32_t* tokens, const int32_t* targets) {
   const int64_t BT = int64_t{B_} * T_;
   for (int64_t i = 0; i < BT; ++i)
     SSHSDP_CHECK(tokens[i] >= 0 && tokens[i] < c_.vocab && targets[i] >= 0 && targets[i] < c_.vocab,
@@ -168,11 +214,14 @@ double BackendGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets
                  i, c_.vocab);
   b_.CopyIn(tokens_, tokens, static_cast<size_t>(BT) * sizeof(int32_t));
   b_.CopyIn(tokens_ + BT, targets, static_cast<size_t>(BT) * sizeof(int32_t));
+}
+
+double BackendGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets, bool accumulate) {
+  RequireParams("ForwardBackward");
+  SetTokens(tokens, targets);
   Forward();
-  const double sum = b_.SoftmaxCrossEntropyForward(a_.probs, tokens_ + BT, a_.losses, BT, c_.vocab,
-                                                   c_.padded_vocab());
   Backward(accumulate);
-  return sum / static_cast<double>(BT);
+  return loss_;
 }
 
 double BackendGpt::TrainStep(const int32_t* tokens, const int32_t* targets, int microbatches,

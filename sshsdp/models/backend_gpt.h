@@ -33,8 +33,11 @@ class BackendGpt {
     bool decay = true;  // AdamW weight decay (not on norm gains)
   };
 
-  // Batches of B sequences of T <= c.seq_len tokens. ConfigError for bad sizes.
-  BackendGpt(Backend& b, const GptConfig& c, int B, int T);
+  // Batches of B sequences of T <= c.seq_len tokens. ConfigError for bad sizes. Without
+  // own_params only the activations are allocated: the per-group functions below then compute
+  // on weights and gradients someone else holds (BackendGptModel: the engine's views), and
+  // the whole-step functions refuse.
+  BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params = true);
   ~BackendGpt();
   BackendGpt(const BackendGpt&) = delete;
   BackendGpt& operator=(const BackendGpt&) = delete;
@@ -60,7 +63,26 @@ class BackendGpt {
   double TrainStep(const int32_t* tokens, const int32_t* targets, int microbatches,
                    const AdamWConfig& adamw, float clip, int64_t step, double* grad_norm);
 
+  // ---- Per runtime group (Gpt's groups: 0 embeddings, 1..L blocks, L+1 final norm + head),
+  // on weight and gradient pointers in backend memory, in the group's tensors() order. ----
+  int num_groups() const { return c_.n_layer + 2; }
+  int GroupTensors(int g) const { return g == 0 || g == c_.n_layer + 1 ? 2 : 6; }
+  // Copies a batch's host tokens and targets [B, T] in (ConfigError for one outside the
+  // vocabulary).
+  void SetTokens(const int32_t* tokens, const int32_t* targets);
+  // Forward of group g; the last one also computes the loss (loss()).
+  void ForwardGroup(int g, const float* const* w);
+  // Backward of group g (groups in reverse order after a whole forward): gradients
+  // overwritten (acc = false) or added to.
+  void BackwardGroup(int g, const float* const* w, float* const* grad, bool acc);
+  double loss() const { return loss_; }
+  int64_t activation_bytes() const { return activation_bytes_; }
+  int batch() const { return B_; }
+  int seq_len() const { return T_; }
+
  private:
+  void RequireParams(const char* what) const;  // ConfigError without own_params
+  int FirstTensor(int g) const;
   void Forward();
   void Backward(bool acc);
   // Gain gradient: overwritten, or added through the scratch row.
@@ -75,7 +97,9 @@ class BackendGpt {
   std::vector<Tensor> tensors_;
   int64_t num_params_ = 0;
   float *weights_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
-  float* acts_ = nullptr;      // every activation, one allocation
+  float* acts_ = nullptr;  // every activation, one allocation
+  int64_t activation_bytes_ = 0;
+  double loss_ = 0.0;
   int32_t* tokens_ = nullptr;  // [B·T] tokens, then [B·T] targets
   struct Acts {
     float *residual, *ln1, *ln1_rstd, *qkv, *lse, *atty, *res_mid, *ln2, *ln2_rstd, *fch, *fch_gelu,
