@@ -9,6 +9,7 @@
 #                    <- kernels <- params <- update <- engine <- ckpt <- cli
 #                                         <- models ------------------- cli
 #                                            update <- device (backends: CPU, CUDA) <- models
+#                                                      device <- engine (EngineConfig::backend)
 # (params/model.h is the Model interface the engine runs; models/ implements it and does not
 # depend on the engine.)
 #
@@ -30,7 +31,7 @@ set(SSHSDP_DEPS_comm layout)
 set(SSHSDP_DEPS_params kernels layout)
 set(SSHSDP_DEPS_update params comm)
 set(SSHSDP_DEPS_device update)
-set(SSHSDP_DEPS_engine update)
+set(SSHSDP_DEPS_engine update device)
 set(SSHSDP_DEPS_models params device)
 set(SSHSDP_DEPS_ckpt engine)
 set(SSHSDP_DEPS_cli ckpt models)

@@ -61,7 +61,8 @@ class Backend {
   // "cpu" or "cuda:<ordinal> (<device name>, sm_<cc>)".
   virtual std::string name() const = 0;
 
-  // ---- Memory (DeviceError when an allocation fails; Alloc(0) returns nullptr). ----
+  // ---- Memory (DeviceError when an allocation fails; Alloc(0) returns nullptr; at least
+  // 64-byte aligned, as a data-tree root needs). ----
   virtual void* Alloc(size_t bytes) = 0;
   // Never throws (it runs in destructors): a failure is reported on stderr.
   virtual void Free(void* p) = 0;

@@ -20,7 +20,8 @@ class CpuBackend final : public Backend {
 
   void* Alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
-    void* p = std::malloc(bytes);
+    // 64-byte aligned, as data-tree roots require (a GPU allocator gives 256).
+    void* p = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
     SSHSDP_CHECK(p != nullptr, DeviceError, "cpu: cannot allocate {} bytes", bytes);
     return p;
   }

@@ -24,15 +24,57 @@ std::unique_ptr<DataNode> FullViews(const std::string& name, const GroupLayout& 
   return root;
 }
 
-std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes, MemoryAccount* acct,
-                                 const std::string& category) {
+}  // namespace
+
+std::unique_ptr<DataNode> Engine::Buffer(const std::string& name, size_t bytes,
+                                         const std::string& category) {
   auto root = std::make_unique<DataNode>(name, BufferBytes(bytes));
   root->Finalize();
-  root->Allocate(acct, category);
+  if (cfg_.backend) {  // the backend's memory, freed by ~Engine
+    void* p = cfg_.backend->Alloc(root->bytes());
+    backend_blocks_.push_back(p);
+    root->AttachExternal(p, root->bytes());
+    memory_.Allocate(category, root->bytes());
+  } else {
+    root->Allocate(&memory_, category);
+  }
   return root;
 }
 
-}  // namespace
+void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
+  if (!cfg.backend) return;
+  const std::string b = cfg.backend->name();
+  const Redundancies& R = cfg.redundancies;
+  SSHSDP_CHECK(cfg.weight_dtype == DType::kF32 || cfg.weight_dtype == DType::kBF16, ConfigError,
+               "the engine on backend {} runs fp32 or bf16 runtime weights, not {} (MXFP8 on a "
+               "device is not built yet)",
+               b, DTypeName(cfg.weight_dtype));
+  SSHSDP_CHECK(cfg.optimizer == OptimizerKind::kAdamW, ConfigError,
+               "the engine on backend {} runs AdamW; Muon on a device is not built yet "
+               "(--optimizer adamw)",
+               b);
+  SSHSDP_CHECK(cfg.reduce == ReduceMode::kFp32, ConfigError,
+               "the engine on backend {} reduces fp32 gradients (--reduce fp32), got {}", b,
+               ReduceModeName(cfg.reduce));
+  SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && !R.tw_every_use && !R.cast_every_gather &&
+                   !R.weight_copies && !R.grad_copies && !R.separate_add &&
+                   !R.replicate_optimizer && R.structured_updates != StructuredUpdates::kFullTensor,
+               ConfigError,
+               "the engine on backend {} runs sshsdp's own data path (flat layout, no baseline "
+               "redundancies), got {}",
+               b, R.ToString());
+  if (topo.world() == 1) return;
+  SSHSDP_CHECK(topo.sw() == topo.world() && topo.sg() == topo.world() && topo.so() == topo.world(),
+               ConfigError,
+               "the engine on backend {} with {} ranks runs plain ZeRO-3 (sw = sg = so = {}) so "
+               "far, got {}: the outer phase's collectives on device memory are not built yet",
+               b, topo.world(), topo.world(), topo.ToString());
+  SSHSDP_CHECK(cfg.comm_path == CommPath::kDirect && cfg.direct_device != nullptr, ConfigError,
+               "the engine on backend {} with {} ranks moves device buffers on the direct path: "
+               "set comm_path=direct and direct_device (one node; NCCL is not wired into the "
+               "engine yet)",
+               b, topo.world());
+}
 
 int EffectiveSo(const EngineConfig& c) { return c.redundancies.replicate_optimizer ? c.sg : c.so; }
 
@@ -112,8 +154,9 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
       topo_(world.size(), cfg.ranks_per_node > 0 ? cfg.ranks_per_node : world.size(), cfg.sw,
             cfg.sg, EffectiveSo(cfg)),
       rank_(world.rank()),
-      pool_(std::make_unique<TransientPool>(&memory_)) {
+      pool_(std::make_unique<TransientPool>(&memory_, false, cfg.backend)) {
   const EngineModes modes = CheckEngineSetup(model, cfg, topo_);
+  CheckBackendSetup(cfg, topo_);
   cfg_.so = topo_.so();
   grad_dtype_ = modes.grad_dtype;
   store_dtype_ = modes.store_dtype;
@@ -172,6 +215,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   ctx.counters = &counters_;
   ctx.time = &time_;
   ctx.mx = mx_.get();
+  ctx.backend = cfg_.backend;
   path_ = MakeDataPath(ctx);
 }
 
@@ -234,8 +278,8 @@ std::map<std::string, Zero1Array> Engine::StateLayout(const GroupLayout& layout,
 void Engine::AllocateState(RuntimeGroup& g) {
   g.opt_state = StateLayout(g.layout, g.pieces, g.chain->Fragments(Shard::kZero1));
   const size_t elems = StateElements(g.opt_state, g.z1.size());
-  g.state = Buffer(fmt::format("group{}.optimizer_state", g.layout.group), elems * 4, &memory_,
-                   "optimizer_state");
+  g.state =
+      Buffer(fmt::format("group{}.optimizer_state", g.layout.group), elems * 4, "optimizer_state");
   size_t at = 0;
   for (auto& [f, a] : g.opt_state) {
     a.data = g.state->data_as<float>() + at;
@@ -249,12 +293,13 @@ void Engine::SetUpDirectPath() {
   // schedule keeps live at once: two gathered layers (this one and the prefetched one) or all
   // of them without reshard_after_forward; two gradient buffers (this layer's and the one
   // whose reduce-scatter is still running).
-  auto to_direct = [](std::unique_ptr<Communicator>& c) {
+  DirectDeviceMemory* direct_device = cfg_.backend ? cfg_.direct_device : nullptr;
+  auto to_direct = [direct_device](std::unique_ptr<Communicator>& c) {
     auto* mpi = dynamic_cast<MpiCommunicator*>(c.get());
     SSHSDP_CHECK(mpi != nullptr, ConfigError, "comm_path=direct: {} is not an MPI group",
                  c->name());
     c.release();
-    auto d = DirectCommunicator::Create(std::unique_ptr<MpiCommunicator>(mpi));
+    auto d = DirectCommunicator::Create(std::unique_ptr<MpiCommunicator>(mpi), direct_device);
     DirectCommunicator* raw = d.get();
     c = std::move(d);
     return raw;
@@ -295,6 +340,7 @@ Engine::~Engine() {
     g->w_full->Release();
     g->g_full->Release();
   }
+  for (void* p : backend_blocks_) cfg_.backend->Free(p);  // nothing reads them any more
 }
 
 std::unique_ptr<RuntimeGroup> PlanRuntimeGroup(const Model& model, int gi, const EngineConfig& cfg,
@@ -368,6 +414,12 @@ UpdateOptions UpdateOptionsOf(const EngineConfig& cfg) {
   // whole matrices on every rank of the ZeRO-1 group (FullTensorMuon), on any shard layout;
   // sshsdp / veScale move split units point to point.
   o.full_tensor = cfg.redundancies.structured_updates == StructuredUpdates::kFullTensor;
+  if (Backend* b = cfg.backend) {
+    o.adamw_kernel = [b](const std::vector<AdamWSpan>& spans, const AdamWConfig& c, int64_t step,
+                         float grad_scale) {
+      b->AdamW(spans.data(), static_cast<int>(spans.size()), c, step, grad_scale);
+    };
+  }
   return o;
 }
 
@@ -388,19 +440,19 @@ void Engine::BuildGroup(int gi) {
   const GroupBufferSizes b = BufferSizes(*g, topo_);
   const std::string p = "group" + std::to_string(gi);
 
-  g->w_z3 = Buffer(p + ".w_z3", b.w_z3, &memory_, "weights");
+  g->w_z3 = Buffer(p + ".w_z3", b.w_z3, "weights");
   if (b.main_is_view) {
     // Zero copy: fp32 runtime weights ARE the main weights; the ZeRO-1 slice of Wᶻ³ holds them.
     g->main_z1 = g->w_z3->data_as<float>() + (g->z1.begin - g->z3.begin);
   } else {
-    g->main_own = Buffer(p + ".main_z1", b.main_z1, &memory_, "main_weights");
+    g->main_own = Buffer(p + ".main_z1", b.main_z1, "main_weights");
     g->main_z1 = g->main_own->data_as<float>();
   }
-  g->g_z2 = Buffer(p + ".g_z2", b.g_z2, &memory_, "gradients");
+  g->g_z2 = Buffer(p + ".g_z2", b.g_z2, "gradients");
   if (b.g_z1_is_view) {
     g->g_z1 = g->g_z2->data_as<float>();  // same shard: a view
   } else {
-    g->g_z1_own = Buffer(p + ".g_z1", b.g_z1, &memory_, "gradients");
+    g->g_z1_own = Buffer(p + ".g_z1", b.g_z1, "gradients");
     g->g_z1 = g->g_z1_own->data_as<float>();
   }
 

@@ -57,6 +57,8 @@
 #include "sshsdp/comm/comm_path.h"
 #include "sshsdp/comm/comm_thread.h"
 #include "sshsdp/comm/communicator.h"
+#include "sshsdp/comm/direct_device.h"
+#include "sshsdp/device/backend.h"
 #include "sshsdp/engine/reduce_mode.h"
 #include "sshsdp/engine/redundancy.h"
 #include "sshsdp/layout/data_node.h"
@@ -133,6 +135,15 @@ struct EngineConfig {
   // collective on the communication thread with its bytes, waits, the update phase, G,
   // copies); not owned, null: none.
   Tracer* tracer = nullptr;
+  // The engine on a device backend (device/backend.h; not owned): every data-tree root, the
+  // transient gather and gradient blocks in its memory; G, fills, the gradient norm, the
+  // finiteness check and AdamW run as its ops; the model must compute on the same backend
+  // (models/backend_gpt_model.h). Null: host memory. What it runs so far (ConfigError naming
+  // the setting otherwise, at construction): AdamW, fp32 reduction, the flat layout without
+  // the baselines' redundancies, no MXFP8, no checkpoints; several ranks only as plain ZeRO-3
+  // (sw = sg = so = world) on the direct path over `direct_device` (one node).
+  Backend* backend = nullptr;
+  DirectDeviceMemory* direct_device = nullptr;
 };
 
 // Throws ConfigError naming the field unless the hyperparameters and sizes of `cfg` are
@@ -289,6 +300,11 @@ class Engine {
  private:
   void PrepareMx();  // MXFP8: G on bands, S gathers, Tw
   void BuildGroup(int g);
+  void ZeroState(RuntimeGroup& g);  // optimizer state := 0, host or backend memory
+  // A finalized root of `bytes` (at least 64), in host memory or the backend's, accounted
+  // under `category`.
+  std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes,
+                                   const std::string& category);
   void StartGather(int g);
   void WaitGather(int g);
   void ReleaseGather(int g);
@@ -352,6 +368,7 @@ class Engine {
   CommCounters carried_update_comm_;
   uint64_t carried_outer_ = 0;
   int uncaught_at_construction_ = std::uncaught_exceptions();
+  std::vector<void*> backend_blocks_;  // roots in EngineConfig::backend's memory
   uint64_t activation_bytes_ = 0;
 };
 

@@ -3,12 +3,21 @@
 // logical update with the host Gpt, at every (sw, sg, so) layout of this world size, fp32,
 // two microbatches: the model side of the engine on a GPU, run through the engine's real
 // schedule (gathers, views of W′ and G′, fused accumulation, reduce-scatters, the update).
+//
+// Then the engine itself on a backend (EngineConfig::backend): its roots, transient blocks,
+// G, fills, norms and AdamW in the backend's memory and ops. On one rank with a backend whose
+// memory faults when the host touches it (testing/guarded_backend.h), so any engine access
+// that bypasses the backend kills the test; on several ranks as plain ZeRO-3 on the direct
+// path with shared memory standing in for the device (comm/testing/shm_device_memory.h).
 #include <gtest/gtest.h>
 
 #include <memory>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/comm/testing/shm_device_memory.h"
 #include "sshsdp/device/backend.h"
+#include "sshsdp/engine/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/backend_gpt_model.h"
 #include "sshsdp/models/gpt.h"
@@ -48,6 +57,74 @@ TEST(EngineBackendGpt, AllLayoutsFp32MatchTheHostGptReference) {
       EXPECT_EQ(d.dist.counters.add_passes, 0u);
       EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
     });
+  }
+}
+
+// The engine on `backend`, training BackendGptModel on it, against the host Gpt's one-rank
+// reference: losses, norms and main weights within AdamW's fp32 tolerances.
+void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemory* direct,
+                  int steps) {
+  testing::ParityCase c;
+  c.layout = l;
+  int made = 0;
+  c.make = [&made, &backend]() -> std::unique_ptr<Model> {
+    if (made++ == 0) return std::make_unique<BackendGptModel>(backend, TestGpt());
+    return std::make_unique<Gpt>(TestGpt());
+  };
+  c.cfg = BaseConfig(l, 2, wdt);
+  c.cfg.backend = &backend;
+  if (direct) {
+    c.cfg.comm_path = CommPath::kDirect;
+    c.cfg.direct_device = direct;
+  }
+  c.ref_cfg = BaseConfig(testing::kOneRank, 2 * WorldSize(), DType::kF32);
+  c.tol = testing::AdamWTolerances(DType::kF32);
+  c.steps = steps;
+  testing::ParityRun run(c);
+  run.Run([&](const testing::StepDiff& d) {
+    EXPECT_EQ(d.dist.counters.add_passes, 0u);
+    EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
+  });
+  EXPECT_GT(run.engine().memory().peak_total(), 0u);
+}
+
+TEST(EngineOnBackend, HostNeverTouchesBackendMemoryOnOneRank) {
+  if (WorldSize() != 1) GTEST_SKIP() << "one rank (the guard is per process, no comm thread work)";
+  testing::GuardedBackend guarded;
+  RunOnBackend(guarded, testing::kOneRank, DType::kF32, nullptr, 3);
+  EXPECT_GT(guarded.calls(), 100);  // the model, G, norms and AdamW all went through it
+}
+
+TEST(EngineOnBackend, PlainZero3OnTheDirectPathWithDeviceMemory) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  testing::ShmDeviceMemory shm;
+  testing::GuardedBackend on_shm(&shm);  // the CPU backend's ops on the stand-in's memory
+  RunOnBackend(on_shm, Layout{W, W, W, W}, DType::kF32, &shm, 3);
+}
+
+TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
+  auto world = MpiCommunicator::World(WorldSize());
+  const int W = WorldSize();
+  BackendGptModel model(Cpu(), TestGpt());
+  auto refused = [&](EngineConfig cfg, const std::string& what) {
+    cfg.backend = &Cpu();
+    try {
+      Engine e(model, *world, cfg);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  EngineConfig muon = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
+  muon.optimizer = OptimizerKind::kMuon;
+  refused(muon, "Muon");
+  EngineConfig bf16_reduce = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
+  bf16_reduce.reduce = ReduceMode::kBf16Fp32;
+  refused(bf16_reduce, "--reduce fp32");
+  if (W > 1) {
+    refused(BaseConfig(Layout{W, W, W, W}, 1, DType::kF32), "comm_path=direct");
+    if (W % 2 == 0) refused(BaseConfig(Layout{W / 2, W / 2, W / 2, W}, 1, DType::kF32), "ZeRO-3");
   }
 }
 

@@ -138,7 +138,9 @@ UpdateGroupView UpdateViewOf(const RuntimeGroup& g);
 // of the schedule accounts exactly what the engine's pool would.
 class TransientPool {
  public:
-  explicit TransientPool(MemoryAccount* memory, bool dry = false) : memory_(memory), dry_(dry) {}
+  // `backend`: blocks in its memory (null: host memory).
+  explicit TransientPool(MemoryAccount* memory, bool dry = false, Backend* backend = nullptr)
+      : memory_(memory), dry_(dry), backend_(backend) {}
   ~TransientPool();
   TransientPool(const TransientPool&) = delete;
   TransientPool& operator=(const TransientPool&) = delete;
@@ -148,6 +150,7 @@ class TransientPool {
  private:
   MemoryAccount* memory_;
   bool dry_ = false;
+  Backend* backend_ = nullptr;
   std::multimap<size_t, void*> free_;
   std::vector<std::pair<void*, size_t>> all_;
 };
@@ -162,8 +165,15 @@ struct DataPathContext {
   CopyMeter* meter = nullptr;
   StepCounters* counters = nullptr;
   TimeSplit* time = nullptr;
-  MxWeights* mx = nullptr;  // MXFP8 runtime weights, or null
+  MxWeights* mx = nullptr;     // MXFP8 runtime weights, or null
+  Backend* backend = nullptr;  // EngineConfig::backend
 };
+
+// Σx² in double of n floats in host memory, or in `backend`'s memory when it is set.
+double SumSquaresOn(Backend* backend, const float* x, int64_t n);
+// The engine-on-a-backend checks of a configuration (EngineConfig::backend), ConfigError
+// naming the setting; nothing when no backend is set.
+void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo);
 
 // sshsdp's own data path: W′ and G′ are views of the flat buffers; the reduce-scatter
 // accumulates into G′ᶻ² in its last reduction step. Each method is one stage of a group's

@@ -13,18 +13,23 @@
 namespace sshsdp {
 
 void Engine::InitWeights(uint64_t seed) {
+  Backend* b = cfg_.backend;
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
-    std::memset(g.main_z1, 0, g.z1.size() * 4);
+    // Drawn on the host; on a backend, staged and copied in.
+    std::vector<float> staged(b ? g.z1.size() : 0);
+    float* main = b ? staged.data() : g.main_z1;
+    std::memset(main, 0, g.z1.size() * 4);
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
       const FragmentSpan s = SpanOf(g.pieces, f);
       if (s.length == 0) continue;  // dim-0 padding stays zero
       const UpdateParam& u = g.layout.update[s.update];
       UpdatePart part{u.name, u.shape, 0, u.kind, u.init};
       FillInit(part, seed, static_cast<int64_t>(s.begin), static_cast<int64_t>(s.length),
-               g.main_z1 + s.shard_offset);
+               main + s.shard_offset);
     }
-    std::memset(g.state->data(), 0, g.state->bytes());
+    ZeroState(g);
+    if (b) b->CopyIn(g.main_z1, staged.data(), staged.size() * 4);
   }
   step_ = 0;
   PrepareAndGatherWeights();
@@ -45,12 +50,24 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
       const FragmentSpan s = SpanOf(g.pieces, f);
       if (s.length == 0) continue;  // dim-0 padding
       const std::vector<float>& src = weights.at(g.layout.update[s.update].name);
-      std::memcpy(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
+      if (cfg_.backend) {
+        cfg_.backend->CopyIn(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
+      } else {
+        std::memcpy(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
+      }
     }
-    std::memset(g.state->data(), 0, g.state->bytes());
+    ZeroState(g);
   }
   step_ = 0;
   PrepareAndGatherWeights();
+}
+
+void Engine::ZeroState(RuntimeGroup& g) {
+  if (cfg_.backend) {
+    cfg_.backend->Fill(g.state->data_as<float>(), static_cast<int64_t>(g.state->bytes() / 4), 0.0f);
+  } else {
+    std::memset(g.state->data(), 0, g.state->bytes());
+  }
 }
 
 void Engine::RestoreState(int64_t step) {
@@ -75,7 +92,12 @@ void Engine::PrepareAndGatherWeights() {
       // G: cast the ZeRO-1 main weights straight into the ZeRO-1 slice of Wᶻ³.
       ScopedTimer t(&time_.cast);
       TraceSpan s(cfg_.tracer, "G (cast)", kTraceCompute, {{"group", g.layout.group}});
-      FloatToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off, g.z1.size());
+      if (cfg_.backend) {
+        cfg_.backend->CastF32ToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off,
+                                    static_cast<int64_t>(g.z1.size()));
+      } else {
+        FloatToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off, g.z1.size());
+      }
       counters_.weight_preps++;
     }
     // Outer all-gather, in place: this rank's slice already sits at its group position.
@@ -148,12 +170,12 @@ bool Engine::StateIsFinite() {
   for (auto& gp : groups_) {
     const RuntimeGroup& g = *gp;
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
-      if (!std::isfinite(
-              kernels::SumSquares(g.main_z1 + f.shard_offset, static_cast<int64_t>(f.length))))
+      if (!std::isfinite(SumSquaresOn(cfg_.backend, g.main_z1 + f.shard_offset,
+                                      static_cast<int64_t>(f.length))))
         bad = 1;
     // Optimizer state: every stored element (padding and unused elements stay zero).
-    if (!std::isfinite(kernels::SumSquares(g.state->data_as<float>(),
-                                           static_cast<int64_t>(g.state->bytes() / 4))))
+    if (!std::isfinite(SumSquaresOn(cfg_.backend, g.state->data_as<float>(),
+                                    static_cast<int64_t>(g.state->bytes() / 4))))
       bad = 1;
   }
   world_.AllReduce(&bad, 1, DType::kF32);
@@ -166,7 +188,12 @@ std::map<std::string, std::vector<float>> Engine::GatherMainWeights() {
     RuntimeGroup& g = *gp;
     const size_t c = g.z1.size();
     std::vector<float> all(c * world_.size()), full(g.padded);
-    world_.AllGather(g.main_z1, all.data(), c, DType::kF32);
+    if (cfg_.backend) {  // this rank's chunk to the host first: world_ moves host memory
+      cfg_.backend->CopyOut(all.data() + static_cast<size_t>(world_.rank()) * c, g.main_z1, c * 4);
+      world_.AllGatherInPlace(all.data(), c, DType::kF32);
+    } else {
+      world_.AllGather(g.main_z1, all.data(), c, DType::kF32);
+    }
     for (int j = 0; j < topo_.so(); ++j) {
       int owner = topo_.Zero1ChunkOwner(j, 0);
       std::memcpy(full.data() + j * c, all.data() + owner * c, c * 4);
@@ -184,6 +211,7 @@ std::map<std::string, std::vector<float>> Engine::GatherMainWeights() {
 }
 
 std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
+  // (MXFP8 is refused on a backend: mx_ is null there.)
   std::map<std::string, MxRuntimeWeight> out;
   if (!mx_) return out;
   for (auto& gp : groups_) {
@@ -208,6 +236,10 @@ std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
 }
 
 std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
+  SSHSDP_CHECK(cfg_.backend == nullptr, ConfigError,
+               "checkpoints of an engine on backend {} are not built yet (its ZeRO-1 state is "
+               "device memory the checkpoint writer cannot read); train on the host to save",
+               cfg_.backend ? cfg_.backend->name() : "");
   std::vector<Zero1Field> out;
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;

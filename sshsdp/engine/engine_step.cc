@@ -335,7 +335,8 @@ void Engine::UpdatePhase(double loss_sum, StepStats* st) {
     TraceSpan s(cfg_.tracer, "gradient norm", kTraceCompute, {{"group", g.layout.group}});
     if (count_norm)
       for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
-        sumsq += kernels::SumSquares(g.g_z1 + f.shard_offset, static_cast<int64_t>(f.length));
+        sumsq +=
+            SumSquaresOn(cfg_.backend, g.g_z1 + f.shard_offset, static_cast<int64_t>(f.length));
   }
   float red[2] = {static_cast<float>(loss_sum), static_cast<float>(sumsq)};
   {

@@ -50,7 +50,7 @@ void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int6
   }
 }
 
-UpdateProgram AdamWProgram(const AdamWConfig& cfg) {
+UpdateProgram AdamWProgram(const AdamWConfig& cfg, AdamWKernel kernel) {
   UpdateProgram p;
   p.name = "adamw";
   p.fields = {{"main", DType::kF32, FieldRole::kState},
@@ -65,7 +65,7 @@ UpdateProgram AdamWProgram(const AdamWConfig& cfg) {
                 {"adamw.lr", "step", "grad_scale"},
                 nullptr,
                 nullptr};
-  s.kernel = [cfg](const StageBatch& b) {
+  s.kernel = [cfg, kernel](const StageBatch& b) {
     AdamWConfig c = cfg;
     c.lr = static_cast<float>(b.scalars->Get("adamw.lr"));
     std::vector<AdamWSpan> spans;
@@ -76,8 +76,13 @@ UpdateProgram AdamWProgram(const AdamWConfig& cfg) {
                        static_cast<float*>(it.data[2]), static_cast<float*>(it.data[3]), it.numel,
                        wd});
     }
-    AdamWStep(spans, c, static_cast<int64_t>(b.scalars->Get("step")),
-              static_cast<float>(b.scalars->Get("grad_scale")));
+    const auto step = static_cast<int64_t>(b.scalars->Get("step"));
+    const auto grad_scale = static_cast<float>(b.scalars->Get("grad_scale"));
+    if (kernel) {
+      kernel(spans, c, step, grad_scale);
+    } else {
+      AdamWStep(spans, c, step, grad_scale);
+    }
   };
   p.stages.push_back(std::move(s));
   return p;

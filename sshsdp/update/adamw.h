@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "sshsdp/update/update_stage.h"
@@ -54,9 +55,15 @@ AdamWScalars AdamWStepScalars(const AdamWConfig& cfg, int64_t step);
 void AdamWStep(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg, int64_t step,
                float grad_scale);
 
+// Who applies AdamW to a batch of spans: AdamWStep on host memory (null), or a device
+// backend's AdamW on its memory (the engine on a backend sets it).
+using AdamWKernel = std::function<void(const std::vector<AdamWSpan>& spans, const AdamWConfig& cfg,
+                                       int64_t step, float grad_scale)>;
+
 // One elementwise stage "adamw" over fields main, grad, m, v (fp32 ZeRO-1 state), reading
 // scalars "adamw.lr", "step" and "grad_scale"; cfg.lr is replaced by "adamw.lr". Weight decay
-// applies to every unit except norm gains (UpdateKind::kVector).
-UpdateProgram AdamWProgram(const AdamWConfig& cfg);
+// applies to every unit except norm gains (UpdateKind::kVector). `kernel` runs the batch
+// (null: AdamWStep).
+UpdateProgram AdamWProgram(const AdamWConfig& cfg, AdamWKernel kernel = nullptr);
 
 }  // namespace sshsdp

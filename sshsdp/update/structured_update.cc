@@ -132,7 +132,7 @@ void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
     executors_.push_back(std::make_unique<UpdateExecutor>(plan, chains, rank, p2p, account));
     kinds_.push_back(k);
   };
-  add(OptimizerKind::kAdamW, AdamWProgram(options.adamw), std::move(adamw));
+  add(OptimizerKind::kAdamW, AdamWProgram(options.adamw, options.adamw_kernel), std::move(adamw));
   if (options.full_tensor) {
     if (!muon.empty()) {
       SSHSDP_CHECK(zero1 != nullptr, PlanError,

@@ -45,6 +45,8 @@ struct UpdateOptions {
   // (FullTensorMuon, full_tensor_update.h) instead of point-to-point units. Works on any
   // buffer layout (UpdateGroupView::pieces map members to parameters).
   bool full_tensor = false;
+  // AdamW's kernel (adamw.h): null for host memory; a device backend's for the engine on one.
+  AdamWKernel adamw_kernel;
 };
 
 // One runtime group as the update sees it.

@@ -81,6 +81,14 @@ class ShmDeviceMemory final : public DirectDeviceMemory {
     return p;
   }
 
+  void Free(void* p) {
+    auto it = private_.find(static_cast<char*>(p));
+    if (it == private_.end()) return;
+    munmap(it->first, it->second);
+    regions_.erase(it->first);
+    private_.erase(it);
+  }
+
   bool IsDeviceMemory(const void* p, size_t bytes) const override {
     if (bytes == 0) return true;
     const char* c = static_cast<const char*>(p);

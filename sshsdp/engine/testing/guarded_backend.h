@@ -1,0 +1,171 @@
+// A test backend whose memory the host cannot touch: the CPU backend's ops on memory mapped
+// PROT_NONE except while one of the backend's own calls runs. (Given a ShmDeviceMemory it
+// allocates that stand-in device's memory instead, unguarded: the engine on several ranks
+// over the direct path, whose copies and reductions touch it from the comm layer.) An engine on it
+// that reads or writes a data-tree root, a transient block or the model's activations from the host
+// — instead of through the backend, as it must on a GPU — dies with SIGSEGV, so a test on it proves
+// the engine routes every access to backend memory through the backend, on a machine without a GPU.
+// Single process, single thread (the comm thread of a one-rank engine moves nothing).
+//
+//   testing::GuardedBackend b;
+//   cfg.backend = &b;
+//   BackendGptModel model(b, TestGpt());      // the model's kernels through it too
+//   Engine engine(model, *world, cfg);        // any host access to b's memory faults
+#pragma once
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/comm/testing/shm_device_memory.h"
+#include "sshsdp/device/backend.h"
+
+namespace sshsdp::testing {
+
+class GuardedBackend final : public Backend {
+ public:
+  explicit GuardedBackend(ShmDeviceMemory* device = nullptr)
+      : cpu_(MakeBackend("cpu")), device_(device) {}
+  ~GuardedBackend() override {
+    for (auto& [p, bytes] : regions_) munmap(p, bytes);
+  }
+  std::string name() const override { return "guarded-cpu"; }
+  int64_t calls() const { return calls_; }
+
+  void* Alloc(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    if (device_) return device_->Alloc(bytes);
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t len = (bytes + page - 1) / page * page;
+    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    SSHSDP_CHECK(p != MAP_FAILED, DeviceError, "guarded-cpu: mmap of {} bytes failed", bytes);
+    regions_[p] = len;
+    return p;
+  }
+  void Free(void* p) override {
+    if (device_) return device_->Free(p);
+    auto it = regions_.find(p);
+    if (it == regions_.end()) return;
+    munmap(it->first, it->second);
+    regions_.erase(it);
+  }
+  void CopyIn(void* dst, const void* src, size_t bytes) override {
+    Open o(this);
+    cpu_->CopyIn(dst, src, bytes);
+  }
+  void CopyOut(void* dst, const void* src, size_t bytes) override {
+    Open o(this);
+    cpu_->CopyOut(dst, src, bytes);
+  }
+  void Synchronize() override {}
+
+#define SSHSDP_GUARDED(call) \
+  Open o(this);              \
+  return cpu_->call
+  void Fill(float* x, int64_t n, float v) override { SSHSDP_GUARDED(Fill(x, n, v)); }
+  void CastF32ToBf16(const float* x, bf16* y, int64_t n) override {
+    SSHSDP_GUARDED(CastF32ToBf16(x, y, n));
+  }
+  void CastBf16ToF32(const bf16* x, float* y, int64_t n) override {
+    SSHSDP_GUARDED(CastBf16ToF32(x, y, n));
+  }
+  void StochasticRoundBf16(const float* x, bf16* y, int64_t n, const SrKey& key,
+                           uint64_t first) override {
+    SSHSDP_GUARDED(StochasticRoundBf16(x, y, n, key, first));
+  }
+  void AdamW(const AdamWSpan* s, int count, const AdamWConfig& cfg, int64_t step,
+             float scale) override {
+    SSHSDP_GUARDED(AdamW(s, count, cfg, step, scale));
+  }
+  void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
+                        const MxOptions& opt) override {
+    SSHSDP_GUARDED(MxQuantizeWeight(w, rows, cols, q, scales, opt));
+  }
+  void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                          float* out, const MxOptions& opt) override {
+    SSHSDP_GUARDED(MxDequantizeWeight(q, scales, rows, cols, out, opt));
+  }
+  double SumSquares(const float* x, int64_t n) override { SSHSDP_GUARDED(SumSquares(x, n)); }
+  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
+                      int d) override {
+    SSHSDP_GUARDED(RmsNormForward(x, g, y, rstd, rows, d));
+  }
+  void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
+                       float* dx, float* dg, int64_t rows, int d, bool acc) override {
+    SSHSDP_GUARDED(RmsNormBackward(dy, x, g, rstd, dx, dg, rows, d, acc));
+  }
+  void GeluForward(const float* x, float* y, int64_t n) override {
+    SSHSDP_GUARDED(GeluForward(x, y, n));
+  }
+  void GeluBackwardInPlace(const float* x, float* dy, int64_t n) override {
+    SSHSDP_GUARDED(GeluBackwardInPlace(x, dy, n));
+  }
+  void SwigluForward(const float* h1, const float* h3, float* a, int64_t n) override {
+    SSHSDP_GUARDED(SwigluForward(h1, h3, a, n));
+  }
+  void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1, float* dh3,
+                      int64_t n) override {
+    SSHSDP_GUARDED(SwigluBackward(h1, h3, da, dh1, dh3, n));
+  }
+  double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                    int64_t rows, int64_t V, int64_t ld) override {
+    SSHSDP_GUARDED(SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld));
+  }
+  void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
+                                   int64_t rows, int64_t ld, float scale) override {
+    SSHSDP_GUARDED(SoftmaxCrossEntropyBackward(probs, targets, dlogits, rows, ld, scale));
+  }
+  void EmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B, int T,
+                        int d, float* out) override {
+    SSHSDP_GUARDED(EmbeddingForward(wte, wpe, tokens, B, T, d, out));
+  }
+  void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d, float* dwte,
+                         int64_t vocab, float* dwpe, int64_t seq_len, bool acc) override {
+    SSHSDP_GUARDED(EmbeddingBackward(dx, tokens, B, T, d, dwte, vocab, dwpe, seq_len, acc));
+  }
+  void CausalAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
+                              int dh) override {
+    SSHSDP_GUARDED(CausalAttentionForward(qkv, out, lse, B, T, H, dh));
+  }
+  void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
+                               const float* lse, float* dqkv, int B, int T, int H,
+                               int dh) override {
+    SSHSDP_GUARDED(CausalAttentionBackward(dout, qkv, out, lse, dqkv, B, T, H, dh));
+  }
+  void Add(const float* a, const float* b, float* y, int64_t n) override {
+    SSHSDP_GUARDED(Add(a, b, y, n));
+  }
+  void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
+            float* c, bool acc) override {
+    SSHSDP_GUARDED(Gemm(ta, tb, m, n, k, a, b, c, acc));
+  }
+  void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
+                    int64_t cols, int steps, const NsCoefficients& coef, float scale) override {
+    SSHSDP_GUARDED(NewtonSchulz(in, out, batch, rows, cols, steps, coef, scale));
+  }
+#undef SSHSDP_GUARDED
+
+ private:
+  // Every region readable and writable for the duration of one backend call.
+  struct Open {
+    explicit Open(GuardedBackend* b) : b_(b) {
+      ++b_->calls_;
+      for (auto& [p, len] : b_->regions_) mprotect(p, len, PROT_READ | PROT_WRITE);
+    }
+    ~Open() {
+      for (auto& [p, len] : b_->regions_) mprotect(p, len, PROT_NONE);
+    }
+    GuardedBackend* b_;
+  };
+
+  std::unique_ptr<Backend> cpu_;
+  ShmDeviceMemory* device_ = nullptr;
+  std::map<void*, size_t> regions_;  // guarded regions (none with device_)
+  int64_t calls_ = 0;
+};
+
+}  // namespace sshsdp::testing
