@@ -8,7 +8,9 @@
 # (3) The NCCL communicator against MPI's on one rank (the H200 machine has one GPU; NCCL before
 # 2.30 refuses two ranks on it, which a second run checks); (4) the direct path on device
 # buffers with 1, 2 and 3 processes sharing the GPU through CUDA IPC, bit for bit against the
-# host direct path. Not covered yet (not built): the engine on the GPU.
+# host direct path; (5) the engine on the GPU backend training the GPT against the host
+# reference, on one rank and with 2 and 3 processes sharing the GPU (plain ZeRO-3 over CUDA
+# IPC).
 #
 #   scripts/gpu_check.sh prepare   # here (the build machine, no GPU needed): build the CUDA
 #                                  # tests in build-gpu/ and bundle them with the shared
@@ -68,15 +70,16 @@ case "$mode" in
   prepare)
     # Its own build directory: -DSSHSDP_CUDA=ON is not left in build/'s cache.
     BUILD_DIR=build-gpu \
-      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check" \
+      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check engine_backend_gpt_test" \
       scripts/build.sh -DSSHSDP_CUDA=ON
     rm -rf "$bundle" && mkdir -p "$bundle/lib"
     cp build-gpu/sshsdp/device/device_backend_test build-gpu/sshsdp/device/device_nccl_test \
       build-gpu/sshsdp/device/device_direct_test build-gpu/sshsdp/models/models_backend_gpt_check \
-      "$bundle/"
+      build-gpu/sshsdp/engine/engine_backend_gpt_test "$bundle/"
     # Every shared library outside the C library and CUDA's own (the GPU image has those; NCCL
     # too: the toolkit's, or the nvidia-nccl wheel next to PyTorch).
-    ldd "$bundle"/device_*_test "$bundle"/models_backend_gpt_check |
+    ldd "$bundle"/device_*_test "$bundle"/models_backend_gpt_check \
+      "$bundle"/engine_backend_gpt_test |
       awk '/=> \//{print $3}' | sort -u |
       grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda|libcu|libnccl' |
       xargs -r -I{} cp -L {} "$bundle/lib/"
@@ -174,7 +177,16 @@ PY
       timeout 180 mpirun --allow-run-as-root --oversubscribe -np $np \
         "$bundle/device_direct_test" --memory=cuda || rc=1
     done
-    echo "not built yet: the engine on the GPU"
+    echo "== the engine on the GPU backend vs the host reference (engine_backend_gpt_test) =="
+    for np in 1 2 3; do
+      log="${OUT:-/tmp}/engine_cuda_np$np.log"
+      r=0
+      SSHSDP_TEST_BACKEND=cuda timeout 240 mpirun --allow-run-as-root --oversubscribe -np $np \
+        -x SSHSDP_TEST_BACKEND "$bundle/engine_backend_gpt_test" \
+        --gtest_filter=EngineOnBackend.OnTheCudaBackend >"$log" 2>&1 || r=$?
+      tail -5 "$log"
+      if [ $r -ne 0 ] || grep -q '\[  SKIPPED \]' "$log"; then rc=1; fi
+    done
     exit $((rc == 0 ? 0 : 1))
     ;;
   *)

@@ -301,6 +301,7 @@ class Engine {
   void PrepareMx();  // MXFP8: G on bands, S gathers, Tw
   void BuildGroup(int g);
   void ZeroState(RuntimeGroup& g);  // optimizer state := 0, host or backend memory
+  void SyncBackend();               // waits for EngineConfig::backend's queued ops
   // A finalized root of `bytes` (at least 64), in host memory or the backend's, accounted
   // under `category`.
   std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes,

@@ -9,14 +9,20 @@
 // memory faults when the host touches it (testing/guarded_backend.h), so any engine access
 // that bypasses the backend kills the test; on several ranks as plain ZeRO-3 on the direct
 // path with shared memory standing in for the device (comm/testing/shm_device_memory.h).
+// With SSHSDP_TEST_BACKEND=cuda, EngineOnBackend.OnTheCudaBackend runs the same comparison on
+// this rank's GPU (several ranks sharing one GPU over CUDA IPC): ctest's *_cuda entries, label
+// gpu, skipped without one.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/testing/shm_device_memory.h"
 #include "sshsdp/device/backend.h"
+#include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/engine/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/backend_gpt_model.h"
@@ -101,6 +107,24 @@ TEST(EngineOnBackend, PlainZero3OnTheDirectPathWithDeviceMemory) {
   testing::ShmDeviceMemory shm;
   testing::GuardedBackend on_shm(&shm);  // the CPU backend's ops on the stand-in's memory
   RunOnBackend(on_shm, Layout{W, W, W, W}, DType::kF32, &shm, 3);
+}
+
+TEST(EngineOnBackend, OnTheCudaBackend) {
+  const char* want = std::getenv("SSHSDP_TEST_BACKEND");
+  if (want == nullptr || std::string(want) != "cuda")
+    GTEST_SKIP() << "SSHSDP_TEST_BACKEND=cuda runs it (scripts/gpu_check.sh)";
+  if (!CudaCompiled() || CudaDeviceCount() == 0)
+    GTEST_SKIP() << "no usable GPU (or no CUDA in this build)";
+  const int W = WorldSize();
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int ordinal = (local ? std::atoi(local) : 0) % CudaDeviceCount();
+  std::unique_ptr<Backend> gpu = MakeBackend(fmt::format("cuda:{}", ordinal));
+  if (W == 1) {
+    RunOnBackend(*gpu, testing::kOneRank, DType::kF32, nullptr, 3);
+  } else {
+    std::unique_ptr<DirectDeviceMemory> ipc = MakeCudaDirectMemory(*gpu);
+    RunOnBackend(*gpu, Layout{W, W, W, W}, DType::kF32, ipc.get(), 3);
+  }
 }
 
 TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {

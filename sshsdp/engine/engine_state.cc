@@ -138,6 +138,13 @@ void Engine::PrepareAndGatherWeights() {
     mx_->Relayout(gp->layout.group);
     counters_.scale_relayouts++;
   }
+  SyncBackend();  // G and the update done before the next gather reads Wᶻ³
+}
+
+void Engine::SyncBackend() {
+  // The backend's ops may run behind the host (a CUDA stream); the communication path moves
+  // its memory on another stream, so hand-offs wait here (events instead: not built yet).
+  if (cfg_.backend) cfg_.backend->Synchronize();
 }
 
 void Engine::PrepareMx() {

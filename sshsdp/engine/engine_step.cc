@@ -118,6 +118,7 @@ void Engine::ForwardPass(bool release_all) {
       ScopedTimer t(&time_.compute);
       TraceSpan s(cfg_.tracer, "forward", kTraceCompute, {{"group", g}});
       model_.Forward(g, w);
+      SyncBackend();  // W′'s slot may be released and regathered on the comm path next
     }
     if (release_all || (cfg_.reshard_after_forward && g + 1 < n)) ReleaseGather(g);
   }
@@ -171,6 +172,7 @@ void Engine::BackwardGroup(int gi, int mb) {
     ScopedTimer t(&time_.compute);
     TraceSpan s(cfg_.tracer, "backward", kTraceCompute, {{"group", gi}, {"microbatch", mb}});
     model_.Backward(gi, w, grads, mode);
+    SyncBackend();  // G′ complete before the comm path reads it
   }
   if (!skip_rs_) {
     ReduceScatterOptions ro;
