@@ -134,7 +134,9 @@ DataNode& DirectCommunicator::Register(std::unique_ptr<DataNode> root) {
     reg->bytes = (root->bytes() + 63) / 64 * 64;
     MPI_Comm node = node_comm_;
     reg->device = device_->OpenRegions(
-        reg->bytes, geo_.l0, geo_.L, [node, where](const void* mine, void* all, size_t bytes) {
+        reg->bytes, geo_.l0, geo_.L,
+        [this, node, where](const void* mine, void* all, size_t bytes) {
+          WaitScope watched("direct-path registration (device memory handles)", name());
           CheckMpi(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all,
                                  static_cast<int>(bytes), MPI_BYTE, node),
                    where + ": MPI_Allgather of device memory handles");

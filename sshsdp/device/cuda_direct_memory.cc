@@ -39,17 +39,27 @@ class CudaDirectMemory final : public DirectDeviceMemory {
     SSHSDP_CUDA_DIRECT_OK(cudaSetDevice(ordinal_));
     std::vector<char*> bases(L, nullptr);
     void* own = nullptr;
-    SSHSDP_CUDA_DIRECT_OK(cudaMalloc(&own, bytes));
-    SSHSDP_CUDA_DIRECT_OK(cudaMemset(own, 0, bytes));
-    bases[my_l] = static_cast<char*>(own);
-    cudaIpcMemHandle_t mine{};
-    SSHSDP_CUDA_DIRECT_OK(cudaIpcGetMemHandle(&mine, own));
-    std::vector<cudaIpcMemHandle_t> all(L);
-    all_gather(&mine, all.data(), sizeof(mine));
     int ok = 1;
     std::string error;
+    cudaIpcMemHandle_t mine{};
+    // A failure here still takes part in both all-gathers below, so every member throws.
+    auto fail = [&](cudaError_t e, const char* call) {
+      if (e == cudaSuccess || !ok) return;
+      ok = 0;
+      error = fmt::format("{}: {}", call, cudaGetErrorName(e));
+      cudaGetLastError();
+    };
+    fail(cudaMalloc(&own, bytes), "cudaMalloc");
+    if (ok) fail(cudaMemsetAsync(own, 0, bytes, stream_), "cudaMemsetAsync");
+    if (ok) fail(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    if (ok) fail(cudaIpcGetMemHandle(&mine, own), "cudaIpcGetMemHandle");
+    bases[my_l] = static_cast<char*>(own);
+    std::vector<cudaIpcMemHandle_t> all(L);
+    all_gather(&mine, all.data(), sizeof(mine));
+    std::vector<int> first(L);
+    all_gather(&ok, first.data(), sizeof(int));
     for (int l = 0; l < L; ++l) {
-      if (l == my_l) continue;
+      if (l == my_l || !first[l] || !ok) continue;
       void* p = nullptr;
       const cudaError_t e = cudaIpcOpenMemHandle(&p, all[l], cudaIpcMemLazyEnablePeerAccess);
       if (e != cudaSuccess) {
@@ -63,10 +73,10 @@ class CudaDirectMemory final : public DirectDeviceMemory {
     std::vector<int> oks(L);
     all_gather(&ok, oks.data(), sizeof(int));
     for (int l = 0; l < L; ++l) {
-      if (oks[l]) continue;
+      if (oks[l] && first[l]) continue;
       for (int j = 0; j < L; ++j)
         if (j != my_l && bases[j]) cudaIpcCloseMemHandle(bases[j]);
-      cudaFree(own);
+      if (own) cudaFree(own);
       throw DeviceError(fmt::format(
           "direct path on {}: node member {} could not map the other members' memory{}{}", name_, l,
           error.empty() ? "" : "; here: ", error));

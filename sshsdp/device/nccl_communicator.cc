@@ -4,6 +4,7 @@
 #include "sshsdp/device/nccl_communicator.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,6 +23,56 @@
 namespace sshsdp {
 namespace {
 
+// NCCL, loaded at run time (dlopen): no binary of the device layer needs libnccl to start —
+// only NcclCommunicator::Create does, and it says so when the library is missing.
+struct NcclApi {
+  decltype(&ncclGetVersion) GetVersion = nullptr;
+  decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
+  decltype(&ncclCommInitRank) CommInitRank = nullptr;
+  decltype(&ncclCommDestroy) CommDestroy = nullptr;
+  decltype(&ncclGetErrorString) GetErrorString = nullptr;
+  decltype(&ncclAllGather) AllGather = nullptr;
+  decltype(&ncclReduceScatter) ReduceScatter = nullptr;
+  decltype(&ncclAllReduce) AllReduce = nullptr;
+  decltype(&ncclSend) Send = nullptr;
+  decltype(&ncclRecv) Recv = nullptr;
+  decltype(&ncclGroupStart) GroupStart = nullptr;
+  decltype(&ncclGroupEnd) GroupEnd = nullptr;
+  std::string error;  // why it is not loaded
+};
+
+const NcclApi& Nccl() {
+  static const NcclApi api = [] {
+    NcclApi a;
+    void* h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_GLOBAL);
+    if (!h) {
+      a.error = fmt::format(
+          "cannot load libnccl.so.2 ({}); install NCCL or put its lib "
+          "directory on LD_LIBRARY_PATH",
+          dlerror());
+      return a;
+    }
+    auto get = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
+      if (!fn && a.error.empty()) a.error = fmt::format("libnccl.so.2 has no {}", name);
+    };
+    get(a.GetVersion, "ncclGetVersion");
+    get(a.GetUniqueId, "ncclGetUniqueId");
+    get(a.CommInitRank, "ncclCommInitRank");
+    get(a.CommDestroy, "ncclCommDestroy");
+    get(a.GetErrorString, "ncclGetErrorString");
+    get(a.AllGather, "ncclAllGather");
+    get(a.ReduceScatter, "ncclReduceScatter");
+    get(a.AllReduce, "ncclAllReduce");
+    get(a.Send, "ncclSend");
+    get(a.Recv, "ncclRecv");
+    get(a.GroupStart, "ncclGroupStart");
+    get(a.GroupEnd, "ncclGroupEnd");
+    return a;
+  }();
+  return api;
+}
+
 void CudaOk(cudaError_t e, const std::string& where, const char* call) {
   if (e != cudaSuccess)
     throw DeviceError(fmt::format("{}: {} failed: {} ({})", where, call, cudaGetErrorName(e),
@@ -28,8 +80,8 @@ void CudaOk(cudaError_t e, const std::string& where, const char* call) {
 }
 void NcclOk(ncclResult_t r, const std::string& where, const char* call) {
   if (r != ncclSuccess)
-    throw CommError(fmt::format("{}: {} failed: {} (NCCL {})", where, call, ncclGetErrorString(r),
-                                NcclVersion()));
+    throw CommError(fmt::format("{}: {} failed: {} (NCCL {})", where, call,
+                                Nccl().GetErrorString(r), NcclVersion()));
 }
 
 // The ordinal of a CUDA backend named "cuda:<n> (...)", or -1.
@@ -71,16 +123,20 @@ class Scratch {
 
 class NcclComm final : public NcclCommunicator {
  public:
+  // `backend` (the caller's) only names the device and is handed to splits and duplicates;
+  // the widening and finishing run on a backend of this communicator's own (own stream, used
+  // only by the thread that calls this communicator, as backend.h requires).
   NcclComm(std::unique_ptr<Communicator> boot, Backend* backend, int ranks_per_node, int ordinal,
            ncclComm_t comm)
       : boot_(std::move(boot)),
         backend_(backend),
+        own_(MakeBackend(fmt::format("cuda:{}", ordinal))),
         rpn_(ranks_per_node),
         ordinal_(ordinal),
         comm_(comm),
-        wide_(backend),
-        sum_(backend),
-        acc_(backend) {
+        wide_(own_.get()),
+        sum_(own_.get()),
+        acc_(own_.get()) {
     CudaOk(cudaSetDevice(ordinal_), name(), "cudaSetDevice");
     CudaOk(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), name(),
            "cudaStreamCreateWithFlags");
@@ -88,7 +144,7 @@ class NcclComm final : public NcclCommunicator {
   ~NcclComm() override {
     cudaSetDevice(ordinal_);
     if (stream_) cudaStreamDestroy(stream_);
-    if (ncclCommDestroy(comm_) != ncclSuccess)
+    if (Nccl().CommDestroy(comm_) != ncclSuccess)
       std::fprintf(stderr, "sshsdp: ncclCommDestroy failed on %s\n", name().c_str());
   }
 
@@ -111,24 +167,25 @@ class NcclComm final : public NcclCommunicator {
     const std::string where = fmt::format("ReduceScatter on {}", name());
     UseDevice(where);
     const int n = size();
-    CheckReducible(send_dtype, "send", where);
-    CheckReducible(recv_dtype, "recv", where);
-    CheckCount(count, n, where);
-    const size_t send_bytes = count * n * DTypeSize(send_dtype);
-    const size_t recv_bytes = count * DTypeSize(recv_dtype);
-    SSHSDP_CHECK(!Overlaps(send, send_bytes, recv, recv_bytes), CommError,
-                 "{}: send ({} bytes) and recv ({} bytes) overlap; recv must be a separate "
-                 "buffer",
-                 where, send_bytes, recv_bytes);
-    CheckDevice(send, send_bytes, "send", where);
-    CheckDevice(recv, recv_bytes, "recv", where);
+    std::string err = Reducible(send_dtype, "send") + Reducible(recv_dtype, "recv");
+    if (err.empty()) err = CountProblem(count, n);
+    const size_t send_bytes = err.empty() ? count * n * DTypeSize(send_dtype) : 0;
+    const size_t recv_bytes = err.empty() ? count * DTypeSize(recv_dtype) : 0;
+    if (err.empty() && Overlaps(send, send_bytes, recv, recv_bytes))
+      err = fmt::format(
+          "send ({} bytes) and recv ({} bytes) overlap; recv must be a separate "
+          "buffer",
+          send_bytes, recv_bytes);
+    if (err.empty()) err = DeviceProblem(send, send_bytes, "send");
+    if (err.empty()) err = DeviceProblem(recv, recv_bytes, "recv");
     counters_.calls++;
+    Agree(where, err);
     if (count == 0) return;
     CountSend(RingReduceScatterSendBytes(n, count, 4));
     const float* in = Widened(send, send_dtype, count * n);
     const bool direct = recv_dtype == DType::kF32 && !accumulate;
     float* total = direct ? static_cast<float*>(recv) : sum_.Get(count);
-    NcclOk(ncclReduceScatter(in, total, count, ncclFloat32, ncclSum, comm_, stream_), where,
+    NcclOk(Nccl().ReduceScatter(in, total, count, ncclFloat32, ncclSum, comm_, stream_), where,
            "ncclReduceScatter");
     WaitStream("reduce-scatter");
     if (!direct) Finish(total, recv, recv_dtype, count, accumulate);
@@ -137,23 +194,24 @@ class NcclComm final : public NcclCommunicator {
   void AllReduce(void* buf, size_t count, DType dtype) override {
     const std::string where = fmt::format("AllReduce on {}", name());
     UseDevice(where);
-    CheckReducible(dtype, "buffer", where);
-    CheckCount(count, 1, where);
-    CheckDevice(buf, count * DTypeSize(dtype), "buf", where);
+    std::string err = Reducible(dtype, "buffer");
+    if (err.empty()) err = CountProblem(count, 1);
+    if (err.empty()) err = DeviceProblem(buf, count * DTypeSize(dtype), "buf");
     counters_.calls++;
+    Agree(where, err);
     if (count == 0) return;
     CountSend(RingAllReduceSendBytes(size(), rank(), count, 4, 4));
     float* data = dtype == DType::kF32 ? static_cast<float*>(buf) : wide_.Get(count);
     if (dtype == DType::kBF16) {
-      backend_->CastBf16ToF32(static_cast<const bf16*>(buf), data, static_cast<int64_t>(count));
-      backend_->Synchronize();
+      own_->CastBf16ToF32(static_cast<const bf16*>(buf), data, static_cast<int64_t>(count));
+      own_->Synchronize();
     }
-    NcclOk(ncclAllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), where,
+    NcclOk(Nccl().AllReduce(data, data, count, ncclFloat32, ncclSum, comm_, stream_), where,
            "ncclAllReduce");
     WaitStream("all-reduce");
     if (dtype == DType::kBF16) {
-      backend_->CastF32ToBf16(data, static_cast<bf16*>(buf), static_cast<int64_t>(count));
-      backend_->Synchronize();
+      own_->CastF32ToBf16(data, static_cast<bf16*>(buf), static_cast<int64_t>(count));
+      own_->Synchronize();
     }
   }
 
@@ -177,30 +235,45 @@ class NcclComm final : public NcclCommunicator {
     UseDevice(where);
     const int n = size();
     const size_t e = DTypeSize(dtype);
-    CheckCount(count, n, where);
-    const size_t shard = count * e, total = shard * n;
-    char* own = static_cast<char*>(recv) + static_cast<size_t>(rank()) * shard;
-    const bool in_place = send == own;
-    SSHSDP_CHECK(in_place || !Overlaps(send, shard, recv, total), CommError,
-                 "{}: send overlaps recv; pass send = recv + rank()*count (in place) or disjoint "
-                 "buffers",
-                 where);
-    CheckDevice(send, shard, "send", where);
-    CheckDevice(recv, total, "recv", where);
+    std::string err = CountProblem(count, n);
+    const size_t shard = err.empty() ? count * e : 0, total = shard * n;
+    const bool in_place =
+        recv != nullptr && send == static_cast<char*>(recv) + static_cast<size_t>(rank()) * shard;
+    if (err.empty() && !in_place && Overlaps(send, shard, recv, total))
+      err = "send overlaps recv; pass send = recv + rank()*count (in place) or disjoint buffers";
+    if (err.empty()) err = DeviceProblem(send, shard, "send");
+    if (err.empty()) err = DeviceProblem(recv, total, "recv");
     counters_.calls++;
+    Agree(where, err);
     if (count == 0) return;
     if (!in_place) counters_.local_copy_bytes += shard;
     CountSend(RingAllGatherSendBytes(n, count, e));
-    NcclOk(ncclAllGather(send, recv, shard, ncclUint8, comm_, stream_), where, "ncclAllGather");
+    NcclOk(Nccl().AllGather(send, recv, shard, ncclUint8, comm_, stream_), where, "ncclAllGather");
     WaitStream("all-gather");
+  }
+
+  // Every member's checks agree before NCCL is entered (a member that failed its own checks
+  // would otherwise leave the others inside NCCL): one small all-reduce over the bootstrap.
+  void Agree(const std::string& where, const std::string& local_error) {
+    float bad = local_error.empty() ? 0.0f : 1.0f;
+    {
+      WaitScope watched("NCCL call agreement", name());
+      boot_->AllReduce(&bad, 1, DType::kF32);
+    }
+    SSHSDP_CHECK(local_error.empty(), CommError, "{}: {} (refused on every member before NCCL)",
+                 where, local_error);
+    SSHSDP_CHECK(bad == 0, CommError,
+                 "{}: refused before NCCL: another member's call failed its own checks (its "
+                 "error names the reason)",
+                 where);
   }
 
   // The fp32 view of a reduction input: itself, or widened into scratch.
   const float* Widened(const void* p, DType dtype, size_t count) {
     if (dtype == DType::kF32) return static_cast<const float*>(p);
     float* w = wide_.Get(count);
-    backend_->CastBf16ToF32(static_cast<const bf16*>(p), w, static_cast<int64_t>(count));
-    backend_->Synchronize();
+    own_->CastBf16ToF32(static_cast<const bf16*>(p), w, static_cast<int64_t>(count));
+    own_->Synchronize();
     return w;
   }
 
@@ -210,7 +283,7 @@ class NcclComm final : public NcclCommunicator {
     if (recv_dtype == DType::kF32) {
       auto* out = static_cast<float*>(recv);
       if (accumulate) {
-        backend_->Add(out, total, out, c);
+        own_->Add(out, total, out, c);
       } else {
         CudaOk(cudaMemcpy(out, total, count * 4, cudaMemcpyDeviceToDevice), name(), "cudaMemcpy");
       }
@@ -218,14 +291,14 @@ class NcclComm final : public NcclCommunicator {
       auto* out = static_cast<bf16*>(recv);
       if (accumulate) {
         float* a = acc_.Get(count);
-        backend_->CastBf16ToF32(out, a, c);
-        backend_->Add(a, total, a, c);
-        backend_->CastF32ToBf16(a, out, c);
+        own_->CastBf16ToF32(out, a, c);
+        own_->Add(a, total, a, c);
+        own_->CastF32ToBf16(a, out, c);
       } else {
-        backend_->CastF32ToBf16(total, out, c);
+        own_->CastF32ToBf16(total, out, c);
       }
     }
-    backend_->Synchronize();
+    own_->Synchronize();
   }
 
   // Any thread may call (the engine's communication thread does): make this communicator's
@@ -251,35 +324,38 @@ class NcclComm final : public NcclCommunicator {
     }
   }
 
-  static void CheckReducible(DType t, const char* what, const std::string& where) {
-    SSHSDP_CHECK(t == DType::kF32 || t == DType::kBF16, CommError,
-                 "{}: {} dtype {} is not supported; reduce fp32 or bf16 buffers", where, what,
-                 DTypeName(t));
+  static std::string Reducible(DType t, const char* what) {
+    if (t == DType::kF32 || t == DType::kBF16) return "";
+    return fmt::format("{} dtype {} is not supported; reduce fp32 or bf16 buffers", what,
+                       DTypeName(t));
   }
-  static void CheckCount(size_t count, int n, const std::string& where) {
-    SSHSDP_CHECK(count <= std::numeric_limits<size_t>::max() / (static_cast<size_t>(n) * 4),
-                 CommError, "{}: count {} overflows the address space", where, count);
+  static std::string CountProblem(size_t count, int n) {
+    if (count <= std::numeric_limits<size_t>::max() / (static_cast<size_t>(n) * 4)) return "";
+    return fmt::format("count {} overflows the address space", count);
   }
-  // Device (or managed) memory of this communicator's device, or CommError naming `what`.
-  void CheckDevice(const void* p, size_t bytes, const char* what, const std::string& where) const {
-    if (bytes == 0) return;
-    SSHSDP_CHECK(p != nullptr, CommError, "{}: {} is null with {} bytes", where, what, bytes);
+  // "" for device (or managed) memory of this communicator's device, else what is wrong.
+  std::string DeviceProblem(const void* p, size_t bytes, const char* what) const {
+    if (bytes == 0) return "";
+    if (p == nullptr) return fmt::format("{} is null with {} bytes", what, bytes);
     cudaPointerAttributes a{};
     const cudaError_t e = cudaPointerGetAttributes(&a, p);
-    if (e != cudaSuccess) cudaGetLastError();  // clear the sticky-free error of a host pointer
+    if (e != cudaSuccess) cudaGetLastError();  // clear the error of an unknown pointer
     const bool device =
         e == cudaSuccess && (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged);
-    SSHSDP_CHECK(device, CommError,
-                 "{}: {} ({} bytes at {}) is host memory; NcclCommunicator moves device buffers "
-                 "(Backend::Alloc of the cuda backend)",
-                 where, what, bytes, p);
-    SSHSDP_CHECK(a.type == cudaMemoryTypeManaged || a.device == ordinal_, CommError,
-                 "{}: {} lives on cuda:{}, this communicator runs on cuda:{}", where, what,
-                 a.device, ordinal_);
+    if (!device)
+      return fmt::format(
+          "{} ({} bytes at {}) is host memory; NcclCommunicator moves device "
+          "buffers (Backend::Alloc of the cuda backend)",
+          what, bytes, p);
+    if (a.type != cudaMemoryTypeManaged && a.device != ordinal_)
+      return fmt::format("{} lives on cuda:{}, this communicator runs on cuda:{}", what, a.device,
+                         ordinal_);
+    return "";
   }
 
   std::unique_ptr<Communicator> boot_;
   Backend* backend_;
+  std::unique_ptr<Backend> own_;  // before the scratches: they free into it
   int rpn_;
   int ordinal_;
   ncclComm_t comm_;
@@ -291,77 +367,120 @@ void NcclComm::Exchange(const std::vector<P2POp>& sends, const std::vector<P2POp
   const std::string where = fmt::format("Exchange on {}", name());
   UseDevice(where);
   const int n = size();
+  std::string err;
   auto check = [&](const std::vector<P2POp>& ops, const char* list) {
-    for (size_t i = 0; i < ops.size(); ++i) {
+    for (size_t i = 0; i < ops.size() && err.empty(); ++i) {
       const P2POp& op = ops[i];
-      SSHSDP_CHECK(op.peer >= 0 && op.peer < n, CommError,
-                   "{}: {}[{}].peer = {} is outside the group of {}", where, list, i, op.peer, n);
-      SSHSDP_CHECK(op.tag >= 0, CommError, "{}: {}[{}].tag = {} is negative", where, list, i,
-                   op.tag);
-      CheckDevice(op.data, op.bytes, list, where);
+      if (op.peer < 0 || op.peer >= n)
+        err = fmt::format("{}[{}].peer = {} is outside the group of {}", list, i, op.peer, n);
+      else if (op.tag < 0)
+        err = fmt::format("{}[{}].tag = {} is negative", list, i, op.tag);
+      else
+        err = DeviceProblem(op.data, op.bytes, list);
     }
   };
   check(sends, "sends");
   check(recvs, "recvs");
+  if (err.empty()) {  // messages to itself pair up locally, by tag order
+    std::vector<std::pair<int, size_t>> to_self, from_self;
+    for (const P2POp& op : sends)
+      if (op.peer == rank()) to_self.push_back({op.tag, op.bytes});
+    for (const P2POp& op : recvs)
+      if (op.peer == rank()) from_self.push_back({op.tag, op.bytes});
+    auto by_tag = [](const auto& a, const auto& b) { return a.first < b.first; };
+    std::stable_sort(to_self.begin(), to_self.end(), by_tag);
+    std::stable_sort(from_self.begin(), from_self.end(), by_tag);
+    if (to_self != from_self)
+      err = fmt::format(
+          "the {} message(s) this rank sends itself do not pair up with the {} "
+          "receive(s) it posts from itself (same tags and sizes needed)",
+          to_self.size(), from_self.size());
+  }
   counters_.calls++;
+  // A local error: this rank's peers still expect the size exchange below, so it goes on
+  // with no messages and the verdict reaches them there.
+  const std::vector<P2POp> none;
   // Each pair's messages in (tag, posting) order on both sides.
-  auto sorted = [](const std::vector<P2POp>& ops) {
-    std::vector<P2POp> s = ops;
-    std::stable_sort(s.begin(), s.end(), [](const P2POp& a, const P2POp& b) {
+  auto sorted = [&](const std::vector<P2POp>& ops) {
+    std::vector<P2POp> out = err.empty() ? ops : none;
+    std::stable_sort(out.begin(), out.end(), [](const P2POp& a, const P2POp& b) {
       return a.peer != b.peer ? a.peer < b.peer : a.tag < b.tag;
     });
-    return s;
+    return out;
   };
   const std::vector<P2POp> s = sorted(sends), r = sorted(recvs);
-  // Sizes first, over the bootstrap, with every peer this rank exchanges with: each receive
-  // must match its send exactly (a mismatch would hang NCCL).
-  std::vector<std::vector<uint64_t>> to(n), from(n), theirs(n);
-  std::vector<bool> involved(n, false);
-  for (const P2POp& op : s) {
-    to[op.peer].push_back(op.bytes);
-    involved[op.peer] = true;
-  }
-  for (const P2POp& op : r) {
-    from[op.peer].push_back(op.bytes);
-    involved[op.peer] = true;
-  }
-  std::vector<uint64_t> counts_to(n), counts_from(n);
-  std::vector<P2POp> cs, cr;
+  // Both directions of every pair, over the bootstrap, with every peer this rank exchanges
+  // with: [ok, #sends to p, #receives from p, then (tag, bytes) of each send, of each receive].
+  // Each side checks that its sends match the other's receives and the other way round, so
+  // both reach the same verdict before any NCCL call (a mismatch would hang NCCL).
+  std::vector<std::vector<uint64_t>> mine(n), theirs(n);
+  std::vector<bool> involved(n, false);  // from the calls as made, errors or not
+  for (const auto* ops : {&sends, &recvs})
+    for (const P2POp& op : *ops)
+      if (op.peer >= 0 && op.peer < n) involved[op.peer] = true;
   for (int p = 0; p < n; ++p) {
-    counts_to[p] = to[p].size();
     if (!involved[p] || p == rank()) continue;
-    cs.push_back({p, &counts_to[p], 8, 0});
-    cr.push_back({p, &counts_from[p], 8, 0});
+    std::vector<uint64_t>& m = mine[p];
+    size_t ns = 0, nr = 0;
+    for (const P2POp& op : s) ns += op.peer == p;
+    for (const P2POp& op : r) nr += op.peer == p;
+    m = {err.empty() ? 1u : 0u, ns, nr};
+    for (const P2POp& op : s)
+      if (op.peer == p) m.insert(m.end(), {static_cast<uint64_t>(op.tag), op.bytes});
+    for (const P2POp& op : r)
+      if (op.peer == p) m.insert(m.end(), {static_cast<uint64_t>(op.tag), op.bytes});
   }
-  boot_->Exchange(cs, cr);
+  std::vector<uint64_t> len_mine(n, 0), len_theirs(n, 0);
+  std::vector<P2POp> ls, lr;
+  for (int p = 0; p < n; ++p) {
+    if (mine[p].empty()) continue;
+    len_mine[p] = mine[p].size();
+    ls.push_back({p, &len_mine[p], 8, 0});
+    lr.push_back({p, &len_theirs[p], 8, 0});
+  }
+  {
+    WaitScope watched("NCCL exchange: message sizes", name());
+    boot_->Exchange(ls, lr);
+  }
   std::vector<P2POp> ms, mr;
   for (int p = 0; p < n; ++p) {
-    if (p == rank()) {
-      theirs[p] = to[p];
-      continue;
-    }
-    if (!involved[p]) continue;
-    theirs[p].resize(counts_from[p]);
-    if (!to[p].empty()) ms.push_back({p, to[p].data(), to[p].size() * 8, 1});
-    if (!theirs[p].empty()) mr.push_back({p, theirs[p].data(), theirs[p].size() * 8, 1});
+    if (mine[p].empty()) continue;
+    theirs[p].resize(len_theirs[p]);
+    ms.push_back({p, mine[p].data(), mine[p].size() * 8, 1});
+    mr.push_back({p, theirs[p].data(), theirs[p].size() * 8, 1});
   }
-  boot_->Exchange(ms, mr);
+  {
+    WaitScope watched("NCCL exchange: message sizes", name());
+    boot_->Exchange(ms, mr);
+  }
+  SSHSDP_CHECK(err.empty(), CommError, "{}: {} (refused before NCCL)", where, err);
   for (int p = 0; p < n; ++p) {
-    SSHSDP_CHECK(theirs[p] == from[p], CommError,
-                 "{}: position {} sends this rank {} message(s) and {} receive(s) are posted "
-                 "for it, or their sizes differ: every receive needs a send of the same size "
-                 "and tag",
-                 where, p, theirs[p].size(), from[p].size());
+    if (mine[p].empty()) continue;
+    const std::vector<uint64_t>& m = mine[p];
+    const std::vector<uint64_t>& t = theirs[p];
+    SSHSDP_CHECK(t.size() >= 3 && t[0] == 1, CommError,
+                 "{}: refused before NCCL: position {} failed its own checks", where, p);
+    // My sends (m[3 ..]) against its receives, its sends against my receives.
+    const size_t ms_n = m[1], mr_n = m[2], ts_n = t[1], tr_n = t[2];
+    const bool match =
+        ms_n == tr_n && mr_n == ts_n &&
+        std::equal(m.begin() + 3, m.begin() + 3 + 2 * ms_n, t.begin() + 3 + 2 * ts_n) &&
+        std::equal(m.begin() + 3 + 2 * ms_n, m.end(), t.begin() + 3);
+    SSHSDP_CHECK(match, CommError,
+                 "{}: the messages between this rank and position {} do not pair up (this rank "
+                 "sends {} and posts {} receives, it sends {} and posts {}; every send needs a "
+                 "receive with the same tag and size on the other side)",
+                 where, p, ms_n, mr_n, ts_n, tr_n);
   }
-  NcclOk(ncclGroupStart(), where, "ncclGroupStart");
+  NcclOk(Nccl().GroupStart(), where, "ncclGroupStart");
   for (const P2POp& op : r)
     if (op.bytes > 0)
-      NcclOk(ncclRecv(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_), where, "ncclRecv");
+      NcclOk(Nccl().Recv(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_), where, "ncclRecv");
   for (const P2POp& op : s) {
     if (op.bytes > 0)
-      NcclOk(ncclSend(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_), where, "ncclSend");
+      NcclOk(Nccl().Send(op.data, op.bytes, ncclUint8, op.peer, comm_, stream_), where, "ncclSend");
   }
-  NcclOk(ncclGroupEnd(), where, "ncclGroupEnd");
+  NcclOk(Nccl().GroupEnd(), where, "ncclGroupEnd");
   for (const P2POp& op : sends) CountTo(op.peer, op.bytes);
   WaitStream("point-to-point exchange");
 }
@@ -372,7 +491,8 @@ bool NcclCompiled() { return true; }
 
 std::string NcclVersion() {
   int v = 0;
-  if (ncclGetVersion(&v) != ncclSuccess) return "unknown";
+  if (!Nccl().error.empty()) return "not loaded: " + Nccl().error;
+  if (Nccl().GetVersion(&v) != ncclSuccess) return "unknown";
   return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
 }
 
@@ -386,6 +506,12 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(std::unique_ptr<Commu
   SSHSDP_CHECK(ordinal >= 0, DeviceError,
                "NcclCommunicator on {}: needs this rank's cuda backend, got {}", group,
                backend ? backend->name() : "none");
+  // Every member learns whether every member can load NCCL before anything else is agreed.
+  float missing = Nccl().error.empty() ? 0.0f : 1.0f;
+  bootstrap->AllReduce(&missing, 1, DType::kF32);
+  SSHSDP_CHECK(
+      missing == 0, DeviceError, "NcclCommunicator on {}: {}", group,
+      Nccl().error.empty() ? std::string("another member cannot load NCCL") : Nccl().error);
   const std::string where = fmt::format("NcclCommunicator on {}", group);
   CudaOk(cudaSetDevice(ordinal), where, "cudaSetDevice");
   MemberInfo mine{};
@@ -395,7 +521,7 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(std::unique_ptr<Commu
   gethostname(mine.host, sizeof(mine.host) - 1);
   mine.ordinal = ordinal;
   int version = 0;
-  NcclOk(ncclGetVersion(&version), where, "ncclGetVersion");
+  NcclOk(Nccl().GetVersion(&version), where, "ncclGetVersion");
   mine.version = version;
   const int n = bootstrap->size();
   std::vector<MemberInfo> all(n);
@@ -422,13 +548,13 @@ std::unique_ptr<NcclCommunicator> NcclCommunicator::Create(std::unique_ptr<Commu
                  "NCCL",
                  where, i, all[i].version, version);
   ncclUniqueId id{};
-  if (bootstrap->rank() == 0) NcclOk(ncclGetUniqueId(&id), where, "ncclGetUniqueId");
+  if (bootstrap->rank() == 0) NcclOk(Nccl().GetUniqueId(&id), where, "ncclGetUniqueId");
   std::vector<ncclUniqueId> ids(n);
   bootstrap->AllGather(&id, ids.data(), sizeof(ncclUniqueId), DType::kUE8M0);
   ncclComm_t comm = nullptr;
   {
     WaitScope watched("NCCL communicator init", group);
-    NcclOk(ncclCommInitRank(&comm, n, ids[0], bootstrap->rank()), where, "ncclCommInitRank");
+    NcclOk(Nccl().CommInitRank(&comm, n, ids[0], bootstrap->rank()), where, "ncclCommInitRank");
   }
   return std::make_unique<NcclComm>(std::move(bootstrap), backend, ranks_per_node, ordinal, comm);
 }

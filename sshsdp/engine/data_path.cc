@@ -18,9 +18,11 @@ std::vector<TensorRef> RuntimeGroup::Views(const DataNode& root, DType dt) const
 
 TransientPool::~TransientPool() {
   for (auto& [p, bytes] : all_) {
-    if (backend_) {
+    if (dry_) {
+      // placeholders: nothing was allocated
+    } else if (backend_) {
       backend_->Free(p);
-    } else if (!dry_) {
+    } else {
       std::free(p);
     }
     memory_->Free("transient", bytes);

@@ -30,9 +30,11 @@ std::unique_ptr<DataNode> Engine::Buffer(const std::string& name, size_t bytes,
                                          const std::string& category) {
   auto root = std::make_unique<DataNode>(name, BufferBytes(bytes));
   root->Finalize();
-  if (cfg_.backend) {  // the backend's memory, freed by ~Engine
-    void* p = cfg_.backend->Alloc(root->bytes());
-    backend_blocks_.push_back(p);
+  if (cfg_.backend) {  // the backend's memory, zeroed as host roots are, freed with the engine
+    const size_t alloc = (root->bytes() + 63) / 64 * 64;
+    void* p = cfg_.backend->Alloc(alloc);
+    backend_blocks_.blocks.push_back(p);
+    cfg_.backend->Fill(static_cast<float*>(p), static_cast<int64_t>(alloc / 4), 0.0f);
     root->AttachExternal(p, root->bytes());
     memory_.Allocate(category, root->bytes());
   } else {
@@ -155,6 +157,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
             cfg.sg, EffectiveSo(cfg)),
       rank_(world.rank()),
       pool_(std::make_unique<TransientPool>(&memory_, false, cfg.backend)) {
+  backend_blocks_.backend = cfg.backend;
   const EngineModes modes = CheckEngineSetup(model, cfg, topo_);
   CheckBackendSetup(cfg, topo_);
   cfg_.so = topo_.so();
@@ -340,7 +343,6 @@ Engine::~Engine() {
     g->w_full->Release();
     g->g_full->Release();
   }
-  for (void* p : backend_blocks_) cfg_.backend->Free(p);  // nothing reads them any more
 }
 
 std::unique_ptr<RuntimeGroup> PlanRuntimeGroup(const Model& model, int gi, const EngineConfig& cfg,

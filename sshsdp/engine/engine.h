@@ -369,7 +369,16 @@ class Engine {
   CommCounters carried_update_comm_;
   uint64_t carried_outer_ = 0;
   int uncaught_at_construction_ = std::uncaught_exceptions();
-  std::vector<void*> backend_blocks_;  // roots in EngineConfig::backend's memory
+  // Roots in EngineConfig::backend's memory, freed when the engine goes (also when its
+  // constructor throws); destroyed before the members above, after ~Engine drained the
+  // communication thread.
+  struct BackendBlocks {
+    Backend* backend = nullptr;
+    std::vector<void*> blocks;
+    ~BackendBlocks() {
+      for (void* p : blocks) backend->Free(p);
+    }
+  } backend_blocks_;
   uint64_t activation_bytes_ = 0;
 };
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -56,17 +57,22 @@ class ShmDeviceMemory final : public DirectDeviceMemory {
     shm_unlink(mine);
     for (int l = 0; l < L; ++l)
       SSHSDP_CHECK(all[l] == 1, CommError, "ShmDeviceMemory: member {} could not map a region", l);
+    std::lock_guard<std::mutex> lock(mu_);
     for (char* b : bases) regions_[b] = bytes;
     return bases;
   }
   void CloseRegions(const std::vector<char*>& bases, int my_l,
                     const std::function<void()>& node_barrier) noexcept override {
-    for (size_t l = 0; l < bases.size(); ++l) {
-      if (static_cast<int>(l) == my_l || bases[l] == nullptr) continue;
-      munmap(bases[l], regions_[bases[l]]);
-      regions_.erase(bases[l]);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t l = 0; l < bases.size(); ++l) {
+        if (static_cast<int>(l) == my_l || bases[l] == nullptr) continue;
+        munmap(bases[l], regions_[bases[l]]);
+        regions_.erase(bases[l]);
+      }
     }
     node_barrier();
+    std::lock_guard<std::mutex> lock(mu_);
     munmap(bases[my_l], regions_[bases[my_l]]);
     regions_.erase(bases[my_l]);
   }
@@ -76,12 +82,14 @@ class ShmDeviceMemory final : public DirectDeviceMemory {
     void* p = mmap(nullptr, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                    -1, 0);
     SSHSDP_CHECK(p != MAP_FAILED, CommError, "ShmDeviceMemory: mmap of {} bytes failed", bytes);
+    std::lock_guard<std::mutex> lock(mu_);
     private_[static_cast<char*>(p)] = bytes ? bytes : 1;
     regions_[static_cast<char*>(p)] = bytes ? bytes : 1;
     return p;
   }
 
   void Free(void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = private_.find(static_cast<char*>(p));
     if (it == private_.end()) return;
     munmap(it->first, it->second);
@@ -92,6 +100,7 @@ class ShmDeviceMemory final : public DirectDeviceMemory {
   bool IsDeviceMemory(const void* p, size_t bytes) const override {
     if (bytes == 0) return true;
     const char* c = static_cast<const char*>(p);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = regions_.upper_bound(const_cast<char*>(c));
     if (it == regions_.begin()) return false;
     --it;
@@ -121,6 +130,7 @@ class ShmDeviceMemory final : public DirectDeviceMemory {
     return p == MAP_FAILED ? nullptr : static_cast<char*>(p);
   }
 
+  mutable std::mutex mu_;  // the comm thread asks IsDeviceMemory while the main thread maps
   std::map<char*, size_t> regions_;  // "device" memory: mapped regions and private buffers
   std::map<char*, size_t> private_;
 };
