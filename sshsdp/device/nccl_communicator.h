@@ -8,11 +8,15 @@
 //     inputs are widened to fp32 device scratch (the backend's CastBf16ToF32), reduced as fp32,
 //     and the result is finished into recv: recv = total, or recv += total (fp32), or
 //     recv = bf16(float(recv) + total) (bf16) — the fused accumulation of ReduceScatter.
-//   * Checked preconditions, before any NCCL call: device pointers (host memory is refused,
-//     naming the buffer), dtypes, overlap, and for Exchange the sizes of every message, which
-//     the members compare over the bootstrap communicator (NCCL would hang on a size mismatch).
-//     NCCL has no tags: Exchange posts each pair's messages sorted by tag (stable), which
-//     matches them as MPI's tag matching would.
+//   * Checked preconditions, agreed before any NCCL call: device pointers (host memory is
+//     refused, naming the buffer), dtypes, overlap — one small all-reduce over the bootstrap
+//     per call, so a member that fails its checks does not leave the others inside NCCL — and
+//     for Exchange the tags and sizes of every message in both directions of every pair,
+//     compared over the bootstrap by both sides (NCCL would hang on a mismatch). NCCL has no
+//     tags: Exchange posts each pair's messages sorted by tag (stable), which matches them as
+//     MPI's tag matching would.
+//   * NCCL is loaded at run time (dlopen "libnccl.so.2"): only Create needs it, and says so
+//     (DeviceError on every member) when it cannot be loaded.
 //   * One GPU per rank. NCCL before 2.30 refuses two ranks on one GPU; Create compares the
 //     members' device UUIDs and throws CommError naming the positions that share one, on every
 //     member, before NCCL is initialized. Several processes on one GPU use the direct path
@@ -43,8 +47,8 @@
 
 namespace sshsdp {
 
-// Whether this build links NCCL, and the version of the library it loaded ("2.28.9"), or why
-// there is none.
+// Whether this build has the NCCL communicator (nccl.h found), and the version of the
+// library it loads ("2.28.9"), or why there is none.
 bool NcclCompiled();
 std::string NcclVersion();
 
