@@ -10,11 +10,7 @@
 #include "sshsdp/base/error.h"
 
 namespace sshsdp {
-namespace {
-
-constexpr const char* kTemporaries = "update_temporaries";
-
-}  // namespace
+namespace {}  // namespace
 
 FullTensorMuon::FullTensorMuon(std::vector<FullTensorGroup> groups, std::vector<UpdateUnit> units,
                                const MuonConfig& cfg, int rank, Communicator& zero1,
@@ -185,12 +181,12 @@ void FullTensorMuon::Run(const std::vector<Zero1State>& state, const ScalarState
                    st.name, s);
 
   const uint64_t temp = temporary_bytes();
-  if (account_) account_->Allocate(kTemporaries, temp);
+  if (account_) account_->Allocate(kUpdateTemporaries, temp);
   struct Free {
     MemoryAccount* a;
     uint64_t b;
     ~Free() {
-      if (a) a->Free(kTemporaries, b);
+      if (a) a->Free(kUpdateTemporaries, b);
     }
   } free_guard{account_, temp};
   size_t asm_elems = 0;

@@ -11,8 +11,6 @@
 namespace sshsdp {
 namespace {
 
-constexpr const char* kTemporaries = "update_temporaries";
-
 bool UsesField(const UpdateStage& s, const std::string& f) {
   for (const Operand& op : s.inputs)
     if (op.field == f) return true;
@@ -282,7 +280,7 @@ void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState
       for (auto& r : roots) r->Release();
     }
   } guard{roots_};
-  for (auto& r : roots_) r->Allocate(account_, kTemporaries);
+  for (auto& r : roots_) r->Allocate(account_, kUpdateTemporaries);
 
   for (size_t s = 0; s < prog.stages.size(); ++s) {
     const UpdateStage& st = prog.stages[s];

@@ -113,6 +113,10 @@ struct UpdateProgram {
 
 enum class StageKind { kElementwise, kUnit };
 
+// The memory-account category of update-scoped allocations (Muon's temporaries, gathered
+// matrices of the full-tensor path).
+inline constexpr const char* kUpdateTemporaries = "update_temporaries";
+
 // Checks `program` over `units` before anything runs (paper Table 4) and returns the kind of
 // every stage. PlanError, naming program, stage and operand, when: an operand's field is not
 // declared; a state field is not fp32; a stage reads a temporary that no earlier stage
