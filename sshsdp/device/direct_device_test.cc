@@ -27,17 +27,12 @@
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/device/backend.h"
 #include "sshsdp/device/cuda_direct_memory.h"
+#include "sshsdp/device/testing/device_mpi_test.h"
 
 namespace sshsdp {
 namespace {
 
-int g_failures = 0;  // NOLINT: this process's failed checks
-
-void Expect(bool ok, const std::string& what) {
-  if (ok) return;
-  ++g_failures;
-  std::fprintf(stderr, "FAILED (rank %d): %s\n", WorldRankOrMinusOne(), what.c_str());
-}
+using testing::Expect;
 
 // Pseudo-random bits of element i of stream `seed`: floats of both signs over ~40 binades
 // (no NaN or Inf, so every sum is defined), bf16 as the top half of such a float.
@@ -205,27 +200,8 @@ int Run(int argc, char** argv) {
     d.alloc = [&](size_t bytes) { return shm->Alloc(bytes); };
     d.free = [](void*) {};  // unmapped with the stand-in
   } else if (memory == "cuda") {
-    std::string reason;
-    if (!CudaCompiled()) {
-      reason = "this build has no CUDA backend";
-    } else if (CudaDeviceCount() == 0) {
-      try {
-        MakeCudaBackend(0);
-        reason = "no GPU";
-      } catch (const Error& e) {
-        reason = e.what();
-      }
-    }
-    float missing = reason.empty() ? 0.0f : 1.0f;
-    world->AllReduce(&missing, 1, DType::kF32);
-    if (missing > 0) {
-      if (rank == 0)
-        std::printf("skipped: %s\n", reason.empty() ? "another rank has no GPU" : reason.c_str());
-      return 77;
-    }
-    const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-    gpu =
-        MakeBackend(fmt::format("cuda:{}", (local ? std::atoi(local) : rank) % CudaDeviceCount()));
+    if (!testing::EveryRankHasGpu(*world)) return 77;
+    gpu = MakeBackend(fmt::format("cuda:{}", testing::LocalGpuOrdinal(rank)));
     cuda = MakeCudaDirectMemory(*gpu);
     d.mem = cuda.get();
     d.alloc = [&](size_t bytes) { return gpu->Alloc(bytes); };
@@ -255,21 +231,12 @@ int Run(int argc, char** argv) {
              std::string("multi-node device group refused with an unclear message: ") + e.what());
     }
   }
-  float failed = static_cast<float>(g_failures);
-  world->AllReduce(&failed, 1, DType::kF32);
-  if (rank == 0)
-    std::printf("%s: %g failed checks over all ranks\n", failed ? "FAIL" : "OK", failed);
-  return failed > 0 ? 1 : 0;
+  return testing::FinishChecks(*world);
 }
 
 }  // namespace
 }  // namespace sshsdp
 
 int main(int argc, char** argv) {
-  try {
-    return sshsdp::Run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "device_direct_test: %s\n", e.what());
-    return 1;
-  }
+  return sshsdp::testing::RunMain("device_direct_test", sshsdp::Run, argc, argv);
 }

@@ -22,6 +22,7 @@
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/device/backend.h"
 #include "sshsdp/device/nccl_communicator.h"
+#include "sshsdp/device/testing/device_mpi_test.h"
 
 namespace sshsdp {
 namespace {
@@ -30,13 +31,7 @@ namespace {
 // world has an even size above 2, one rank per node otherwise.
 int RanksPerNode(int world_size) { return world_size > 2 && world_size % 2 == 0 ? 2 : 1; }
 
-int g_failures = 0;  // NOLINT: this process's failed checks
-
-void Expect(bool ok, const std::string& what) {
-  if (ok) return;
-  ++g_failures;
-  std::fprintf(stderr, "FAILED (rank %d): %s\n", WorldRankOrMinusOne(), what.c_str());
-}
+using testing::Expect;
 
 // Exact small integers in fp32 or bf16 (|v| <= 16, so sums over 8 ranks stay exact in bf16).
 std::vector<uint8_t> Values(size_t count, DType dt, int seed) {
@@ -179,25 +174,12 @@ int Run(int argc, char** argv) {
   auto world = MpiCommunicator::World(rpn);
   const int rank = world->rank();
   // Skip unless every rank has NCCL and a GPU.
-  std::string reason;
-  if (!NcclCompiled()) reason = "this build has no NCCL (needs CUDA and nccl.h / libnccl)";
-  if (reason.empty() && CudaDeviceCount() == 0) {
-    try {
-      MakeCudaBackend(0);
-      reason = "no GPU";
-    } catch (const Error& e) {
-      reason = e.what();
-    }
-  }
-  float missing = reason.empty() ? 0.0f : 1.0f;
-  world->AllReduce(&missing, 1, DType::kF32);
-  if (missing > 0) {
-    if (rank == 0)
-      std::printf("skipped: %s\n", reason.empty() ? "another rank has no GPU" : reason.c_str());
+  if (!NcclCompiled()) {  // the same build on every rank
+    if (rank == 0) std::printf("skipped: this build has no NCCL (needs CUDA and nccl.h)\n");
     return 77;
   }
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  const int ordinal = (local ? std::atoi(local) : rank) % CudaDeviceCount();
+  if (!testing::EveryRankHasGpu(*world)) return 77;
+  const int ordinal = testing::LocalGpuOrdinal(rank);
   std::unique_ptr<Backend> gpu = MakeBackend(fmt::format("cuda:{}", ordinal));
   std::unique_ptr<NcclCommunicator> nccl;
   try {
@@ -225,21 +207,12 @@ int Run(int argc, char** argv) {
   auto mpi_dup = mpi->Duplicate();
   Collectives(*mpi_dup, *nccl_dup, *gpu, "duplicate", rpn);
   HostBufferRefused(*nccl);
-  float failed = static_cast<float>(g_failures);
-  world->AllReduce(&failed, 1, DType::kF32);
-  if (rank == 0)
-    std::printf("%s: %g failed checks over all ranks\n", failed ? "FAIL" : "OK", failed);
-  return failed > 0 ? 1 : 0;
+  return testing::FinishChecks(*world);
 }
 
 }  // namespace
 }  // namespace sshsdp
 
 int main(int argc, char** argv) {
-  try {
-    return sshsdp::Run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "device_nccl_test: %s\n", e.what());
-    return 1;
-  }
+  return sshsdp::testing::RunMain("device_nccl_test", sshsdp::Run, argc, argv);
 }

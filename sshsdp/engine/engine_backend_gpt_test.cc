@@ -23,6 +23,7 @@
 #include "sshsdp/comm/testing/shm_device_memory.h"
 #include "sshsdp/device/backend.h"
 #include "sshsdp/device/cuda_direct_memory.h"
+#include "sshsdp/device/testing/device_mpi_test.h"
 #include "sshsdp/engine/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/backend_gpt_model.h"
@@ -116,9 +117,8 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
   if (!CudaCompiled() || CudaDeviceCount() == 0)
     GTEST_SKIP() << "no usable GPU (or no CUDA in this build)";
   const int W = WorldSize();
-  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  const int ordinal = (local ? std::atoi(local) : 0) % CudaDeviceCount();
-  std::unique_ptr<Backend> gpu = MakeBackend(fmt::format("cuda:{}", ordinal));
+  std::unique_ptr<Backend> gpu =
+      MakeBackend(fmt::format("cuda:{}", testing::LocalGpuOrdinal(WorldRankOrMinusOne())));
   if (W == 1) {
     RunOnBackend(*gpu, testing::kOneRank, DType::kF32, nullptr, 3);
   } else {
