@@ -24,7 +24,7 @@
 //   CastF32ToBf16, CastBf16ToF32, StochasticRoundBf16, Fill,
 //   MxQuantizeWeight, MxDequantizeWeight                       bit for bit (a NaN output
 //                                                              may carry another payload)
-//   AdamW                                                      bit for bit (same fp32 ops in
+//   AdamW, MuonMomentum, MuonWeightUpdate                      bit for bit (same fp32 ops in
 //                                                              the same order, no FMA)
 //   SumSquares                                                 1e-12 relative (any order)
 //   NewtonSchulz                                               1e-4 of the largest entry
@@ -45,6 +45,7 @@
 #include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/stochastic_rounding.h"
 #include "sshsdp/update/adamw.h"
+#include "sshsdp/update/muon.h"
 #include "sshsdp/update/newton_schulz.h"
 
 namespace sshsdp {
@@ -68,6 +69,8 @@ class Backend {
   virtual void Free(void* p) = 0;
   virtual void CopyIn(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void CopyOut(void* host_dst, const void* src, size_t bytes) = 0;
+  // Within the backend's memory, queued like an op (the ranges must not overlap).
+  virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void Synchronize() = 0;
 
   // ---- Ops on backend memory; n may be 0. ----
@@ -130,12 +133,19 @@ class Backend {
   virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                     const float* b, float* c, bool accumulate) = 0;
 
-  // out[i] = out_scale · NS(in[i]) for i < batch, fp32 [rows, cols] row-major matrices
-  // (update/newton_schulz.h: the same iteration and normalisation). The matrices are backend
-  // memory; the pointer arrays `in` and `out` are host memory.
-  virtual void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
-                            int64_t cols, int steps, const NsCoefficients& coef,
+  // out[i] = out_scale · NS(in[i]) for i < batch, [rows, cols] row-major matrices, in[i] fp32
+  // or bf16 (in_dtype; NumericsError otherwise), out[i] fp32 (update/newton_schulz.h: the same
+  // iteration and normalisation). The matrices are backend memory; the pointer arrays `in` and
+  // `out` are host memory.
+  virtual void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
+                            int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
                             float out_scale) = 0;
+  // Muon's elementwise stages (update/muon.h's MuonMomentum and MuonWeightUpdate) on one
+  // piece: grad, m and u (u_dtype: fp32 or bf16), w and v in backend memory.
+  virtual void MuonMomentum(const float* grad, float* m, void* u, DType u_dtype, int64_t n,
+                            float momentum, bool nesterov, float grad_scale) = 0;
+  virtual void MuonWeightUpdate(float* w, const float* v, int64_t n, float lr,
+                                float weight_decay) = 0;
 };
 
 // NumericsError naming the op unless n >= 0 (every backend checks its counts with it).

@@ -1,7 +1,8 @@
 // Every op of a device backend (backend.h) against the CPU functions the engine and the
 // models run (the models' layers are a fixture here: the fp32 embedding kernels are checked
 // against them), on
-// the same inputs: casts, stochastic rounding, AdamW and fill bit for bit; the sum of
+// the same inputs: casts, stochastic rounding, AdamW, Muon's elementwise stages and fill bit
+// for bit; the sum of
 // squares to 1e-12 relative; Newton–Schulz to 1e-4 of the largest entry. Sizes include 0,
 // odd sizes and sizes that start and end inside a Philox block; inputs include NaN, ±Inf,
 // subnormals and values that round past the bf16 maximum.
@@ -231,6 +232,57 @@ TEST_F(BackendTest, AdamWBitForBitOverSpans) {
     }
   }
   EXPECT_THROW(b_->AdamW(nullptr, 0, cfg, 0, 1.0f), PlanError);
+}
+
+// Muon's elementwise stages against their formulas written out here (update/muon.h), one
+// element at a time: sizes cross the host loop's 256-element tiles; u fp32 and bf16.
+TEST_F(BackendTest, MuonStagesBitForBit) {
+  const size_t sizes[] = {0, 1, 255, 256, 257, 4099};
+  for (size_t n : sizes) {
+    for (DType udt : {DType::kF32, DType::kBF16}) {
+      for (bool nesterov : {true, false}) {
+        auto finite = [](std::vector<float> a) {
+          for (float& x : a) x = std::isfinite(x) ? std::fmod(x, 8.0f) : 0.5f;
+          return a;
+        };
+        const uint32_t seed = static_cast<uint32_t>(n * 8 + nesterov * 2 + (udt == DType::kF32));
+        std::vector<float> g = finite(Values(n, seed)), m = finite(Values(n, seed + 1));
+        std::vector<float> w = finite(Values(n, seed + 2)), v = finite(Values(n, seed + 3));
+        const float mu = 0.95f, gs = 0.3f, lr = 0.02f, wd = 0.1f;
+        std::vector<float> want_m(n), want_u(n), want_w(n);
+        std::vector<bf16> want_u16(n);
+        for (size_t i = 0; i < n; ++i) {
+          const float gi = gs * g[i];
+          const float mi = mu * m[i] + gi;
+          want_m[i] = mi;
+          want_u[i] = nesterov ? gi + mu * mi : mi;
+          want_u16[i] = FloatToBf16(want_u[i]);
+          const float decay = 1.0f - lr * wd;
+          want_w[i] = w[i] * decay - lr * v[i];
+        }
+        Buffer<float> dg(*b_, g), dm(*b_, m), dw(*b_, w), dv(*b_, v), du32(*b_, n);
+        Buffer<bf16> du16(*b_, n);
+        void* du = udt == DType::kF32 ? static_cast<void*>(du32.get()) : du16.get();
+        const auto N = static_cast<int64_t>(n);
+        b_->MuonMomentum(dg.get(), dm.get(), du, udt, N, mu, nesterov, gs);
+        b_->MuonWeightUpdate(dw.get(), dv.get(), N, lr, wd);
+        const std::string what =
+            fmt::format("{} n={} u={} nesterov={}", b_->name(), n, DTypeName(udt), nesterov);
+        EXPECT_EQ(FirstMismatch(dm.Read(), want_m), "") << what << " m";
+        EXPECT_EQ(FirstMismatch(dg.Read(), g), "") << what << " grad (read only)";
+        if (udt == DType::kF32)
+          EXPECT_EQ(FirstMismatch(du32.Read(), want_u), "") << what << " u";
+        else
+          EXPECT_EQ(FirstMismatch(du16.Read(), want_u16), "") << what << " u";
+        EXPECT_EQ(FirstMismatch(dw.Read(), want_w), "") << what << " w";
+      }
+    }
+  }
+  EXPECT_THROW(b_->MuonMomentum(nullptr, nullptr, nullptr, DType::kF32, -1, 0.9f, true, 1.0f),
+               NumericsError);
+  EXPECT_THROW(b_->MuonMomentum(nullptr, nullptr, nullptr, DType::kE4M3, 4, 0.9f, true, 1.0f),
+               NumericsError);
+  EXPECT_THROW(b_->MuonWeightUpdate(nullptr, nullptr, -1, 0.1f, 0.0f), NumericsError);
 }
 
 TEST_F(BackendTest, MxQuantizeWeightBitForBit) {
@@ -507,6 +559,16 @@ TEST_F(BackendTest, SumSquaresInDouble) {
   }
 }
 
+TEST_F(BackendTest, CopyWithinTheBackend) {
+  for (size_t n : kSizes) {
+    const std::vector<float> x = Values(n + 3, 11);
+    Buffer<float> src(*b_, x), dst(*b_, n);
+    b_->Copy(dst.get(), src.get() + 3, n * sizeof(float));
+    EXPECT_EQ(FirstMismatch(dst.Read(), std::vector<float>(x.begin() + 3, x.end())), "")
+        << b_->name() << " n=" << n;
+  }
+}
+
 TEST_F(BackendTest, Fill) {
   for (size_t n : kSizes) {
     Buffer<float> dx(*b_, Values(n, 3));
@@ -515,46 +577,57 @@ TEST_F(BackendTest, Fill) {
   }
 }
 
+// Newton–Schulz on fp32 and on bf16 inputs (Muon's u) against the CPU iteration.
 TEST_F(BackendTest, NewtonSchulzMatchesTheCpuIteration) {
   struct Shape {
     int64_t rows, cols, batch;
   };
-  for (const Shape& s :
-       {Shape{5, 12, 3}, Shape{12, 5, 2}, Shape{8, 8, 1}, Shape{64, 96, 4}, Shape{3, 3, 0}}) {
-    const size_t mat = static_cast<size_t>(s.rows * s.cols);
-    std::vector<std::vector<float>> in(s.batch), want(s.batch, std::vector<float>(mat));
-    std::vector<std::unique_ptr<Buffer<float>>> din, dout;
-    std::vector<const float*> din_p;
-    std::vector<float*> dout_p;
-    std::vector<const void*> in_p;
-    std::vector<float*> want_p;
-    std::mt19937 rng(static_cast<uint32_t>(s.rows * 131 + s.cols));
-    std::normal_distribution<float> nd;
-    for (int64_t i = 0; i < s.batch; ++i) {
-      in[i].resize(mat);
-      for (float& x : in[i]) x = nd(rng);
-      din.push_back(std::make_unique<Buffer<float>>(*b_, in[i]));
-      dout.push_back(std::make_unique<Buffer<float>>(*b_, mat));
-      din_p.push_back(din.back()->get());
-      dout_p.push_back(dout.back()->get());
-      in_p.push_back(in[i].data());
-      want_p.push_back(want[i].data());
-    }
-    b_->NewtonSchulz(din_p.data(), dout_p.data(), s.batch, s.rows, s.cols, 5, {}, 0.7f);
-    NewtonSchulz ref;
-    ref.Run(in_p.data(), DType::kF32, want_p.data(), s.batch, s.rows, s.cols, 5, {}, 0.7f);
-    for (int64_t i = 0; i < s.batch; ++i) {
-      const std::vector<float> got = dout[i]->Read();
-      float amax = 0, worst = 0;
-      for (size_t k = 0; k < mat; ++k) {
-        amax = std::max(amax, std::fabs(want[i][k]));
-        worst = std::max(worst, std::fabs(got[k] - want[i][k]));
+  for (DType idt : {DType::kF32, DType::kBF16})
+    for (const Shape& s :
+         {Shape{5, 12, 3}, Shape{12, 5, 2}, Shape{8, 8, 1}, Shape{64, 96, 4}, Shape{3, 3, 0}}) {
+      const size_t mat = static_cast<size_t>(s.rows * s.cols);
+      std::vector<std::vector<float>> in(s.batch), want(s.batch, std::vector<float>(mat));
+      std::vector<std::vector<bf16>> in16(s.batch);
+      std::vector<std::unique_ptr<Buffer<float>>> din, dout;
+      std::vector<std::unique_ptr<Buffer<bf16>>> din16;
+      std::vector<const void*> din_p;
+      std::vector<float*> dout_p;
+      std::vector<const void*> in_p;
+      std::vector<float*> want_p;
+      std::mt19937 rng(static_cast<uint32_t>(s.rows * 131 + s.cols));
+      std::normal_distribution<float> nd;
+      for (int64_t i = 0; i < s.batch; ++i) {
+        in[i].resize(mat);
+        for (float& x : in[i]) x = nd(rng);
+        for (float x : in[i]) in16[i].push_back(FloatToBf16(x));
+        if (idt == DType::kBF16) {
+          din16.push_back(std::make_unique<Buffer<bf16>>(*b_, in16[i]));
+          din_p.push_back(din16.back()->get());
+          in_p.push_back(in16[i].data());
+        } else {
+          din.push_back(std::make_unique<Buffer<float>>(*b_, in[i]));
+          din_p.push_back(din.back()->get());
+          in_p.push_back(in[i].data());
+        }
+        dout.push_back(std::make_unique<Buffer<float>>(*b_, mat));
+        dout_p.push_back(dout.back()->get());
+        want_p.push_back(want[i].data());
       }
-      EXPECT_GT(amax, 0.1f);
-      EXPECT_LE(worst, 1e-4f * amax)
-          << b_->name() << " [" << s.rows << "x" << s.cols << "] matrix " << i;
+      b_->NewtonSchulz(din_p.data(), idt, dout_p.data(), s.batch, s.rows, s.cols, 5, {}, 0.7f);
+      NewtonSchulz ref;
+      ref.Run(in_p.data(), idt, want_p.data(), s.batch, s.rows, s.cols, 5, {}, 0.7f);
+      for (int64_t i = 0; i < s.batch; ++i) {
+        const std::vector<float> got = dout[i]->Read();
+        float amax = 0, worst = 0;
+        for (size_t k = 0; k < mat; ++k) {
+          amax = std::max(amax, std::fabs(want[i][k]));
+          worst = std::max(worst, std::fabs(got[k] - want[i][k]));
+        }
+        EXPECT_GT(amax, 0.1f);
+        EXPECT_LE(worst, 1e-4f * amax) << b_->name() << " " << DTypeName(idt) << " [" << s.rows
+                                       << "x" << s.cols << "] matrix " << i;
+      }
     }
-  }
 }
 
 TEST(BackendFactory, NamesWhatIsWrong) {

@@ -32,6 +32,9 @@ class CpuBackend final : public Backend {
   void CopyOut(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  void Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memmove(dst, src, bytes);
+  }
   void Synchronize() override {}
 
   void Fill(float* x, int64_t n, float value) override {
@@ -141,10 +144,18 @@ class CpuBackend final : public Backend {
                  n, k);
     kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kF32, c, DType::kF32, accumulate);
   }
-  void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
-                    int64_t cols, int steps, const NsCoefficients& coef, float out_scale) override {
-    std::vector<const void*> src(in, in + batch);
-    ns_.Run(src.data(), DType::kF32, out, batch, rows, cols, steps, coef, out_scale);
+  void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
+                    int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
+                    float out_scale) override {
+    ns_.Run(in, in_dtype, out, batch, rows, cols, steps, coef, out_scale);
+  }
+  void MuonMomentum(const float* grad, float* m, void* u, DType u_dtype, int64_t n, float momentum,
+                    bool nesterov, float grad_scale) override {
+    sshsdp::MuonMomentum(grad, m, u, u_dtype, n, momentum, nesterov, grad_scale);
+  }
+  void MuonWeightUpdate(float* w, const float* v, int64_t n, float lr,
+                        float weight_decay) override {
+    sshsdp::MuonWeightUpdate(w, v, n, lr, weight_decay);
   }
 
  private:

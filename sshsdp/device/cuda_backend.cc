@@ -89,6 +89,11 @@ class CudaBackend final : public Backend {
     SSHSDP_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));
   }
+  void Copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
   void Synchronize() override {
     Use();
     SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));
@@ -303,10 +308,31 @@ class CudaBackend final : public Backend {
     }
     GemmBatched(trans_a, trans_b, m, n, k, a, 0, b, 0, c, 0, 1, accumulate ? 1.0f : 0.0f);
   }
-  void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
-                    int64_t cols, int steps, const NsCoefficients& coef, float out_scale) override {
+  void MuonMomentum(const float* grad, float* m, void* u, DType u_dtype, int64_t n, float momentum,
+                    bool nesterov, float grad_scale) override {
+    CheckCount(n, "MuonMomentum");
+    SSHSDP_CHECK(u_dtype == DType::kF32 || u_dtype == DType::kBF16, NumericsError,
+                 "MuonMomentum: u must be fp32 or bf16, got {}", DTypeName(u_dtype));
+    if (n == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMuonMomentum(grad, m, u, u_dtype == DType::kF32, n, momentum,
+                                            nesterov, grad_scale, stream_));
+  }
+  void MuonWeightUpdate(float* w, const float* v, int64_t n, float lr,
+                        float weight_decay) override {
+    CheckCount(n, "MuonWeightUpdate");
+    if (n == 0) return;
+    Use();
+    const float decay = 1.0f - lr * weight_decay;  // as update/muon.cc computes it
+    SSHSDP_CUDA_OK(cuda::LaunchMuonWeightUpdate(w, v, n, decay, lr, stream_));
+  }
+  void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
+                    int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
+                    float out_scale) override {
     SSHSDP_CHECK(rows > 0 && cols > 0 && batch >= 0 && steps >= 0, NumericsError,
                  "Newton–Schulz on {} matrices [{}, {}] with {} steps", batch, rows, cols, steps);
+    SSHSDP_CHECK(in_dtype == DType::kF32 || in_dtype == DType::kBF16, NumericsError,
+                 "Newton–Schulz input must be fp32 or bf16, got {}", DTypeName(in_dtype));
     if (batch == 0) return;
     Use();
     const int64_t m = std::min(rows, cols), mat = rows * cols, gram = m * m;
@@ -326,8 +352,8 @@ class CudaBackend final : public Backend {
       work_bytes_ = bytes;
     }
     for (int64_t b0 = 0; b0 < batch; b0 += chunk)
-      NewtonSchulzChunk(in + b0, out + b0, std::min(chunk, batch - b0), rows, cols, steps, coef,
-                        out_scale);
+      NewtonSchulzChunk(in + b0, in_dtype, out + b0, std::min(chunk, batch - b0), rows, cols, steps,
+                        coef, out_scale);
   }
 
  private:
@@ -337,8 +363,9 @@ class CudaBackend final : public Backend {
   void Use() { SSHSDP_CUDA_OK(cudaSetDevice(ordinal_)); }
 
   // NewtonSchulz on `batch` matrices that fit the work buffer.
-  void NewtonSchulzChunk(const float* const* in, float* const* out, int64_t batch, int64_t rows,
-                         int64_t cols, int steps, const NsCoefficients& coef, float out_scale) {
+  void NewtonSchulzChunk(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
+                         int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
+                         float out_scale) {
     const bool tall = rows > cols;
     const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
     const int64_t mat = rows * cols, gram = m * m;
@@ -347,9 +374,14 @@ class CudaBackend final : public Backend {
     float* A = Y + batch * mat;
     float* B = A + batch * gram;
     float** outs = reinterpret_cast<float**>(B + batch * gram);
-    for (int64_t i = 0; i < batch; ++i)
-      SSHSDP_CUDA_OK(cudaMemcpyAsync(X + i * mat, in[i], mat * sizeof(float),
-                                     cudaMemcpyDeviceToDevice, stream_));
+    for (int64_t i = 0; i < batch; ++i) {  // bf16 widens exactly, as on the CPU
+      if (in_dtype == DType::kBF16)
+        SSHSDP_CUDA_OK(cuda::LaunchCastBf16ToF32(static_cast<const uint16_t*>(in[i]), X + i * mat,
+                                                 mat, stream_));
+      else
+        SSHSDP_CUDA_OK(cudaMemcpyAsync(X + i * mat, in[i], mat * sizeof(float),
+                                       cudaMemcpyDeviceToDevice, stream_));
+    }
     SSHSDP_CUDA_OK(cuda::LaunchNormalizeMatrices(X, mat, batch, stream_));
     const int nb = static_cast<int>(batch);
     for (int s = 0; s < steps; ++s) {

@@ -1,11 +1,12 @@
 // The CUDA backend's kernels (cuda_kernels_internal.h): elementwise ops with one thread per
 // element (grid-stride), stochastic rounding with one thread per Philox block of 8 elements,
-// AdamW per span, MXFP8 weight (de)quantization per 32x32 tile, a two-pass double reduction
-// whose grid depends only on n, the Newton–Schulz elementwise pieces, and the reference GPT's
+// MXFP8 weight (de)quantization per 32x32 tile, a two-pass double reduction whose grid depends
+// only on n, the Newton–Schulz elementwise pieces, and the reference GPT's
 // layer kernels (row-per-block reductions; plain reference attention and embedding-gradient
 // kernels, deterministic, not fast). Compiled with --fmad=false (no multiply-add
 // contraction): the elementwise ops apply the CPU code's fp32 operations in its order; the
-// reductions sum in tree order, not the CPU's.
+// reductions sum in tree order, not the CPU's. The optimizers' elementwise kernels are in
+// cuda_update_kernels.cu.
 #include <algorithm>
 
 #include "sshsdp/device/cuda_common.cuh"
@@ -77,22 +78,6 @@ __global__ void StochasticRoundKernel(const float* x, uint16_t* y, int64_t n, ui
       const uint16_t r = static_cast<uint16_t>(c[j / 2] >> (16 * (j & 1)));
       y[e - first] = SrBf16Bits(x[e - first], r);
     }
-  }
-}
-
-// update/adamw.h's AdamWStep on one span, the same operations in the same order.
-__global__ void AdamWKernel(float* w, const float* g, float* m, float* v, int64_t n, float b1,
-                            float b2, float eps, float step_size, float inv_sqrt_bc2, float decay,
-                            float grad_scale) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float gi = g[i] * grad_scale;
-    const float mi = b1 * m[i] + (1.0f - b1) * gi;
-    const float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = sqrtf(vi) * inv_sqrt_bc2 + eps;
-    w[i] = w[i] * decay - step_size * mi / denom;
   }
 }
 
@@ -613,13 +598,6 @@ cudaError_t LaunchStochasticRound(const float* x, uint16_t* y, int64_t n, uint64
   const uint64_t blocks = (first + static_cast<uint64_t>(n) - 1) / 8 - first / 8 + 1;
   StochasticRoundKernel<<<GridFor(static_cast<int64_t>(blocks)), kThreads, 0, s>>>(
       x, y, n, first, k0, k1, step, stream);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchAdamW(float* w, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a,
-                        cudaStream_t s) {
-  AdamWKernel<<<GridFor(n), kThreads, 0, s>>>(w, g, m, v, n, a.beta1, a.beta2, a.eps, a.step_size,
-                                              a.inv_sqrt_bc2, a.decay, a.grad_scale);
   return cudaGetLastError();
 }
 

@@ -2,9 +2,9 @@
 // enqueues its kernel on `stream` and returns the launch's cudaError_t. This header and
 // cuda_kernels.cu include nothing of sshsdp's (nvcc's front end rejects fmt's consteval format
 // strings), so the scalar rules they apply are restated here from numerics/dtype.h (bf16 RNE),
-// numerics/stochastic_rounding.h (SR), update/adamw.h (AdamW) and numerics/mx.h + fp8.h (MX
-// scale codes, saturating E4M3 / E5M2 encoding) — device/backend_test.cc
-// holds them equal to those, bit for bit, on every input it tries.
+// numerics/stochastic_rounding.h (SR), update/adamw.h (AdamW), update/muon.h (Muon's elementwise
+// stages) and numerics/mx.h + fp8.h (MX scale codes, saturating E4M3 / E5M2 encoding) —
+// device/backend_test.cc holds them equal to those, bit for bit, on every input it tries.
 //
 //   cudaError_t e = LaunchCastF32ToBf16(x, y, n, stream);
 #pragma once
@@ -29,6 +29,12 @@ struct AdamWArgs {
 };
 cudaError_t LaunchAdamW(float* w, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a,
                         cudaStream_t s);
+// update/muon.h's MuonMomentum (u: fp32 when u_f32, else bf16 bits) and MuonWeightUpdate
+// (decay = 1 − lr·weight_decay, computed by the caller) (cuda_update_kernels.cu).
+cudaError_t LaunchMuonMomentum(const float* grad, float* m, void* u, bool u_f32, int64_t n,
+                               float momentum, bool nesterov, float grad_scale, cudaStream_t s);
+cudaError_t LaunchMuonWeightUpdate(float* w, const float* v, int64_t n, float decay, float lr,
+                                   cudaStream_t s);
 
 // Σ x² in double, deterministic: `partial` holds kSumSquaresPartials + 1 doubles; the total
 // lands in partial[kSumSquaresPartials].

@@ -51,10 +51,6 @@ void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
                "the engine on backend {} runs fp32 or bf16 runtime weights, not {} (MXFP8 on a "
                "device is not built yet)",
                b, DTypeName(cfg.weight_dtype));
-  SSHSDP_CHECK(cfg.optimizer == OptimizerKind::kAdamW, ConfigError,
-               "the engine on backend {} runs AdamW; Muon on a device is not built yet "
-               "(--optimizer adamw)",
-               b);
   SSHSDP_CHECK(cfg.reduce == ReduceMode::kFp32, ConfigError,
                "the engine on backend {} reduces fp32 gradients (--reduce fp32), got {}", b,
                ReduceModeName(cfg.reduce));
@@ -421,6 +417,24 @@ UpdateOptions UpdateOptionsOf(const EngineConfig& cfg) {
                          float grad_scale) {
       b->AdamW(spans.data(), static_cast<int>(spans.size()), c, step, grad_scale);
     };
+    o.muon_kernels.momentum = [b](const float* g, float* m, void* u, DType udt, int64_t n, float mu,
+                                  bool nesterov,
+                                  float gs) { b->MuonMomentum(g, m, u, udt, n, mu, nesterov, gs); };
+    o.muon_kernels.newton_schulz = [b](const void* const* in, DType idt, float* const* out,
+                                       int64_t batch, int64_t rows, int64_t cols, int steps,
+                                       const NsCoefficients& coef, float scale) {
+      b->NewtonSchulz(in, idt, out, batch, rows, cols, steps, coef, scale);
+    };
+    o.muon_kernels.weight_update = [b](float* w, const float* v, int64_t n, float lr, float wd) {
+      b->MuonWeightUpdate(w, v, n, lr, wd);
+    };
+    // Muon's temporaries (u, v) in the backend's memory; split units' fragments staged through
+    // the host for the point-to-point exchange.
+    o.device_memory.alloc = [b](size_t bytes) { return b->Alloc(bytes); };
+    o.device_memory.free = [b](void* p) { b->Free(p); };
+    o.device_memory.copy = [b](void* d, const void* s, size_t n) { b->Copy(d, s, n); };
+    o.device_memory.to_host = [b](void* h, const void* s, size_t n) { b->CopyOut(h, s, n); };
+    o.device_memory.from_host = [b](void* d, const void* h, size_t n) { b->CopyIn(d, h, n); };
   }
   return o;
 }

@@ -137,11 +137,13 @@ struct EngineConfig {
   Tracer* tracer = nullptr;
   // The engine on a device backend (device/backend.h; not owned): every data-tree root, the
   // transient gather and gradient blocks in its memory; G, fills, the gradient norm, the
-  // finiteness check and AdamW run as its ops; the model must compute on the same backend
-  // (models/backend_gpt_model.h). Null: host memory. What it runs so far (ConfigError naming
-  // the setting otherwise, at construction): AdamW, fp32 reduction, the flat layout without
-  // the baselines' redundancies, no MXFP8, no checkpoints; several ranks only as plain ZeRO-3
-  // (sw = sg = so = world) on the direct path over `direct_device` (one node).
+  // finiteness check, AdamW and Muon (momentum, batched Newton–Schulz, weight update; its
+  // temporaries in the backend's memory, split units' fragments staged through the host) run
+  // as its ops; the model must compute on the same backend (models/backend_gpt_model.h). Null:
+  // host memory. What it runs so far (ConfigError naming the setting otherwise, at
+  // construction): fp32 reduction, the flat layout without the baselines' redundancies, no
+  // MXFP8, no checkpoints; several ranks only as plain ZeRO-3 (sw = sg = so = world) on the
+  // direct path over `direct_device` (one node).
   Backend* backend = nullptr;
   DirectDeviceMemory* direct_device = nullptr;
 };

@@ -14,6 +14,7 @@
 // gpu, skipped without one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -67,10 +68,22 @@ TEST(EngineBackendGpt, AllLayoutsFp32MatchTheHostGptReference) {
   }
 }
 
+// Which optimizer the engine on a backend runs: AdamW everywhere, or Muon per head (AdamW for
+// the rest) with its Newton–Schulz input u in fp32 (exact tolerances) or bf16 (the paper's).
+struct Optimizer {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  DType u_dtype = DType::kF32;
+};
+constexpr Optimizer kAdamW{};
+constexpr Optimizer kMuonF32{OptimizerKind::kMuon, DType::kF32};
+constexpr Optimizer kMuonBf16{OptimizerKind::kMuon, DType::kBF16};
+
 // The engine on `backend`, training BackendGptModel on it, against the host Gpt's one-rank
-// reference: losses, norms and main weights within AdamW's fp32 tolerances.
+// reference on the host engine: losses, norms and main weights within the optimizer's fp32
+// tolerances. Muon: the bytes of split units' fragments are the host path's (staged through
+// host memory, counted alike).
 void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemory* direct,
-                  int steps) {
+                  int steps, Optimizer opt = kAdamW) {
   testing::ParityCase c;
   c.layout = l;
   int made = 0;
@@ -78,14 +91,22 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
     if (made++ == 0) return std::make_unique<BackendGptModel>(backend, TestGpt());
     return std::make_unique<Gpt>(TestGpt());
   };
-  c.cfg = BaseConfig(l, 2, wdt);
+  const int W = WorldSize();
+  if (opt.kind == OptimizerKind::kMuon) {
+    c.cfg = testing::MuonEngineConfig(l, 2, wdt, UnitRule::kHead, opt.u_dtype);
+    c.ref_cfg = testing::MuonEngineConfig(testing::kOneRank, 2 * W, DType::kF32, UnitRule::kHead,
+                                          opt.u_dtype);
+    c.tol = testing::MuonTolerances(opt.u_dtype == DType::kF32);
+  } else {
+    c.cfg = BaseConfig(l, 2, wdt);
+    c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, DType::kF32);
+    c.tol = testing::AdamWTolerances(DType::kF32);
+  }
   c.cfg.backend = &backend;
   if (direct) {
     c.cfg.comm_path = CommPath::kDirect;
     c.cfg.direct_device = direct;
   }
-  c.ref_cfg = BaseConfig(testing::kOneRank, 2 * WorldSize(), DType::kF32);
-  c.tol = testing::AdamWTolerances(DType::kF32);
   c.steps = steps;
   testing::ParityRun run(c);
   run.Run([&](const testing::StepDiff& d) {
@@ -93,6 +114,12 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
     EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
   });
   EXPECT_GT(run.engine().memory().peak_total(), 0u);
+  if (opt.kind == OptimizerKind::kMuon) {
+    const UpdatePlan* plan = run.engine().structured_update().plan(OptimizerKind::kMuon);
+    ASSERT_NE(plan, nullptr);
+    EXPECT_EQ(run.engine().structured_update().last_run().bytes_sent,
+              plan->BytesSent(std::max(0, WorldRankOrMinusOne())));
+  }
 }
 
 TEST(EngineOnBackend, HostNeverTouchesBackendMemoryOnOneRank) {
@@ -102,12 +129,34 @@ TEST(EngineOnBackend, HostNeverTouchesBackendMemoryOnOneRank) {
   EXPECT_GT(guarded.calls(), 100);  // the model, G, norms and AdamW all went through it
 }
 
+TEST(EngineOnBackend, MuonPerHeadOnOneRankNeverTouchedByTheHost) {
+  if (WorldSize() != 1) GTEST_SKIP() << "one rank (the guard is per process)";
+  for (Optimizer opt : {kMuonF32, kMuonBf16}) {
+    SCOPED_TRACE(DTypeName(opt.u_dtype));
+    testing::GuardedBackend guarded;
+    RunOnBackend(guarded, testing::kOneRank, DType::kF32, nullptr, 3, opt);
+  }
+}
+
 TEST(EngineOnBackend, PlainZero3OnTheDirectPathWithDeviceMemory) {
   const int W = WorldSize();
   if (W == 1) GTEST_SKIP() << "several ranks";
   testing::ShmDeviceMemory shm;
   testing::GuardedBackend on_shm(&shm);  // the CPU backend's ops on the stand-in's memory
   RunOnBackend(on_shm, Layout{W, W, W, W}, DType::kF32, &shm, 3);
+}
+
+// Muon per head with heads cut by the ZeRO-3 shard boundaries: split units' u fragments travel
+// to their execution rank and v back, staged through the host, Newton–Schulz on the backend.
+TEST(EngineOnBackend, MuonPerHeadPlainZero3WithDeviceMemory) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  for (Optimizer opt : {kMuonF32, kMuonBf16}) {
+    SCOPED_TRACE(DTypeName(opt.u_dtype));
+    testing::ShmDeviceMemory shm;
+    testing::GuardedBackend on_shm(&shm);
+    RunOnBackend(on_shm, Layout{W, W, W, W}, DType::kF32, &shm, 3, opt);
+  }
 }
 
 TEST(EngineOnBackend, OnTheCudaBackend) {
@@ -119,11 +168,14 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
   const int W = WorldSize();
   std::unique_ptr<Backend> gpu =
       MakeBackend(fmt::format("cuda:{}", testing::LocalGpuOrdinal(WorldRankOrMinusOne())));
-  if (W == 1) {
-    RunOnBackend(*gpu, testing::kOneRank, DType::kF32, nullptr, 3);
-  } else {
-    std::unique_ptr<DirectDeviceMemory> ipc = MakeCudaDirectMemory(*gpu);
-    RunOnBackend(*gpu, Layout{W, W, W, W}, DType::kF32, ipc.get(), 3);
+  for (Optimizer opt : {kAdamW, kMuonF32, kMuonBf16}) {
+    SCOPED_TRACE(opt.kind == OptimizerKind::kAdamW ? "adamw" : DTypeName(opt.u_dtype));
+    if (W == 1) {
+      RunOnBackend(*gpu, testing::kOneRank, DType::kF32, nullptr, 3, opt);
+    } else {
+      std::unique_ptr<DirectDeviceMemory> ipc = MakeCudaDirectMemory(*gpu);
+      RunOnBackend(*gpu, Layout{W, W, W, W}, DType::kF32, ipc.get(), 3, opt);
+    }
   }
 }
 
@@ -140,9 +192,6 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  EngineConfig muon = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
-  muon.optimizer = OptimizerKind::kMuon;
-  refused(muon, "Muon");
   EngineConfig bf16_reduce = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
   bf16_reduce.reduce = ReduceMode::kBf16Fp32;
   refused(bf16_reduce, "--reduce fp32");

@@ -129,11 +129,14 @@ void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
     if (units.empty()) return;
     auto plan =
         std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica);
-    executors_.push_back(std::make_unique<UpdateExecutor>(plan, chains, rank, p2p, account));
+    executors_.push_back(
+        std::make_unique<UpdateExecutor>(plan, chains, rank, p2p, account, options.device_memory));
     kinds_.push_back(k);
   };
   add(OptimizerKind::kAdamW, AdamWProgram(options.adamw, options.adamw_kernel), std::move(adamw));
   if (options.full_tensor) {
+    SSHSDP_CHECK(!options.device_memory.on_device(), PlanError,
+                 "structured update: full_tensor Muon runs on host memory only");
     if (!muon.empty()) {
       SSHSDP_CHECK(zero1 != nullptr, PlanError,
                    "structured update: full_tensor Muon needs the ZeRO-1 group communicator");
@@ -141,7 +144,7 @@ void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
                                                       options.muon, rank, *zero1, account);
     }
   } else {
-    add(OptimizerKind::kMuon, MuonProgram(options.muon), std::move(muon));
+    add(OptimizerKind::kMuon, MuonProgram(options.muon, options.muon_kernels), std::move(muon));
   }
 }
 

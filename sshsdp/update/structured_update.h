@@ -45,8 +45,11 @@ struct UpdateOptions {
   // (FullTensorMuon, full_tensor_update.h) instead of point-to-point units. Works on any
   // buffer layout (UpdateGroupView::pieces map members to parameters).
   bool full_tensor = false;
-  // AdamW's kernel (adamw.h): null for host memory; a device backend's for the engine on one.
+  // The engine on a device backend: AdamW's and Muon's kernels on its memory (adamw.h,
+  // muon.h) and where the executors' temporaries live (update_executor.h). Null: the host.
   AdamWKernel adamw_kernel;
+  MuonKernels muon_kernels;
+  UpdateDeviceMemory device_memory;
 };
 
 // One runtime group as the update sees it.

@@ -3,8 +3,10 @@
 #include "sshsdp/update/update_executor.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "sshsdp/base/error.h"
 
@@ -23,9 +25,20 @@ bool UsesField(const UpdateStage& s, const std::string& f) {
 
 UpdateExecutor::UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
                                const std::vector<const ShardChain*>& chains, int rank,
-                               Communicator* comm, MemoryAccount* account)
-    : plan_(std::move(plan)), rank_(rank), comm_(comm), account_(account) {
+                               Communicator* comm, MemoryAccount* account,
+                               UpdateDeviceMemory device)
+    : plan_(std::move(plan)),
+      rank_(rank),
+      comm_(comm),
+      account_(account),
+      device_(std::move(device)) {
   const UpdateProgram& prog = plan_->program();
+  const int hooks =
+      !!device_.alloc + !!device_.free + !!device_.copy + !!device_.to_host + !!device_.from_host;
+  SSHSDP_CHECK(hooks == 0 || hooks == 5, PlanError,
+               "update '{}': device memory needs alloc, free, copy, to_host and from_host, got {} "
+               "of the 5",
+               prog.name, hooks);
   const std::vector<UpdateUnit>& units = plan_->units();
   const std::vector<UnitPlacement>& place = plan_->placements();
   for (const ShardChain* c : chains) z1_begin_.push_back(c->LocalRange(Shard::kZero1).begin);
@@ -239,8 +252,64 @@ void UpdateExecutor::Exchange(const std::vector<Xfer>& sends, const std::vector<
     stats_.bytes_sent += x.bytes;
   }
   for (const Xfer& x : recvs) r.push_back({x.peer, Ptr(x.loc), x.bytes, tag});
-  comm_->Exchange(s, r);
+  if (device_.on_device()) {
+    // Staged: the communicator moves host memory only. One host buffer per direction.
+    size_t send_bytes = 0, recv_bytes = 0;
+    for (const P2POp& op : s) send_bytes += op.bytes;
+    for (const P2POp& op : r) recv_bytes += op.bytes;
+    std::vector<uint8_t> out(send_bytes), in(recv_bytes);
+    size_t at = 0;
+    for (P2POp& op : s) {
+      if (op.bytes) device_.to_host(out.data() + at, op.data, op.bytes);
+      op.data = out.data() + at;
+      at += op.bytes;
+    }
+    std::vector<void*> dst;
+    at = 0;
+    for (P2POp& op : r) {
+      dst.push_back(op.data);
+      op.data = in.data() + at;
+      at += op.bytes;
+    }
+    comm_->Exchange(s, r);
+    for (size_t i = 0; i < r.size(); ++i)
+      if (r[i].bytes) device_.from_host(dst[i], r[i].data, r[i].bytes);
+  } else {
+    comm_->Exchange(s, r);
+  }
   stats_.exchanges++;
+}
+
+void UpdateExecutor::CopyBytes(const Copy& c) {
+  if (device_.on_device())
+    device_.copy(Ptr(c.to), Ptr(c.from), c.bytes);
+  else
+    std::memcpy(Ptr(c.to), Ptr(c.from), c.bytes);
+  stats_.bytes_copied += c.bytes;
+}
+
+void UpdateExecutor::AllocateRoots() {
+  if (!device_.on_device()) {
+    for (auto& r : roots_) r->Allocate(account_, kUpdateTemporaries);
+    return;
+  }
+  for (auto& r : roots_) {
+    void* p = r->bytes() ? device_.alloc(r->bytes()) : nullptr;
+    device_blocks_.push_back(p);
+    if (account_) account_->Allocate(kUpdateTemporaries, r->bytes());
+    if (p) r->AttachExternal(p, r->bytes());
+  }
+}
+
+void UpdateExecutor::ReleaseRoots() {
+  for (size_t i = 0; i < roots_.size(); ++i) {
+    roots_[i]->Release();
+    if (i < device_blocks_.size()) {
+      if (device_blocks_[i]) device_.free(device_blocks_[i]);
+      if (account_) account_->Free(kUpdateTemporaries, roots_[i]->bytes());
+    }
+  }
+  device_blocks_.clear();
 }
 
 void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState& scalars) {
@@ -275,12 +344,10 @@ void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState
                    st.name, s);
 
   struct Guard {
-    std::vector<std::unique_ptr<DataNode>>& roots;
-    ~Guard() {
-      for (auto& r : roots) r->Release();
-    }
-  } guard{roots_};
-  for (auto& r : roots_) r->Allocate(account_, kUpdateTemporaries);
+    UpdateExecutor* ex;
+    ~Guard() { ex->ReleaseRoots(); }
+  } guard{this};
+  AllocateRoots();
 
   for (size_t s = 0; s < prog.stages.size(); ++s) {
     const UpdateStage& st = prog.stages[s];
@@ -305,10 +372,7 @@ void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState
       continue;
     }
     Exchange(sp.fetch_send, sp.fetch_recv, static_cast<int>(2 * s));
-    for (const Copy& c : sp.copy_in) {
-      std::memcpy(Ptr(c.to), Ptr(c.from), c.bytes);
-      stats_.bytes_copied += c.bytes;
-    }
+    for (const Copy& c : sp.copy_in) CopyBytes(c);
     for (const std::vector<size_t>& idx : sp.by_shape) {
       StageBatch b;
       b.stage = &st;
@@ -320,10 +384,7 @@ void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState
       st.kernel(b);
       stats_.units_executed += idx.size();
     }
-    for (const Copy& c : sp.copy_out) {
-      std::memcpy(Ptr(c.to), Ptr(c.from), c.bytes);
-      stats_.bytes_copied += c.bytes;
-    }
+    for (const Copy& c : sp.copy_out) CopyBytes(c);
     Exchange(sp.return_send, sp.return_recv, static_cast<int>(2 * s + 1));
   }
   stats_.exec_cost = plan_->ExecCost(rank_);

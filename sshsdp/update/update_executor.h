@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -87,15 +88,32 @@ struct UpdateRunStats {
   }
 };
 
+// Where an executor's update-scoped roots live: host memory (every member null), or a device
+// backend's (the engine on a backend sets all of them). On a device the stages' kernels must
+// work on that memory (AdamWKernel, MuonKernels), own fragments of state operands are copied by
+// `copy`, and every exchange is staged through host buffers (to_host, the communicator on host
+// memory, from_host): the byte counts and messages are those of the host path.
+struct UpdateDeviceMemory {
+  std::function<void*(size_t bytes)> alloc;  // 64-byte aligned; contents undefined
+  std::function<void(void* p)> free;
+  std::function<void(void* dst, const void* src, size_t bytes)> copy;  // device to device
+  // Device to host, after every op queued before it; host to device.
+  std::function<void(void* host_dst, const void* src, size_t bytes)> to_host;
+  std::function<void(void* dst, const void* host_src, size_t bytes)> from_host;
+  bool on_device() const { return alloc != nullptr; }
+};
+
 class UpdateExecutor {
  public:
   // `chains[g]` is this rank's shard chain of group g (as given to the plan); `comm` carries
   // the point-to-point messages and is ordered like the topology (position = rank: the world
   // communicator or a duplicate of it). Throws LayoutError when it is not. A null `comm`
   // builds a plan-only executor (engine/plan.h: its temporaries are sized, Run refuses).
+  // `device`: where the roots live (host memory by default; PlanError unless all or none of its
+  // members are set).
   UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
                  const std::vector<const ShardChain*>& chains, int rank, Communicator* comm,
-                 MemoryAccount* account = nullptr);
+                 MemoryAccount* account = nullptr, UpdateDeviceMemory device = {});
   ~UpdateExecutor();
   UpdateExecutor(const UpdateExecutor&) = delete;
   UpdateExecutor& operator=(const UpdateExecutor&) = delete;
@@ -145,12 +163,17 @@ class UpdateExecutor {
   Loc UnitLoc(int field, int unit) const;   // the whole unit, on its execution rank
   void* Ptr(const Loc& loc) const;
   void Exchange(const std::vector<Xfer>& sends, const std::vector<Xfer>& recvs, int tag);
+  void CopyBytes(const Copy& c);
+  void AllocateRoots();
+  void ReleaseRoots();
 
   std::shared_ptr<const UpdatePlan> plan_;
   int rank_;
   Communicator* comm_;  // null: plan only
   MemoryAccount* account_;
-  std::vector<size_t> z1_begin_;  // per group
+  UpdateDeviceMemory device_;
+  std::vector<void*> device_blocks_;  // device_: the roots' memory during Run
+  std::vector<size_t> z1_begin_;      // per group
   std::vector<std::unique_ptr<DataNode>> roots_;
   std::vector<std::vector<DataNode*>> whole_, piece_;  // [field][unit] views (or nullptr)
   std::vector<std::vector<DataNode*>> scratch_;        // [field][unit] for state fields

@@ -61,6 +61,10 @@ class GuardedBackend final : public Backend {
     Open o(this);
     cpu_->CopyOut(dst, src, bytes);
   }
+  void Copy(void* dst, const void* src, size_t bytes) override {
+    Open o(this);
+    cpu_->Copy(dst, src, bytes);
+  }
   void Synchronize() override {}
 
 #define SSHSDP_GUARDED(call) \
@@ -143,9 +147,17 @@ class GuardedBackend final : public Backend {
             float* c, bool acc) override {
     SSHSDP_GUARDED(Gemm(ta, tb, m, n, k, a, b, c, acc));
   }
-  void NewtonSchulz(const float* const* in, float* const* out, int64_t batch, int64_t rows,
-                    int64_t cols, int steps, const NsCoefficients& coef, float scale) override {
-    SSHSDP_GUARDED(NewtonSchulz(in, out, batch, rows, cols, steps, coef, scale));
+  void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
+                    int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
+                    float scale) override {
+    SSHSDP_GUARDED(NewtonSchulz(in, in_dtype, out, batch, rows, cols, steps, coef, scale));
+  }
+  void MuonMomentum(const float* grad, float* m, void* u, DType u_dtype, int64_t n, float mu,
+                    bool nesterov, float grad_scale) override {
+    SSHSDP_GUARDED(MuonMomentum(grad, m, u, u_dtype, n, mu, nesterov, grad_scale));
+  }
+  void MuonWeightUpdate(float* w, const float* v, int64_t n, float lr, float wd) override {
+    SSHSDP_GUARDED(MuonWeightUpdate(w, v, n, lr, wd));
   }
 #undef SSHSDP_GUARDED
 
