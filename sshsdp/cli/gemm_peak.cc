@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "sshsdp/base/error.h"
@@ -21,29 +24,35 @@ std::string GemmPeak::ToString() const {
       per_rank / 1e9, ranks, ranks == 1 ? "" : "s", rounds, 100 * spread);
 }
 
-GemmPeak MeasureJobGemmPeak(Communicator& world, DType dtype, double pinned_gflops, int rounds,
-                            int64_t size) {
+namespace {
+
+// The pinned figure, or nothing measured yet; ConfigError for a bad figure or round count.
+GemmPeak Start(Communicator& world, std::string path, double pinned_gflops, int rounds) {
   SSHSDP_CHECK(pinned_gflops >= 0, ConfigError,
                "--gemm-peak must be a positive GFLOP/s figure per rank (0: measure), got {}",
                pinned_gflops);
   SSHSDP_CHECK(rounds >= 1, ConfigError, "MeasureJobGemmPeak: rounds {}", rounds);
-  const DType gemm = dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   GemmPeak peak;
-  peak.path = kernels::GemmPathDescription(gemm);
+  peak.path = std::move(path);
   peak.ranks = world.size();
   if (pinned_gflops > 0) {
     peak.per_rank = pinned_gflops * 1e9;
     peak.pinned = true;
-    return peak;
   }
-  kernels::GemmPeakProbe probe(gemm, size);
-  probe.Run(1);  // warm-up: primitive creation, scratch growth
+  return peak;
+}
+
+// `rounds` rounds of `product` (one warm-up first) on every rank between barriers, each round
+// credited to its slowest rank: the median rate and the spread.
+void MeasureRounds(Communicator& world, const std::function<void()>& product, double flops,
+                   int rounds, GemmPeak* peak) {
+  product();  // warm-up: primitive creation, scratch growth
   const int W = world.size();
   std::vector<float> mine(static_cast<size_t>(rounds));
   for (int r = 0; r < rounds; ++r) {
     world.Barrier();
     const auto t0 = std::chrono::steady_clock::now();
-    probe.Run(1);
+    product();
     mine[static_cast<size_t>(r)] = static_cast<float>(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -54,12 +63,52 @@ GemmPeak MeasureJobGemmPeak(Communicator& world, DType dtype, double pinned_gflo
     float slowest = 0;
     for (int w = 0; w < W; ++w)
       slowest = std::max(slowest, all[static_cast<size_t>(w) * rounds + r]);
-    rates[static_cast<size_t>(r)] = probe.FlopsPerProduct() / std::max(slowest, 1e-9f);
+    rates[static_cast<size_t>(r)] = flops / std::max(slowest, 1e-9f);
   }
   std::sort(rates.begin(), rates.end());
-  peak.per_rank = rates[rates.size() / 2];
-  peak.rounds = rounds;
-  peak.spread = (rates.back() - rates.front()) / peak.per_rank;
+  peak->per_rank = rates[rates.size() / 2];
+  peak->rounds = rounds;
+  peak->spread = (rates.back() - rates.front()) / peak->per_rank;
+}
+
+}  // namespace
+
+GemmPeak MeasureJobGemmPeak(Communicator& world, DType dtype, double pinned_gflops, int rounds,
+                            int64_t size) {
+  const DType gemm = dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  GemmPeak peak = Start(world, kernels::GemmPathDescription(gemm), pinned_gflops, rounds);
+  if (peak.pinned) return peak;
+  kernels::GemmPeakProbe probe(gemm, size);
+  MeasureRounds(
+      world, [&] { probe.Run(1); }, probe.FlopsPerProduct(), rounds, &peak);
+  return peak;
+}
+
+GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, double pinned_gflops,
+                                int rounds, int64_t size) {
+  GemmPeak peak =
+      Start(world, fmt::format("fp32 GEMM on backend {}", backend.name()), pinned_gflops, rounds);
+  if (peak.pinned) return peak;
+  SSHSDP_CHECK(size >= 1, ConfigError, "MeasureBackendGemmPeak: size {}", size);
+  const size_t bytes = static_cast<size_t>(size * size) * sizeof(float);
+  struct Matrices {
+    Backend& b;
+    float* m[3] = {};
+    ~Matrices() {
+      for (float* p : m) b.Free(p);
+    }
+  } mats{backend};
+  for (float*& p : mats.m) {
+    p = static_cast<float*>(backend.Alloc(bytes));
+    backend.Fill(p, size * size, 0.5f);
+  }
+  MeasureRounds(
+      world,
+      [&] {
+        backend.Gemm(false, false, size, size, size, mats.m[0], mats.m[1], mats.m[2], false);
+        backend.Synchronize();
+      },
+      2.0 * static_cast<double>(size) * size * size, rounds, &peak);
   return peak;
 }
 

@@ -28,6 +28,7 @@
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/cli/trace_file.h"
+#include "sshsdp/cli/train_backend.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
@@ -132,6 +133,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     EngineConfig cfg = EngineConfigOf(o, WorldSize(), T);
     if (!o.trace.empty()) cfg.tracer = &tracer;
     ValidateEngineConfig(cfg);  // hyperparameter ranges, before any collective
+    // --backend: the engine on a device backend (what it does not run is refused by name).
+    const DeviceRun dev = MakeDeviceRun(o, &cfg);
     LrSchedule schedule;
     schedule.kind = LrSchedule::Parse(o.lr_schedule);
     schedule.warmup = o.warmup;
@@ -204,7 +207,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // Validates the layout against the world size (LayoutError names the numbers).
     Topology check(world_size, cfg.ranks_per_node ? cfg.ranks_per_node : world_size, cfg.sw, cfg.sg,
                    cfg.so);
-    std::unique_ptr<Model> model_owner = MakeModel(o, gc);  // Gpt or MoeGpt
+    std::unique_ptr<Model> model_owner = MakeRunModel(o, gc, dev);  // Gpt, MoeGpt, BackendGpt
     Model& model = *model_owner;
     std::map<std::string, std::vector<float>> init;
     if (!o.init_weights.empty())  // names and shapes must be this model's (ConfigError lists)
@@ -291,8 +294,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     }
 
     // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak.
-    const GemmPeak gemm_peak = MeasureJobGemmPeak(
-        *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32, o.gemm_peak);
+    // On a backend: its fp32 GEMM.
+    const GemmPeak gemm_peak =
+        dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, o.gemm_peak)
+                    : MeasureJobGemmPeak(
+                          *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
+                          o.gemm_peak);
     const double peak = gemm_peak.per_rank;
     std::ofstream metrics;
     if (rank == 0 && !o.metrics.empty()) {
@@ -308,7 +315,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());
       fmt::print(
           "sshsdp train: {} | {} d={} L={} H={} T={} V={}{} params={:.2f}M | {} | weights {} | "
-          "batch {}x{}x{} per rank{}\n"
+          "batch {}x{}x{} per rank{}{}\n"
           "GEMM: {} | {} | CPU ISA {}\n",
           o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           gc.padded_vocab() != gc.vocab ? fmt::format(" (tables padded to {})", gc.padded_vocab())
@@ -318,10 +325,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                           : resume_dir.empty()
                                               ? " (fully sharded: no --sw/--sg/--so given)"
                                               : " (the checkpoint's layout)"),
-          o.weight_dtype, cfg.microbatches, cfg.batch_size, T,
+          dev.backend ? "fp32" : o.weight_dtype, cfg.microbatches, cfg.batch_size, T,
           syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
               : fmt::format(" | data: {}", o.data),
-          gemm_peak.path, gemm_peak.ToString(), kernels::CpuIsaName());
+          dev.backend ? fmt::format(" | backend {}", dev.backend->name()) : "", gemm_peak.path,
+          gemm_peak.ToString(), kernels::CpuIsaName());
+      for (const std::string& n : dev.notes) fmt::print("note: {}\n", n);
       std::fflush(stdout);
     }
     if (const UpdatePlan* mp = engine.structured_update().plan(OptimizerKind::kMuon);

@@ -61,6 +61,9 @@ class Backend {
   virtual ~Backend() = default;
   // "cpu" or "cuda:<ordinal> (<device name>, sm_<cc>)".
   virtual std::string name() const = 0;
+  // Whether Alloc returns ordinary host memory of this process (the CPU backend), which host
+  // code and MPI may read and write; a device's memory may only be reached through the ops.
+  virtual bool host_memory() const { return false; }
 
   // ---- Memory (DeviceError when an allocation fails; Alloc(0) returns nullptr; at least
   // 64-byte aligned, as a data-tree root needs). ----

@@ -35,6 +35,7 @@ class CpuBackend final : public Backend {
   void Copy(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memmove(dst, src, bytes);
   }
+  bool host_memory() const override { return true; }
   void Synchronize() override {}
 
   void Fill(float* x, int64_t n, float value) override {

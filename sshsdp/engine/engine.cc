@@ -67,7 +67,11 @@ void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
                "the engine on backend {} with {} ranks runs plain ZeRO-3 (sw = sg = so = {}) so "
                "far, got {}: the outer phase's collectives on device memory are not built yet",
                b, topo.world(), topo.world(), topo.ToString());
-  SSHSDP_CHECK(cfg.comm_path == CommPath::kDirect && cfg.direct_device != nullptr, ConfigError,
+  // Host memory (the CPU backend) moves over any communication path; a device's only over the
+  // direct path with its DirectDeviceMemory.
+  SSHSDP_CHECK(cfg.backend->host_memory() ||
+                   (cfg.comm_path == CommPath::kDirect && cfg.direct_device != nullptr),
+               ConfigError,
                "the engine on backend {} with {} ranks moves device buffers on the direct path: "
                "set comm_path=direct and direct_device (one node; NCCL is not wired into the "
                "engine yet)",

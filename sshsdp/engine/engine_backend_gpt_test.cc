@@ -9,6 +9,7 @@
 // memory faults when the host touches it (testing/guarded_backend.h), so any engine access
 // that bypasses the backend kills the test; on several ranks as plain ZeRO-3 on the direct
 // path with shared memory standing in for the device (comm/testing/shm_device_memory.h).
+// The CPU backend (host memory) on several ranks runs over MPI without the direct path.
 // With SSHSDP_TEST_BACKEND=cuda, EngineOnBackend.OnTheCudaBackend runs the same comparison on
 // this rank's GPU (several ranks sharing one GPU over CUDA IPC): ctest's *_cuda entries, label
 // gpu, skipped without one.
@@ -146,6 +147,18 @@ TEST(EngineOnBackend, PlainZero3OnTheDirectPathWithDeviceMemory) {
   RunOnBackend(on_shm, Layout{W, W, W, W}, DType::kF32, &shm, 3);
 }
 
+// The CPU backend's memory is host memory (Backend::host_memory): several ranks run on MPI's
+// collectives, no direct path needed (what `sshsdp train --backend cpu` runs).
+TEST(EngineOnBackend, PlainZero3OverMpiWithTheCpuBackend) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  for (Optimizer opt : {kAdamW, kMuonBf16}) {
+    SCOPED_TRACE(opt.kind == OptimizerKind::kAdamW ? "adamw" : "muon");
+    std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+    RunOnBackend(*cpu, Layout{W, W, W, W}, DType::kF32, nullptr, 2, opt);
+  }
+}
+
 // Muon per head with heads cut by the ZeRO-3 shard boundaries: split units' u fragments travel
 // to their execution rank and v back, staged through the host, Newton–Schulz on the backend.
 TEST(EngineOnBackend, MuonPerHeadPlainZero3WithDeviceMemory) {
@@ -183,8 +196,9 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   auto world = MpiCommunicator::World(WorldSize());
   const int W = WorldSize();
   BackendGptModel model(Cpu(), TestGpt());
-  auto refused = [&](EngineConfig cfg, const std::string& what) {
-    cfg.backend = &Cpu();
+  testing::GuardedBackend device;  // not host memory, like a GPU's
+  auto refused = [&](EngineConfig cfg, const std::string& what, Backend* b = &Cpu()) {
+    cfg.backend = b;
     try {
       Engine e(model, *world, cfg);
       ADD_FAILURE() << "accepted: " << what;
@@ -196,7 +210,7 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   bf16_reduce.reduce = ReduceMode::kBf16Fp32;
   refused(bf16_reduce, "--reduce fp32");
   if (W > 1) {
-    refused(BaseConfig(Layout{W, W, W, W}, 1, DType::kF32), "comm_path=direct");
+    refused(BaseConfig(Layout{W, W, W, W}, 1, DType::kF32), "comm_path=direct", &device);
     if (W % 2 == 0) refused(BaseConfig(Layout{W / 2, W / 2, W / 2, W}, 1, DType::kF32), "ZeRO-3");
   }
 }

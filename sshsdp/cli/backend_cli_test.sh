@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# `sshsdp train --backend` as a user runs it (cli/train_backend.h):
+#   * --help names the option and its choices;
+#   * what the engine on a backend does not run yet (MoE, bf16 weights, bf16 reductions,
+#     checkpoints, a layout other than ZeRO-3, an unknown backend) fails fast, by name, on every
+#     rank, before any collective; --backend cuda without a usable GPU says so and names the
+#     cpu backend;
+#   * --backend cpu on 2 ranks (the device code path: every root, the update's temporaries and
+#     every engine op on the backend; Muon's split units staged through the host) trains the
+#     same losses and gradient norms as the host engine with fp32 weights (relative 1e-6), with
+#     the same communicated bytes per step (exact), for AdamW and for Muon per head; and
+#     validation runs on it.
+# Usage: backend_cli_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
+set -u
+bin=$1
+shift
+mpirun=("$@")
+# shellcheck source=testing/check.sh
+. "$(dirname "$0")/testing/check.sh"
+
+out=$("$bin" train --help 2>&1)
+grep -q -- "--backend" <<<"$out" && grep -q "cuda:N" <<<"$out"
+check "train --help names --backend and its choices" $?
+
+tiny=(train --model tiny --layers 2 --d-model 32 --heads 4 --seq-len 16 --batch-size 2
+  --microbatches 2)
+expect_error "an unknown backend is refused, naming the choices" \
+  "--backend must be host, cpu, cuda or cuda:<ordinal>, got 'tpu'" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend tpu --steps 1
+expect_error "MoE on a backend is refused by name" "--model moe-tiny (MoE) on a device is not built yet" \
+  "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --backend cpu --steps 1
+expect_error "bf16 weights on a backend are refused by name" "runs fp32 runtime weights: pass --weight-dtype fp32" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --weight-dtype bf16 --steps 1
+expect_error "bf16 reductions on a backend are refused by name" "pass --reduce fp32" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --reduce bf16sr --steps 1
+expect_error "checkpoints on a backend are refused by name" "leave out --ckpt-dir, --save-every and --resume" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --ckpt-dir "$tmp" --save-every 1 --steps 1
+expect_error "a layout other than ZeRO-3 on a backend is refused by name" \
+  "runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded)" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --sw 1 --sg 1 --so 2 --steps 1
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_error "--backend cuda without a usable GPU names the cpu backend" "use the cpu backend" \
+    "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cuda --steps 1
+fi
+
+# The device code path on the CPU backend against the host engine, 2 ranks.
+for opt in adamw muon; do
+  timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --optimizer "$opt" --steps 4 \
+    --log-every 1 --backend cpu --metrics "$tmp/backend_$opt.jsonl" >"$tmp/backend.out" 2>&1
+  rc=$?
+  grep -q "backend cpu" "$tmp/backend.out" || rc=1
+  check "--backend cpu, $opt, 2 ranks: exits 0 and names the backend" $rc
+  timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --optimizer "$opt" --steps 4 \
+    --log-every 1 --weight-dtype fp32 --metrics "$tmp/host_$opt.jsonl" >/dev/null 2>&1
+  check "host engine, $opt, 2 ranks: exits 0" $?
+  python3 - "$tmp/backend_$opt.jsonl" "$tmp/host_$opt.jsonl" <<'PY'
+import json, sys
+dev, host = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+assert len(dev) == len(host) == 4, (len(dev), len(host))
+for d, h in zip(dev, host):
+    for k in ("loss", "grad_norm"):
+        assert abs(d[k] - h[k]) <= 1e-6 * abs(h[k]), (d["step"], k, d[k], h[k])
+    for k in ("update_p2p_bytes", "runtime_comm_intra_bytes", "runtime_comm_inter_bytes"):
+        assert d[k] == h[k], (d["step"], k, d[k], h[k])
+assert dev[-1]["loss"] < dev[0]["loss"], [d["loss"] for d in dev]
+PY
+  check "--backend cpu, $opt: the host engine's losses, norms and bytes" $?
+done
+grep -q '"update_p2p_bytes":[1-9]' "$tmp/backend_muon.jsonl"
+check "Muon per head on the backend moved split units between the ranks" $?
+
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --steps 2 --eval-every 2 \
+  --eval-tokens 64 --log-every 1 --save-weights "$tmp/w.safetensors" >"$tmp/eval.out" 2>&1
+rc=$?
+grep -q "val " "$tmp/eval.out" && [ -s "$tmp/w.safetensors" ] || rc=1
+check "--backend cpu: validation loss and --save-weights" $rc
+
+finish_checks

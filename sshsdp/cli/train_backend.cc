@@ -1,0 +1,78 @@
+// `sshsdp train --backend` (see train_backend.h).
+#include "sshsdp/cli/train_backend.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <utility>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/cli/model_config.h"
+#include "sshsdp/comm/mpi_runtime.h"
+#include "sshsdp/device/cuda_direct_memory.h"
+#include "sshsdp/models/backend_gpt_model.h"
+
+namespace sshsdp {
+
+int LocalRankFromEnvironment() {
+  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
+    if (const char* v = std::getenv(var); v && *v) return std::atoi(v);
+  return 0;
+}
+
+DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
+  DeviceRun dev;
+  if (o.backend == "host") return dev;
+  SSHSDP_CHECK(o.backend == "cpu" || o.backend == "cuda" || o.backend.starts_with("cuda:"),
+               ConfigError, "--backend must be host, cpu, cuda or cuda:<ordinal>, got '{}'",
+               o.backend);
+  const std::string b = o.backend;
+  SSHSDP_CHECK(!IsMoePreset(o.model), ConfigError,
+               "--backend {} trains the dense GPT presets (tiny, small, base); --model {} (MoE) "
+               "on a device is not built yet: use --backend host",
+               b, o.model);
+  SSHSDP_CHECK(!o.weight_dtype_given || o.weight_dtype == "fp32", ConfigError,
+               "--backend {} runs fp32 runtime weights: pass --weight-dtype fp32 or leave it out "
+               "(bf16 and MXFP8 weights on a device are not built yet), got --weight-dtype {}",
+               b, o.weight_dtype);
+  SSHSDP_CHECK(o.reduce == "fp32", ConfigError,
+               "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
+               "device are not built yet), got --reduce {}",
+               b, o.reduce);
+  SSHSDP_CHECK(o.ckpt_dir.empty() && o.resume.empty() && o.save_every == 0, ConfigError,
+               "--backend {} writes and reads no checkpoints yet: leave out --ckpt-dir, "
+               "--save-every and --resume (use --save-weights for the final weights)",
+               b);
+  SSHSDP_CHECK(cfg->sw == WorldSize() && cfg->sg == WorldSize() && cfg->so == WorldSize(),
+               ConfigError,
+               "--backend {} runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded), got "
+               "sw={} sg={} so={} on {} ranks (the outer phase on a device is not built yet)",
+               b, cfg->sw, cfg->sg, cfg->so, WorldSize());
+  if (!o.weight_dtype_given) dev.notes.push_back("fp32 runtime weights (--backend " + b + ")");
+  cfg->weight_dtype = DType::kF32;
+
+  if (b == "cuda") {
+    const int count = CudaDeviceCount();
+    const int local = LocalRankFromEnvironment();
+    dev.backend = MakeBackend(fmt::format("cuda:{}", count > 0 ? local % count : 0));
+  } else {
+    dev.backend = MakeBackend(b);  // DeviceError naming why (no CUDA in this build, no GPU)
+  }
+  cfg->backend = dev.backend.get();
+  if (WorldSize() > 1 && !dev.backend->host_memory()) {
+    dev.direct = MakeCudaDirectMemory(*dev.backend);
+    cfg->comm_path = CommPath::kDirect;
+    cfg->direct_device = dev.direct.get();
+    if (o.comm_path != "direct")
+      dev.notes.push_back("comm path direct: device buffers move over CUDA IPC (one node)");
+  }
+  return dev;
+}
+
+std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
+                                    const DeviceRun& dev) {
+  if (dev.backend) return std::make_unique<BackendGptModel>(*dev.backend, gc);
+  return MakeModel(o, gc);
+}
+
+}  // namespace sshsdp

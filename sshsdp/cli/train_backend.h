@@ -1,0 +1,53 @@
+// `sshsdp train --backend NAME`: the engine and the dense GPT on a device backend
+// (device/backend.h, EngineConfig::backend) instead of the host engine.
+//
+//   --backend host     the host engine (the default): every preset and feature
+//   --backend cpu      the device code path on the CPU backend (host memory; several ranks over
+//                      MPI): checks a device run's configuration and numerics on any machine
+//   --backend cuda     this rank's GPU (its local rank modulo the GPUs it sees); cuda:N names one.
+//                      Several ranks (one node) move device buffers on the direct path over
+//                      CUDA IPC, and may share one GPU.
+//
+// What the engine on a backend runs so far — the dense GPT presets, fp32 runtime weights, fp32
+// reduction, AdamW or Muon, plain ZeRO-3 (sw = sg = so = world), no checkpoints — is what this
+// accepts: anything else is refused here by name, before any collective (the layout by the
+// engine's constructor, also before any collective).
+//
+//   EngineConfig cfg = EngineConfigOf(o, world_size, T);
+//   DeviceRun dev = MakeDeviceRun(o, &cfg);          // sets cfg.backend, cfg.direct_device
+//   std::unique_ptr<Model> model = MakeRunModel(o, gc, dev);
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "sshsdp/cli/train.h"
+#include "sshsdp/comm/direct_device.h"
+#include "sshsdp/device/backend.h"
+#include "sshsdp/engine/engine.h"
+#include "sshsdp/models/gpt.h"
+
+namespace sshsdp {
+
+struct DeviceRun {
+  std::unique_ptr<Backend> backend;            // null: the host engine
+  std::unique_ptr<DirectDeviceMemory> direct;  // a device's memory on several ranks
+  std::vector<std::string> notes;              // what the backend chose for the run (rank 0 prints)
+};
+
+// Makes o.backend's backend and sets cfg->backend (and for a device on several ranks
+// cfg->comm_path = direct, cfg->direct_device; fp32 weights unless --weight-dtype was given).
+// ConfigError naming the option for what the engine on a backend does not run; DeviceError
+// when the backend cannot be made (no CUDA in this build, no GPU).
+DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg);
+
+// The run's model: BackendGptModel on dev.backend, or the host model of the preset (Gpt, MoeGpt).
+std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
+                                    const DeviceRun& dev);
+
+// This process's rank among the ranks of its node, from the launcher's environment (Open MPI,
+// Slurm); 0 when neither says.
+int LocalRankFromEnvironment();
+
+}  // namespace sshsdp
