@@ -10,7 +10,8 @@
 # buffers with 1, 2 and 3 processes sharing the GPU through CUDA IPC, bit for bit against the
 # host direct path; (5) the engine on the GPU backend training the GPT against the host
 # reference, on one rank and with 2 and 3 processes sharing the GPU (plain ZeRO-3 over CUDA
-# IPC).
+# IPC); (6) `sshsdp train --backend cuda` (AdamW and Muon per head, 1 rank and 2 processes
+# sharing the GPU) against `--backend cpu` of the same seed.
 #
 #   scripts/gpu_check.sh prepare   # here (the build machine, no GPU needed): build the CUDA
 #                                  # tests in build-gpu/ and bundle them with the shared
@@ -70,20 +71,20 @@ case "$mode" in
   prepare)
     # Its own build directory: -DSSHSDP_CUDA=ON is not left in build/'s cache.
     BUILD_DIR=build-gpu \
-      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check engine_backend_gpt_test" \
+      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check engine_backend_gpt_test sshsdp" \
       scripts/build.sh -DSSHSDP_CUDA=ON
     rm -rf "$bundle" && mkdir -p "$bundle/lib"
     cp build-gpu/sshsdp/device/device_backend_test build-gpu/sshsdp/device/device_nccl_test \
       build-gpu/sshsdp/device/device_direct_test build-gpu/sshsdp/models/models_backend_gpt_check \
-      build-gpu/sshsdp/engine/engine_backend_gpt_test "$bundle/"
+      build-gpu/sshsdp/engine/engine_backend_gpt_test build-gpu/bin/sshsdp "$bundle/"
     # Every shared library outside the C library and CUDA's own (the GPU image has those; NCCL
     # too: the toolkit's, or the nvidia-nccl wheel next to PyTorch).
     ldd "$bundle"/device_*_test "$bundle"/models_backend_gpt_check \
-      "$bundle"/engine_backend_gpt_test |
+      "$bundle"/engine_backend_gpt_test "$bundle"/sshsdp |
       awk '/=> \//{print $3}' | sort -u |
       grep -vE '/(libc|libm|libdl|libpthread|librt|libgcc_s|libstdc\+\+)\.so|/cuda|libcu|libnccl' |
       xargs -r -I{} cp -L {} "$bundle/lib/"
-    ldd --version | head -1 >"$bundle/built-with-glibc"
+    ldd --version | sed -n 1p >"$bundle/built-with-glibc"
     bundle_openmpi "$bundle"
     # One compressed file to carry (oneDNN alone is 40 MB; xz: the whole bundle ~15 MB).
     tar -cJf "$bundle.tar.xz" "$bundle"
@@ -103,7 +104,7 @@ case "$mode" in
       exit 2
     }
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv || true
-    echo "bundle built with: $(cat "$bundle/built-with-glibc"); here: $(ldd --version | head -1)"
+    echo "bundle built with: $(cat "$bundle/built-with-glibc"); here: $(ldd --version | sed -n 1p)"
     # cudart / cuBLAS 13: the toolkit's, or the nvidia-* wheels next to PyTorch.
     site=$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || true)
     cuda_libs=$(find /usr/local /usr/lib /opt ${site:+"$site"} -name 'libcublas.so.13*' \
@@ -189,6 +190,34 @@ PY
         --gtest_filter=EngineOnBackend.OnTheCudaBackend >"$log" 2>&1 || r=$?
       tail -5 "$log"
       if [ $r -ne 0 ] || grep -q '\[  SKIPPED \]' "$log"; then rc=1; fi
+    done
+    echo "== sshsdp train --backend cuda (GPT small, 1 rank and 2 processes sharing the GPU) =="
+    # AdamW: the first 5 losses of --backend cuda within 1e-4 of --backend cpu's (same seed,
+    # fp32; the GPU sums in another order). Muon per head (bf16 u, which amplifies summation
+    # order): within 2e-2, and its loss falls over 30 steps.
+    for np in 1 2; do
+      for opt in adamw muon; do
+        for b in cpu cuda; do
+          steps=5
+          [ $b = cuda ] && steps=30
+          timeout 240 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np \
+            "$bundle/sshsdp" train --backend $b --model small --optimizer $opt --steps $steps \
+            --log-every 1 --metrics "$out/train_${b}_${opt}_np$np.jsonl" \
+            >"$out/train_${b}_${opt}_np$np.log" 2>&1 || rc=1
+          tail -2 "$out/train_${b}_${opt}_np$np.log"
+        done
+        python3 - "$out/train_cpu_${opt}_np$np.jsonl" "$out/train_cuda_${opt}_np$np.jsonl" \
+          "$opt" <<'PY' || rc=1
+import json, sys
+cpu, gpu = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+tol = 1e-4 if sys.argv[3] == "adamw" else 2e-2
+for c, g in zip(cpu[:5], gpu[:5]):
+    assert abs(c["loss"] - g["loss"]) <= tol * abs(c["loss"]), (c["step"], c["loss"], g["loss"])
+assert gpu[-1]["loss"] < gpu[0]["loss"], [g["loss"] for g in gpu]
+print(f"{sys.argv[3]}: first losses agree within {tol}; cuda {gpu[-1]['tokens_per_s']:.0f} tok/s, "
+      f"MFU {100 * gpu[-1]['mfu']:.1f}% of the measured fp32 GEMM peak")
+PY
+      done
     done
     exit $((rc == 0 ? 0 : 1))
     ;;
