@@ -147,7 +147,6 @@ int main(int argc, char** argv) {
     }
     cmd->train.layout_given =
         t.count("--sw") + t.count("--sg") + t.count("--so") + t.count("--ranks-per-node") > 0;
-    cmd->train.weight_dtype_given = t.count("--weight-dtype") > 0;
     cmd->train.recorded_config = sshsdp::RecordedConfig(t);
     return sshsdp::RunTrain(argc, argv, cmd->train);
   }

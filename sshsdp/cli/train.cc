@@ -296,7 +296,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak.
     // On a backend: its fp32 GEMM.
     const GemmPeak gemm_peak =
-        dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, o.gemm_peak)
+        dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, o.gemm_peak, 9,
+                                             dev.backend->host_memory() ? 1024 : 4096)
                     : MeasureJobGemmPeak(
                           *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
                           o.gemm_peak);
@@ -325,7 +326,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                           : resume_dir.empty()
                                               ? " (fully sharded: no --sw/--sg/--so given)"
                                               : " (the checkpoint's layout)"),
-          dev.backend ? "fp32" : o.weight_dtype, cfg.microbatches, cfg.batch_size, T,
+          o.weight_dtype, cfg.microbatches, cfg.batch_size, T,
           syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
               : fmt::format(" | data: {}", o.data),
           dev.backend ? fmt::format(" | backend {}", dev.backend->name()) : "", gemm_peak.path,

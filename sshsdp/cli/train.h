@@ -51,7 +51,6 @@ struct TrainOptions {
   bool no_prefetch = false, keep_gathered = false, no_overlap_outer = false;
   std::string comm_path = "collective";  // runtime AG/RS: collective (ring) | direct (ZeroSM)
   std::string backend = "host";          // host | cpu | cuda | cuda:N (train_backend.h)
-  bool weight_dtype_given = true;        // false: --weight-dtype left out (a backend: fp32)
   // Optimizer (sshsdp/update): AdamW everywhere, or Muon for matrices — per head (every update
   // parameter; experts of stacked MoE weights one by one) or per matrix (the packed QKV as one
   // [3d, d] unit) — with AdamW for norm gains, embeddings and the LM head.

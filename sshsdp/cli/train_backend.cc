@@ -31,9 +31,9 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
                "--backend {} trains the dense GPT presets (tiny, small, base); --model {} (MoE) "
                "on a device is not built yet: use --backend host",
                b, o.model);
-  SSHSDP_CHECK(!o.weight_dtype_given || o.weight_dtype == "fp32", ConfigError,
-               "--backend {} runs fp32 runtime weights: pass --weight-dtype fp32 or leave it out "
-               "(bf16 and MXFP8 weights on a device are not built yet), got --weight-dtype {}",
+  SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32", ConfigError,
+               "--backend {} runs bf16 or fp32 runtime weights: pass --weight-dtype bf16 or fp32 "
+               "(MXFP8 weights on a device are not built yet), got --weight-dtype {}",
                b, o.weight_dtype);
   SSHSDP_CHECK(o.reduce == "fp32", ConfigError,
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
@@ -48,8 +48,6 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
                "--backend {} runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded), got "
                "sw={} sg={} so={} on {} ranks (the outer phase on a device is not built yet)",
                b, cfg->sw, cfg->sg, cfg->so, WorldSize());
-  if (!o.weight_dtype_given) dev.notes.push_back("fp32 runtime weights (--backend " + b + ")");
-  cfg->weight_dtype = DType::kF32;
 
   if (b == "cuda") {
     const int count = CudaDeviceCount();

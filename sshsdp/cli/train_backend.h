@@ -8,10 +8,10 @@
 //                      Several ranks (one node) move device buffers on the direct path over
 //                      CUDA IPC, and may share one GPU.
 //
-// What the engine on a backend runs so far — the dense GPT presets, fp32 runtime weights, fp32
-// reduction, AdamW or Muon, plain ZeRO-3 (sw = sg = so = world), no checkpoints — is what this
-// accepts: anything else is refused here by name, before any collective (the layout by the
-// engine's constructor, also before any collective).
+// What the engine on a backend runs so far — the dense GPT presets, bf16 or fp32 runtime
+// weights, fp32 reduction, AdamW or Muon, plain ZeRO-3 (sw = sg = so = world), no checkpoints — is
+// what this accepts: anything else is refused here by name, before any collective (the layout by
+// the engine's constructor, also before any collective).
 //
 //   EngineConfig cfg = EngineConfigOf(o, world_size, T);
 //   DeviceRun dev = MakeDeviceRun(o, &cfg);          // sets cfg.backend, cfg.direct_device
@@ -37,7 +37,7 @@ struct DeviceRun {
 };
 
 // Makes o.backend's backend and sets cfg->backend (and for a device on several ranks
-// cfg->comm_path = direct, cfg->direct_device; fp32 weights unless --weight-dtype was given).
+// cfg->comm_path = direct, cfg->direct_device).
 // ConfigError naming the option for what the engine on a backend does not run; DeviceError
 // when the backend cannot be made (no CUDA in this build, no GPU).
 DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg);

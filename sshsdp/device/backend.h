@@ -135,6 +135,11 @@ class Backend {
   // ([n, k] when trans_b) — the linear layers' forward, data and weight-gradient products.
   virtual void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
                     const float* b, float* c, bool accumulate) = 0;
+  // The same product of bf16 A and B, accumulated in fp32 into fp32 C (kernels/matmul.h's Gemm
+  // with bf16 operands; on CUDA a bf16 tensor-core product with fp32 compute) — the linear
+  // layers' products with bf16 runtime weights.
+  virtual void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
+                        const bf16* b, float* c, bool accumulate) = 0;
 
   // out[i] = out_scale · NS(in[i]) for i < batch, [rows, cols] row-major matrices, in[i] fp32
   // or bf16 (in_dtype; NumericsError otherwise), out[i] fp32 (update/newton_schulz.h: the same

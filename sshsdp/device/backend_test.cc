@@ -453,6 +453,57 @@ TEST_F(BackendTest, GemmEveryTransposeAndAccumulate) {
   }
 }
 
+// bf16 operands (rounded from normal draws), fp32 accumulation: against a double-precision
+// sum of the exact bf16 products (the CPU's native and widened paths and cuBLAS's tensor cores
+// all accumulate in fp32, in different orders).
+TEST_F(BackendTest, GemmBf16EveryTransposeAndAccumulate) {
+  struct Shape {
+    int64_t m, n, k;
+  };
+  auto round = [](const std::vector<float>& x) {
+    std::vector<bf16> r;
+    for (float v : x) r.push_back(FloatToBf16(v));
+    return r;
+  };
+  for (const Shape& sh : {Shape{1, 1, 1}, Shape{7, 33, 5}, Shape{64, 96, 128}, Shape{130, 3, 257},
+                          Shape{0, 4, 4}, Shape{4, 0, 4}, Shape{4, 5, 0}}) {
+    for (int t = 0; t < 4; ++t) {
+      const bool ta = t & 1, tb = t & 2;
+      const std::vector<bf16> a = round(Normal(static_cast<size_t>(sh.m * sh.k), 20));
+      const std::vector<bf16> b = round(Normal(static_cast<size_t>(sh.k * sh.n), 21));
+      const auto c0 = Normal(static_cast<size_t>(sh.m * sh.n), 22);
+      for (bool acc : {false, true}) {
+        std::vector<float> want(c0.size()), bound(c0.size());
+        for (int64_t i = 0; i < sh.m; ++i)
+          for (int64_t j = 0; j < sh.n; ++j) {
+            double s = acc ? c0[i * sh.n + j] : 0.0, mag = std::fabs(s);
+            for (int64_t p = 0; p < sh.k; ++p) {
+              const double x = Bf16ToFloat(a[ta ? p * sh.m + i : i * sh.k + p]);
+              const double y = Bf16ToFloat(b[tb ? j * sh.k + p : p * sh.n + j]);
+              s += x * y;
+              mag += std::fabs(x * y);
+            }
+            want[i * sh.n + j] = static_cast<float>(s);
+            bound[i * sh.n + j] = static_cast<float>(mag);
+          }
+        Buffer<bf16> ba(*b_, a), bb(*b_, b);
+        Buffer<float> bc(*b_, c0);
+        b_->GemmBf16(ta, tb, sh.m, sh.n, sh.k, ba.get(), bb.get(), bc.get(), acc);
+        const std::vector<float> got = bc.Read();
+        // fp32 sums of k + 1 terms in any order: within (k + 1)·2^-23 of the summed magnitudes.
+        std::string bad;
+        for (size_t i = 0; i < got.size() && bad.empty(); ++i) {
+          const double tol = (static_cast<double>(sh.k) + 1) * 0x1p-23 * bound[i] + 1e-30;
+          if (!(std::fabs(static_cast<double>(got[i]) - want[i]) <= tol))
+            bad = fmt::format("element {}: {} vs {} (tolerance {})", i, got[i], want[i], tol);
+        }
+        EXPECT_EQ(bad, "") << b_->name() << " [" << sh.m << "x" << sh.n << "x" << sh.k
+                           << "] ta=" << ta << " tb=" << tb << " acc=" << acc;
+      }
+    }
+  }
+}
+
 TEST_F(BackendTest, EmbeddingsBitForBit) {
   const int vocab = 50, seq = 9, d = 24;
   for (int B : {0, 1, 3}) {

@@ -145,6 +145,12 @@ class CpuBackend final : public Backend {
                  n, k);
     kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kF32, c, DType::kF32, accumulate);
   }
+  void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
+                const bf16* b, float* c, bool accumulate) override {
+    SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "GemmBf16: negative shape [{}, {}, {}]",
+                 m, n, k);
+    kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kBF16, c, DType::kF32, accumulate);
+  }
   void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
                     int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
                     float out_scale) override {

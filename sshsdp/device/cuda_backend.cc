@@ -308,6 +308,32 @@ class CudaBackend final : public Backend {
     }
     GemmBatched(trans_a, trans_b, m, n, k, a, 0, b, 0, c, 0, 1, accumulate ? 1.0f : 0.0f);
   }
+  void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
+                const bf16* b, float* c, bool accumulate) override {
+    SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "GemmBf16: negative shape [{}, {}, {}]",
+                 m, n, k);
+    SSHSDP_CHECK(m <= kIntMax && n <= kIntMax && k <= kIntMax, NumericsError,
+                 "{}: GEMM dimensions past 2^31 - 1: [{}, {}, {}]", name_, m, n, k);
+    if (m == 0 || n == 0) return;
+    Use();
+    if (k == 0) {
+      if (!accumulate) Fill(c, m * n, 0.0f);
+      return;
+    }
+    // Column-major cuBLAS computes Cᵀ = op(B)ᵀ·op(A)ᵀ on the same memory (as GemmBatched).
+    // bf16 inputs, fp32 compute and output: tensor cores under the default math mode (the
+    // handle's pedantic mode, kept for the fp32 products, is restored after).
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    const int lda = static_cast<int>(trans_a ? m : k), ldb = static_cast<int>(trans_b ? k : n);
+    SSHSDP_CUBLAS_OK(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));
+    const cublasStatus_t st =
+        cublasGemmEx(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                     static_cast<int>(k), &one, b, CUDA_R_16BF, ldb, a, CUDA_R_16BF, lda, &beta, c,
+                     CUDA_R_32F, static_cast<int>(n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    SSHSDP_CUBLAS_OK(cublasSetMathMode(blas_, CUBLAS_PEDANTIC_MATH));
+    SSHSDP_CUBLAS_OK(st);
+  }
   void MuonMomentum(const float* grad, float* m, void* u, DType u_dtype, int64_t n, float momentum,
                     bool nesterov, float grad_scale) override {
     CheckCount(n, "MuonMomentum");

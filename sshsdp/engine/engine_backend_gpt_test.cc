@@ -46,27 +46,29 @@ Backend& Cpu() {
   return *cpu;
 }
 
-TEST(EngineBackendGpt, AllLayoutsFp32MatchTheHostGptReference) {
+// fp32 runtime weights, and bf16 ones (BackendGpt's bf16 linears against Gpt's).
+TEST(EngineBackendGpt, AllLayoutsMatchTheHostGptReference) {
   const int W = WorldSize();
-  for (const Layout& l : LayoutsFor(W)) {
-    SCOPED_TRACE(Describe(W, l));
-    testing::ParityCase c;
-    c.layout = l;
-    int made = 0;  // the first model is the engine's under test, the second the reference's
-    c.make = [&made]() -> std::unique_ptr<Model> {
-      if (made++ == 0) return std::make_unique<BackendGptModel>(Cpu(), TestGpt());
-      return std::make_unique<Gpt>(TestGpt());
-    };
-    c.cfg = BaseConfig(l, 2, DType::kF32);
-    c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, DType::kF32);
-    c.tol = testing::AdamWTolerances(DType::kF32);
-    testing::ParityRun run(c);
-    EXPECT_NE(dynamic_cast<BackendGptModel*>(&run.model()), nullptr);
-    run.Run([&](const testing::StepDiff& d) {
-      EXPECT_EQ(d.dist.counters.add_passes, 0u);
-      EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
-    });
-  }
+  for (DType wdt : {DType::kF32, DType::kBF16})
+    for (const Layout& l : LayoutsFor(W)) {
+      SCOPED_TRACE(Describe(W, l) + " " + std::string(DTypeName(wdt)));
+      testing::ParityCase c;
+      c.layout = l;
+      int made = 0;  // the first model is the engine's under test, the second the reference's
+      c.make = [&made]() -> std::unique_ptr<Model> {
+        if (made++ == 0) return std::make_unique<BackendGptModel>(Cpu(), TestGpt());
+        return std::make_unique<Gpt>(TestGpt());
+      };
+      c.cfg = BaseConfig(l, 2, wdt);
+      c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, wdt);
+      c.tol = testing::AdamWTolerances(wdt);
+      testing::ParityRun run(c);
+      EXPECT_NE(dynamic_cast<BackendGptModel*>(&run.model()), nullptr);
+      run.Run([&](const testing::StepDiff& d) {
+        EXPECT_EQ(d.dist.counters.add_passes, 0u);
+        EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
+      });
+    }
 }
 
 // Which optimizer the engine on a backend runs: AdamW everywhere, or Muon per head (AdamW for
@@ -95,13 +97,13 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
   const int W = WorldSize();
   if (opt.kind == OptimizerKind::kMuon) {
     c.cfg = testing::MuonEngineConfig(l, 2, wdt, UnitRule::kHead, opt.u_dtype);
-    c.ref_cfg = testing::MuonEngineConfig(testing::kOneRank, 2 * W, DType::kF32, UnitRule::kHead,
-                                          opt.u_dtype);
-    c.tol = testing::MuonTolerances(opt.u_dtype == DType::kF32);
+    c.ref_cfg =
+        testing::MuonEngineConfig(testing::kOneRank, 2 * W, wdt, UnitRule::kHead, opt.u_dtype);
+    c.tol = testing::MuonTolerances(wdt == DType::kF32 && opt.u_dtype == DType::kF32);
   } else {
     c.cfg = BaseConfig(l, 2, wdt);
-    c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, DType::kF32);
-    c.tol = testing::AdamWTolerances(DType::kF32);
+    c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, wdt);
+    c.tol = testing::AdamWTolerances(wdt);
   }
   c.cfg.backend = &backend;
   if (direct) {
@@ -128,6 +130,17 @@ TEST(EngineOnBackend, HostNeverTouchesBackendMemoryOnOneRank) {
   testing::GuardedBackend guarded;
   RunOnBackend(guarded, testing::kOneRank, DType::kF32, nullptr, 3);
   EXPECT_GT(guarded.calls(), 100);  // the model, G, norms and AdamW all went through it
+}
+
+// bf16 runtime weights: G casts the main weights to bf16 on the backend, the model widens
+// gains and tables and takes bf16 products there (GemmBf16).
+TEST(EngineOnBackend, Bf16WeightsOnOneRankNeverTouchedByTheHost) {
+  if (WorldSize() != 1) GTEST_SKIP() << "one rank (the guard is per process)";
+  for (Optimizer opt : {kAdamW, kMuonBf16}) {
+    SCOPED_TRACE(opt.kind == OptimizerKind::kAdamW ? "adamw" : "muon");
+    testing::GuardedBackend guarded;
+    RunOnBackend(guarded, testing::kOneRank, DType::kBF16, nullptr, 3, opt);
+  }
 }
 
 TEST(EngineOnBackend, MuonPerHeadOnOneRankNeverTouchedByTheHost) {
@@ -172,6 +185,18 @@ TEST(EngineOnBackend, MuonPerHeadPlainZero3WithDeviceMemory) {
   }
 }
 
+// bf16 runtime weights on several ranks: the all-gathers move bf16 device buffers.
+TEST(EngineOnBackend, Bf16WeightsPlainZero3WithDeviceMemory) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  for (Optimizer opt : {kAdamW, kMuonBf16}) {
+    SCOPED_TRACE(opt.kind == OptimizerKind::kAdamW ? "adamw" : "muon");
+    testing::ShmDeviceMemory shm;
+    testing::GuardedBackend on_shm(&shm);
+    RunOnBackend(on_shm, Layout{W, W, W, W}, DType::kBF16, &shm, 3, opt);
+  }
+}
+
 TEST(EngineOnBackend, OnTheCudaBackend) {
   const char* want = std::getenv("SSHSDP_TEST_BACKEND");
   if (want == nullptr || std::string(want) != "cuda")
@@ -181,15 +206,18 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
   const int W = WorldSize();
   std::unique_ptr<Backend> gpu =
       MakeBackend(fmt::format("cuda:{}", testing::LocalGpuOrdinal(WorldRankOrMinusOne())));
-  for (Optimizer opt : {kAdamW, kMuonF32, kMuonBf16}) {
-    SCOPED_TRACE(opt.kind == OptimizerKind::kAdamW ? "adamw" : DTypeName(opt.u_dtype));
-    if (W == 1) {
-      RunOnBackend(*gpu, testing::kOneRank, DType::kF32, nullptr, 3, opt);
-    } else {
-      std::unique_ptr<DirectDeviceMemory> ipc = MakeCudaDirectMemory(*gpu);
-      RunOnBackend(*gpu, Layout{W, W, W, W}, DType::kF32, ipc.get(), 3, opt);
+  for (DType wdt : {DType::kF32, DType::kBF16})
+    for (Optimizer opt : {kAdamW, kMuonF32, kMuonBf16}) {
+      SCOPED_TRACE(
+          fmt::format("{} weights, {}", DTypeName(wdt),
+                      opt.kind == OptimizerKind::kAdamW ? "adamw" : DTypeName(opt.u_dtype)));
+      if (W == 1) {
+        RunOnBackend(*gpu, testing::kOneRank, wdt, nullptr, 3, opt);
+      } else {
+        std::unique_ptr<DirectDeviceMemory> ipc = MakeCudaDirectMemory(*gpu);
+        RunOnBackend(*gpu, Layout{W, W, W, W}, wdt, ipc.get(), 3, opt);
+      }
     }
-  }
 }
 
 TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
@@ -215,17 +243,21 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   }
 }
 
-TEST(EngineBackendGpt, RefusesBf16ViewsByName) {
+TEST(EngineBackendGpt, RefusesMxfp8AndMixedViewsByName) {
   BackendGptModel model(Cpu(), TestGpt());
   std::vector<int32_t> tokens(2 * 8, 1);
   model.SetBatch(tokens.data(), tokens.data(), 2, 8);
   std::vector<uint16_t> w(1 << 16);
-  try {
-    model.Forward(0, {{w.data(), DType::kBF16}, {w.data(), DType::kBF16}});
-    ADD_FAILURE() << "bf16 weights accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--weight-dtype fp32"), std::string::npos) << e.what();
-  }
+  auto refused = [&](const std::vector<TensorRef>& v, const std::string& what) {
+    try {
+      model.Forward(0, v);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused({{w.data(), DType::kE4M3}, {w.data(), DType::kE4M3}}, "MXFP8 on a device");
+  refused({{w.data(), DType::kBF16}, {w.data(), DType::kF32}}, "one dtype per group");
   EXPECT_THROW(model.Forward(2, {}), PlanError);  // out of order
 }
 

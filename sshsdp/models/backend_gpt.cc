@@ -66,7 +66,8 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_pa
 
 BackendGpt::~BackendGpt() {
   for (void* p : {static_cast<void*>(weights_), static_cast<void*>(grads_), static_cast<void*>(m_),
-                  static_cast<void*>(v_), static_cast<void*>(acts_), static_cast<void*>(tokens_)})
+                  static_cast<void*>(v_), static_cast<void*>(acts_), static_cast<void*>(tokens_),
+                  bf16_scratch_})
     b_.Free(p);
 }
 
@@ -94,16 +95,65 @@ void BackendGpt::ReadGrads(float* host) {
   b_.CopyOut(host, grads_, static_cast<size_t>(num_params_) * sizeof(float));
 }
 
-void BackendGpt::ForwardGroup(int g, const float* const* w) {
+void BackendGpt::RequireBf16Scratch() {
+  if (bf16_scratch_) return;
+  const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
+  const int64_t x16 = BT * std::max(d, ff), dy16 = BT * std::max({3 * d, ff, Vp});
+  const int64_t wide = std::max((Vp + c_.seq_len) * d, 2 * d);
+  // bf16 counts rounded up to 32 elements: every part stays 64-byte aligned.
+  const int64_t x16r = (x16 + 31) / 32 * 32, dy16r = (dy16 + 31) / 32 * 32;
+  const size_t bytes = static_cast<size_t>((x16r + dy16r) * 2 + wide * 4);
+  bf16_scratch_ = b_.Alloc(bytes);
+  x16_ = static_cast<bf16*>(bf16_scratch_);
+  dy16_ = x16_ + x16r;
+  wide_ = reinterpret_cast<float*>(dy16_ + dy16r);
+}
+
+const float* BackendGpt::Wide(const void* w, DType w_dtype, int64_t n, float* dst) {
+  if (w_dtype == DType::kF32) return static_cast<const float*>(w);
+  b_.CastBf16ToF32(static_cast<const bf16*>(w), dst, n);
+  return dst;
+}
+
+void BackendGpt::Linear(const float* x, const void* w, DType w_dtype, float* y, int64_t m,
+                        int64_t n, int64_t k) {
+  if (w_dtype == DType::kF32) {
+    b_.Gemm(false, true, m, n, k, x, static_cast<const float*>(w), y, false);
+    return;
+  }
+  b_.CastF32ToBf16(x, x16_, m * k);
+  b_.GemmBf16(false, true, m, n, k, x16_, static_cast<const bf16*>(w), y, false);
+}
+
+void BackendGpt::LinearBackward(const float* dy, const float* x, const void* w, DType w_dtype,
+                                float* dx, float* dw, int64_t m, int64_t n, int64_t k, bool acc) {
+  if (w_dtype == DType::kF32) {
+    b_.Gemm(true, false, n, k, m, dy, x, dw, acc);
+    b_.Gemm(false, false, m, k, n, dy, static_cast<const float*>(w), dx, false);
+    return;
+  }
+  b_.CastF32ToBf16(dy, dy16_, m * n);
+  b_.CastF32ToBf16(x, x16_, m * k);
+  b_.GemmBf16(true, false, n, k, m, dy16_, x16_, dw, acc);
+  b_.GemmBf16(false, false, m, k, n, dy16_, static_cast<const bf16*>(w), dx, false);
+}
+
+void BackendGpt::ForwardGroup(int g, const void* const* w, DType wdt) {
+  SSHSDP_CHECK(wdt == DType::kF32 || wdt == DType::kBF16, ConfigError,
+               "BackendGpt: weights must be fp32 or bf16, got {}", DTypeName(wdt));
+  if (wdt == DType::kBF16) RequireBf16Scratch();
   const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
   const int H = c_.n_head, dh = c_.head_dim(), L = c_.n_layer;
   if (g == 0) {  // wte, wpe
-    b_.EmbeddingForward(w[0], w[1], tokens_, B_, T_, static_cast<int>(d), a_.residual);
+    const float* wte = Wide(w[0], wdt, Vp * d, wide_);
+    const float* wpe = Wide(w[1], wdt, c_.seq_len * d, wide_ ? wide_ + Vp * d : nullptr);
+    b_.EmbeddingForward(wte, wpe, tokens_, B_, T_, static_cast<int>(d), a_.residual);
     return;
   }
   if (g == L + 1) {  // lnf.g, lm_head; then the loss
-    b_.RmsNormForward(a_.residual + L * BT * d, w[0], a_.lnf, a_.lnf_rstd, BT, static_cast<int>(d));
-    b_.Gemm(false, true, BT, Vp, d, a_.lnf, w[1], a_.probs, false);
+    const float* gain = Wide(w[0], wdt, d, wide_);
+    b_.RmsNormForward(a_.residual + L * BT * d, gain, a_.lnf, a_.lnf_rstd, BT, static_cast<int>(d));
+    Linear(a_.lnf, w[1], wdt, a_.probs, BT, Vp, d);
     loss_ = b_.SoftmaxCrossEntropyForward(a_.probs, tokens_ + BT, a_.losses, BT, c_.vocab, Vp) /
             static_cast<double>(BT);
     return;
@@ -119,15 +169,17 @@ void BackendGpt::ForwardGroup(int g, const float* const* w) {
   float* ln2 = a_.ln2 + l * BT * d;
   float* fch = a_.fch + l * BT * ff;
   float* fch_gelu = a_.fch_gelu + l * BT * ff;
-  b_.RmsNormForward(x, w[0], ln1, a_.ln1_rstd + l * BT, BT, static_cast<int>(d));
-  b_.Gemm(false, true, BT, 3 * d, d, ln1, w[1], qkv, false);
+  const float* g1 = Wide(w[0], wdt, d, wide_);
+  const float* g2 = Wide(w[3], wdt, d, wide_ ? wide_ + d : nullptr);
+  b_.RmsNormForward(x, g1, ln1, a_.ln1_rstd + l * BT, BT, static_cast<int>(d));
+  Linear(ln1, w[1], wdt, qkv, BT, 3 * d, d);
   b_.CausalAttentionForward(qkv, atty, a_.lse + l * int64_t{B_} * H * T_, B_, T_, H, dh);
-  b_.Gemm(false, true, BT, d, d, atty, w[2], res_mid, false);
+  Linear(atty, w[2], wdt, res_mid, BT, d, d);
   b_.Add(x, res_mid, res_mid, BT * d);
-  b_.RmsNormForward(res_mid, w[3], ln2, a_.ln2_rstd + l * BT, BT, static_cast<int>(d));
-  b_.Gemm(false, true, BT, ff, d, ln2, w[4], fch, false);
+  b_.RmsNormForward(res_mid, g2, ln2, a_.ln2_rstd + l * BT, BT, static_cast<int>(d));
+  Linear(ln2, w[4], wdt, fch, BT, ff, d);
   b_.GeluForward(fch, fch_gelu, BT * ff);
-  b_.Gemm(false, true, BT, d, ff, fch_gelu, w[5], out, false);
+  Linear(fch_gelu, w[5], wdt, out, BT, d, ff);
   b_.Add(res_mid, out, out, BT * d);
 }
 
@@ -139,15 +191,19 @@ void BackendGpt::GainGrad(const float* dy, const float* x, const float* g, const
   if (acc_dg) b_.Add(dg, a_.dgain, dg, d);
 }
 
-void BackendGpt::BackwardGroup(int g, const float* const* w, float* const* grad, bool acc) {
+void BackendGpt::BackwardGroup(int g, const void* const* w, DType wdt, float* const* grad,
+                               bool acc) {
+  SSHSDP_CHECK(wdt == DType::kF32 || wdt == DType::kBF16, ConfigError,
+               "BackendGpt: weights must be fp32 or bf16, got {}", DTypeName(wdt));
+  if (wdt == DType::kBF16) RequireBf16Scratch();
   const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
   const int H = c_.n_head, dh = c_.head_dim(), L = c_.n_layer;
   if (g == L + 1) {
     b_.SoftmaxCrossEntropyBackward(a_.probs, tokens_ + BT, a_.dlogits, BT, Vp,
                                    static_cast<float>(1.0 / static_cast<double>(BT)));
-    b_.Gemm(true, false, Vp, d, BT, a_.dlogits, a_.lnf, grad[1], acc);
-    b_.Gemm(false, false, BT, d, Vp, a_.dlogits, w[1], a_.dtmp, false);
-    GainGrad(a_.dtmp, a_.residual + L * BT * d, w[0], a_.lnf_rstd, a_.dres, grad[0], false, acc);
+    LinearBackward(a_.dlogits, a_.lnf, w[1], wdt, a_.dtmp, grad[1], BT, Vp, d, acc);
+    const float* gain = Wide(w[0], wdt, d, wide_);
+    GainGrad(a_.dtmp, a_.residual + L * BT * d, gain, a_.lnf_rstd, a_.dres, grad[0], false, acc);
     return;
   }
   if (g == 0) {
@@ -164,21 +220,19 @@ void BackendGpt::BackwardGroup(int g, const float* const* w, float* const* grad,
   const float* ln2 = a_.ln2 + l * BT * d;
   const float* fch = a_.fch + l * BT * ff;
   const float* fch_gelu = a_.fch_gelu + l * BT * ff;
+  const float* g1 = Wide(w[0], wdt, d, wide_);
+  const float* g2 = Wide(w[3], wdt, d, wide_ ? wide_ + d : nullptr);
   // MLP.
-  b_.Gemm(true, false, d, ff, BT, a_.dres, fch_gelu, grad[5], acc);
-  b_.Gemm(false, false, BT, ff, d, a_.dres, w[5], a_.dfch, false);
+  LinearBackward(a_.dres, fch_gelu, w[5], wdt, a_.dfch, grad[5], BT, d, ff, acc);
   b_.GeluBackwardInPlace(fch, a_.dfch, BT * ff);
-  b_.Gemm(true, false, ff, d, BT, a_.dfch, ln2, grad[4], acc);
-  b_.Gemm(false, false, BT, d, ff, a_.dfch, w[4], a_.dtmp, false);
-  GainGrad(a_.dtmp, res_mid, w[3], a_.ln2_rstd + l * BT, a_.dres, grad[3], true, acc);
+  LinearBackward(a_.dfch, ln2, w[4], wdt, a_.dtmp, grad[4], BT, ff, d, acc);
+  GainGrad(a_.dtmp, res_mid, g2, a_.ln2_rstd + l * BT, a_.dres, grad[3], true, acc);
   // Attention.
-  b_.Gemm(true, false, d, d, BT, a_.dres, atty, grad[2], acc);
-  b_.Gemm(false, false, BT, d, d, a_.dres, w[2], a_.dtmp, false);
+  LinearBackward(a_.dres, atty, w[2], wdt, a_.dtmp, grad[2], BT, d, d, acc);
   b_.CausalAttentionBackward(a_.dtmp, qkv, atty, a_.lse + l * int64_t{B_} * H * T_, a_.dqkv, B_, T_,
                              H, dh);
-  b_.Gemm(true, false, 3 * d, d, BT, a_.dqkv, ln1, grad[1], acc);
-  b_.Gemm(false, false, BT, d, 3 * d, a_.dqkv, w[1], a_.dtmp, false);
-  GainGrad(a_.dtmp, x, w[0], a_.ln1_rstd + l * BT, a_.dres, grad[0], true, acc);
+  LinearBackward(a_.dqkv, ln1, w[1], wdt, a_.dtmp, grad[1], BT, 3 * d, d, acc);
+  GainGrad(a_.dtmp, x, g1, a_.ln1_rstd + l * BT, a_.dres, grad[0], true, acc);
 }
 
 // The group's slice of the flat buffers: group g's tensors are consecutive in tensors().
@@ -188,21 +242,21 @@ int BackendGpt::FirstTensor(int g) const {
 
 void BackendGpt::Forward() {
   for (int g = 0; g < num_groups(); ++g) {
-    std::vector<const float*> w;
+    std::vector<const void*> w;
     for (int i = FirstTensor(g); i < FirstTensor(g) + GroupTensors(g); ++i) w.push_back(W(i));
-    ForwardGroup(g, w.data());
+    ForwardGroup(g, w.data(), DType::kF32);
   }
 }
 
 void BackendGpt::Backward(bool acc) {
   for (int g = num_groups() - 1; g >= 0; --g) {
-    std::vector<const float*> w;
+    std::vector<const void*> w;
     std::vector<float*> grad;
     for (int i = FirstTensor(g); i < FirstTensor(g) + GroupTensors(g); ++i) {
       w.push_back(W(i));
       grad.push_back(G(i));
     }
-    BackwardGroup(g, w.data(), grad.data(), acc);
+    BackwardGroup(g, w.data(), DType::kF32, grad.data(), acc);
   }
 }
 

@@ -70,11 +70,15 @@ class BackendGpt {
   // Copies a batch's host tokens and targets [B, T] in (ConfigError for one outside the
   // vocabulary).
   void SetTokens(const int32_t* tokens, const int32_t* targets);
+  // Weights in w_dtype: fp32, or bf16 runtime weights as Gpt runs them — gains and embedding
+  // tables widened to fp32 on the backend, each linear layer's product taken on the bf16
+  // roundings of its fp32 operand (x forward, dy backward) and its bf16 weight, accumulated in
+  // fp32 (Backend::GemmBf16; kernels/matmul.h's Linear* contracts). Gradients are fp32.
   // Forward of group g; the last one also computes the loss (loss()).
-  void ForwardGroup(int g, const float* const* w);
+  void ForwardGroup(int g, const void* const* w, DType w_dtype);
   // Backward of group g (groups in reverse order after a whole forward): gradients
   // overwritten (acc = false) or added to.
-  void BackwardGroup(int g, const float* const* w, float* const* grad, bool acc);
+  void BackwardGroup(int g, const void* const* w, DType w_dtype, float* const* grad, bool acc);
   double loss() const { return loss_; }
   int64_t activation_bytes() const { return activation_bytes_; }
   int batch() const { return B_; }
@@ -88,6 +92,14 @@ class BackendGpt {
   // Gain gradient: overwritten, or added through the scratch row.
   void GainGrad(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
                 float* dg, bool acc_dx, bool acc_dg);
+  // w as fp32: itself, or its n bf16 values widened into dst.
+  const float* Wide(const void* w, DType w_dtype, int64_t n, float* dst);
+  // y[m,n] = x[m,k]·wᵀ, w [n,k]; and backward: dw[n,k] (=|+=) dyᵀ·x, dx[m,k] = dy·w.
+  void Linear(const float* x, const void* w, DType w_dtype, float* y, int64_t m, int64_t n,
+              int64_t k);
+  void LinearBackward(const float* dy, const float* x, const void* w, DType w_dtype, float* dx,
+                      float* dw, int64_t m, int64_t n, int64_t k, bool acc);
+  void RequireBf16Scratch();  // allocates the bf16 path's scratch on its first use
   float* W(int i) { return weights_ + tensors_[i].offset; }
   float* G(int i) { return grads_ + tensors_[i].offset; }
 
@@ -101,6 +113,11 @@ class BackendGpt {
   int64_t activation_bytes_ = 0;
   double loss_ = 0.0;
   int32_t* tokens_ = nullptr;  // [B·T] tokens, then [B·T] targets
+  // bf16 runtime weights only: the rounded operand of a product (x16_, dy16_) and widened
+  // gains or embedding tables (wide_), one allocation.
+  void* bf16_scratch_ = nullptr;
+  bf16 *x16_ = nullptr, *dy16_ = nullptr;
+  float* wide_ = nullptr;
   struct Acts {
     float *residual, *ln1, *ln1_rstd, *qkv, *lse, *atty, *res_mid, *ln2, *ln2_rstd, *fch, *fch_gelu,
         *lnf, *lnf_rstd, *probs, *losses, *dres, *dtmp, *dqkv, *dfch, *dlogits, *dgain;

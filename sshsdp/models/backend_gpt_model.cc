@@ -24,19 +24,40 @@ void BackendGptModel::SetBatch(const int32_t* tokens, const int32_t* targets, in
   loss_valid_ = false;
 }
 
-std::vector<float*> BackendGptModel::Pointers(int g, const std::vector<TensorRef>& v,
-                                              const char* what) const {
+std::vector<const void*> BackendGptModel::Weights(int g, const std::vector<TensorRef>& v,
+                                                  DType* dtype) const {
   const size_t want = static_cast<size_t>(gpt_->GroupTensors(g));
   SSHSDP_CHECK(v.size() == want, PlanError,
-               "BackendGptModel group {}: got {} {} views, expected {}", g, v.size(), what, want);
+               "BackendGptModel group {}: got {} weight views, expected {}", g, v.size(), want);
+  std::vector<const void*> p;
+  for (size_t i = 0; i < v.size(); ++i) {
+    SSHSDP_CHECK(
+        v[i].dtype == v[0].dtype && (v[i].dtype == DType::kF32 || v[i].dtype == DType::kBF16),
+        ConfigError,
+        "BackendGptModel group {}: weight view {} is {} (view 0: {}); the backend GPT "
+        "runs fp32 or bf16 runtime weights, one dtype per group (--weight-dtype fp32 or "
+        "bf16; MXFP8 on a device is not built yet)",
+        g, i, DTypeName(v[i].dtype), DTypeName(v[0].dtype));
+    SSHSDP_CHECK(v[i].data != nullptr, PlanError,
+                 "BackendGptModel group {}: weight view {} is null", g, i);
+    p.push_back(v[i].data);
+  }
+  *dtype = v.empty() ? DType::kF32 : v[0].dtype;
+  return p;
+}
+
+std::vector<float*> BackendGptModel::Grads(int g, const std::vector<TensorRef>& v) const {
+  const size_t want = static_cast<size_t>(gpt_->GroupTensors(g));
+  SSHSDP_CHECK(v.size() == want, PlanError,
+               "BackendGptModel group {}: got {} gradient views, expected {}", g, v.size(), want);
   std::vector<float*> p;
   for (size_t i = 0; i < v.size(); ++i) {
     SSHSDP_CHECK(v[i].dtype == DType::kF32, ConfigError,
-                 "BackendGptModel group {}: {} view {} is {}; the backend GPT computes in fp32 "
-                 "(run the engine with fp32 runtime weights, --weight-dtype fp32)",
-                 g, what, i, DTypeName(v[i].dtype));
-    SSHSDP_CHECK(v[i].data != nullptr, PlanError, "BackendGptModel group {}: {} view {} is null", g,
-                 what, i);
+                 "BackendGptModel group {}: gradient view {} is {}; the backend GPT writes fp32 "
+                 "gradients (--reduce fp32)",
+                 g, i, DTypeName(v[i].dtype));
+    SSHSDP_CHECK(v[i].data != nullptr, PlanError,
+                 "BackendGptModel group {}: gradient view {} is null", g, i);
     p.push_back(static_cast<float*>(v[i].data));
   }
   return p;
@@ -47,8 +68,9 @@ void BackendGptModel::Forward(int g, const std::vector<TensorRef>& w) {
   SSHSDP_CHECK(g == fwd_next_, PlanError,
                "BackendGptModel Forward({}) out of order: expected group {} (forward runs 0..{})",
                g, fwd_next_, num_groups() - 1);
-  const std::vector<float*> p = Pointers(g, w, "weight");
-  gpt_->ForwardGroup(g, p.data());
+  DType wdt = DType::kF32;
+  const std::vector<const void*> p = Weights(g, w, &wdt);
+  gpt_->ForwardGroup(g, p.data(), wdt);
   fwd_next_ = g + 1;
   if (g == num_groups() - 1) {
     loss_valid_ = true;
@@ -67,9 +89,10 @@ void BackendGptModel::Backward(int g, const std::vector<TensorRef>& w,
                "BackendGptModel Backward({}) out of order: expected group {} (backward runs "
                "{}..0 after the whole forward)",
                g, bwd_next_, num_groups() - 1);
-  const std::vector<float*> p = Pointers(g, w, "weight");
-  const std::vector<float*> d = Pointers(g, grad, "gradient");
-  gpt_->BackwardGroup(g, p.data(), d.data(), mode == GradWrite::kAccumulate);
+  DType wdt = DType::kF32;
+  const std::vector<const void*> p = Weights(g, w, &wdt);
+  const std::vector<float*> d = Grads(g, grad);
+  gpt_->BackwardGroup(g, p.data(), wdt, d.data(), mode == GradWrite::kAccumulate);
   bwd_next_ = g - 1;
 }
 

@@ -2,11 +2,12 @@
 // backend (device/backend.h) — the engine trains it like Gpt, handing it views of its flat
 // buffers, and every layer op is the backend's (BackendGpt's per-group functions). With the
 // CPU backend it gives Gpt's training run through the engine at every layout
-// (engine_backend_gpt_test); it is the model side of the engine on a GPU, where the engine's
-// views must be that backend's memory (not built yet: the engine's roots are host memory).
+// (engine_backend_gpt_test); it is the model side of the engine on a GPU (EngineConfig::backend:
+// the engine's views are then that backend's memory).
 //
-// fp32 runtime weights only (ConfigError otherwise: run the engine with --weight-dtype fp32),
-// the packed QKV layout (GptConfig::packed_qkv), no MXFP8.
+// fp32 or bf16 runtime weights (every view of a group in one dtype; bf16 as Gpt runs it: see
+// BackendGpt), fp32 gradients (ConfigError otherwise: --reduce fp32), the packed QKV layout
+// (GptConfig::packed_qkv), no MXFP8.
 //
 //   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
 //   BackendGptModel model(*cpu, GptConfig::Preset("small"));
@@ -42,7 +43,9 @@ class BackendGptModel final : public Model {
 
  private:
   // The fp32 pointers of group g's views (PlanError / ConfigError naming the view otherwise).
-  std::vector<float*> Pointers(int g, const std::vector<TensorRef>& v, const char* what) const;
+  // Weight views as pointers and their one dtype (fp32 or bf16); gradient views as fp32.
+  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype) const;
+  std::vector<float*> Grads(int g, const std::vector<TensorRef>& v) const;
 
   Backend& b_;
   Gpt spec_;  // the runtime parameters and FLOPs (no activations: never given a batch)

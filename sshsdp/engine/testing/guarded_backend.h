@@ -147,6 +147,10 @@ class GuardedBackend final : public Backend {
             float* c, bool acc) override {
     SSHSDP_GUARDED(Gemm(ta, tb, m, n, k, a, b, c, acc));
   }
+  void GemmBf16(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const bf16* a, const bf16* b,
+                float* c, bool acc) override {
+    SSHSDP_GUARDED(GemmBf16(ta, tb, m, n, k, a, b, c, acc));
+  }
   void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
                     int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
                     float scale) override {
