@@ -360,6 +360,7 @@ SaveResult SaveCheckpoint(Engine& engine, Communicator& world, const std::string
   ThrowIfAny(final_reports);
   res.bytes += final_reports[0].bytes;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  engine.ReleaseZero1Mirrors();  // a backend's host copies of its state
   return res;
 }
 

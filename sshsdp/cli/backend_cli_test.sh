@@ -2,14 +2,17 @@
 # `sshsdp train --backend` as a user runs it (cli/train_backend.h):
 #   * --help names the option and its choices;
 #   * what the engine on a backend does not run yet (MoE, MXFP8 weights, bf16 reductions,
-#     checkpoints, a layout other than ZeRO-3, an unknown backend) fails fast, by name, on every
+#     a layout other than ZeRO-3, an unknown backend) fails fast, by name, on every
 #     rank, before any collective; --backend cuda without a usable GPU says so and names the
 #     cpu backend;
 #   * --backend cpu on 2 ranks (the device code path: every root, the update's temporaries and
 #     every engine op on the backend; Muon's split units staged through the host) trains the
 #     same losses and gradient norms as the host engine (relative 1e-6 with fp32 weights, 1e-4
 #     with bf16 ones), with the same communicated bytes per step (exact), for AdamW and for
-#     Muon per head; and validation runs on it.
+#     Muon per head; and validation runs on it;
+#   * a checkpoint saved at step 2 of 4 by --backend cpu resumes on --backend cpu and on the
+#     host engine, and one saved by the host engine resumes on --backend cpu, each giving
+#     steps 3-4 the uninterrupted run's losses.
 # Usage: backend_cli_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
 bin=$1
@@ -33,8 +36,6 @@ expect_error "MXFP8 weights on a backend are refused by name" "MXFP8 weights on 
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --weight-dtype mxfp8 --steps 1
 expect_error "bf16 reductions on a backend are refused by name" "pass --reduce fp32" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --reduce bf16sr --steps 1
-expect_error "checkpoints on a backend are refused by name" "leave out --ckpt-dir, --save-every and --resume" \
-  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --ckpt-dir "$tmp" --save-every 1 --steps 1
 expect_error "a layout other than ZeRO-3 on a backend is refused by name" \
   "runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded)" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --sw 1 --sg 1 --so 2 --steps 1
@@ -78,5 +79,34 @@ timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --steps 2 --e
 rc=$?
 grep -q "val " "$tmp/eval.out" && [ -s "$tmp/w.safetensors" ] || rc=1
 check "--backend cpu: validation loss and --save-weights" $rc
+
+# Checkpoints across the backend boundary (Muon per head, bf16 weights: every state field).
+ck=(--optimizer muon --steps 4 --log-every 1)
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${ck[@]}" --backend cpu \
+  --metrics "$tmp/straight.jsonl" >/dev/null 2>&1
+check "checkpoint reference run exits 0" $?
+for saver in cpu host; do
+  rm -rf "$tmp/ck_$saver"
+  timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${ck[@]}" --backend "$saver" \
+    --save-every 2 --ckpt-dir "$tmp/ck_$saver" --metrics "$tmp/saved_$saver.jsonl" >/dev/null 2>&1
+  check "--backend $saver saves a checkpoint" $?
+  for loader in cpu host; do
+    [ "$saver" = host ] && [ "$loader" = host ] && continue
+    timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${ck[@]}" --backend "$loader" \
+      --resume "$tmp/ck_$saver/step_00000002" --metrics "$tmp/resumed.jsonl" >"$tmp/resume.out" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/resume.out" | tail -5
+    python3 - "$tmp/straight.jsonl" "$tmp/resumed.jsonl" <<'PY' || rc=1
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+want = {r["step"]: r["loss"] for r in a}
+got = {r["step"]: r["loss"] for r in b}
+assert sorted(got) == [3, 4], sorted(got)
+for s in (3, 4):
+    assert abs(got[s] - want[s]) <= 1e-4 * abs(want[s]), (s, got[s], want[s])
+PY
+    check "saved by --backend $saver, resumed by --backend $loader: steps 3-4 as uninterrupted" $rc
+  done
+done
 
 finish_checks

@@ -39,10 +39,6 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
                "device are not built yet), got --reduce {}",
                b, o.reduce);
-  SSHSDP_CHECK(o.ckpt_dir.empty() && o.resume.empty() && o.save_every == 0, ConfigError,
-               "--backend {} writes and reads no checkpoints yet: leave out --ckpt-dir, "
-               "--save-every and --resume (use --save-weights for the final weights)",
-               b);
   SSHSDP_CHECK(cfg->sw == WorldSize() && cfg->sg == WorldSize() && cfg->so == WorldSize(),
                ConfigError,
                "--backend {} runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded), got "

@@ -9,9 +9,9 @@
 //                      CUDA IPC, and may share one GPU.
 //
 // What the engine on a backend runs so far — the dense GPT presets, bf16 or fp32 runtime
-// weights, fp32 reduction, AdamW or Muon, plain ZeRO-3 (sw = sg = so = world), no checkpoints — is
-// what this accepts: anything else is refused here by name, before any collective (the layout by
-// the engine's constructor, also before any collective).
+// weights, fp32 reduction, AdamW or Muon, plain ZeRO-3 (sw = sg = so = world), checkpoints
+// (the state copied through host memory; they load on the host engine and back) — is what this
+// accepts: anything else is refused here by name, before any collective.
 //
 //   EngineConfig cfg = EngineConfigOf(o, world_size, T);
 //   DeviceRun dev = MakeDeviceRun(o, &cfg);          // sets cfg.backend, cfg.direct_device

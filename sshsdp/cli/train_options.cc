@@ -211,9 +211,9 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "cpu (the device code path on the CPU backend: checks a device run anywhere) | "
                  "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. A backend "
                  "runs the dense GPT presets, bf16 or fp32 weights, --reduce fp32, AdamW or Muon, "
-                 "plain ZeRO-3 (no --sw/--sg/--so below the world size), no "
-                 "checkpoints; several ranks on CUDA use the direct path over CUDA IPC (one "
-                 "node; ranks may share a GPU)")
+                 "plain ZeRO-3 (no --sw/--sg/--so below the world size) and checkpoints (which "
+                 "load on the host engine and back); several ranks on CUDA use the direct path "
+                 "over CUDA IPC (one node; ranks may share a GPU)")
       ->capture_default_str();
 }
 

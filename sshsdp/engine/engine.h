@@ -246,7 +246,10 @@ class Engine {
   // data.At(i)). Which member tensor each element belongs to comes from `layout` and `chain`
   // (ShardChain::Fragments(kZero1)). Each optimizer keeps only its own fields (AdamW: m, v;
   // Muon: m, in the same element layout): a field some parameters lack is packed
-  // (data.packed; At is nullptr where it is not stored — StateLayout).
+  // (data.packed; At is nullptr where it is not stored — StateLayout). On a backend
+  // (EngineConfig::backend) the arrays are host mirrors filled from the backend's memory by this
+  // call: a checkpoint load writes them and RestoreState copies them back; a save reads them and
+  // ReleaseZero1Mirrors frees them.
   struct Zero1Field {
     std::string field;
     int group = 0;
@@ -265,8 +268,11 @@ class Engine {
                                                        const std::vector<MemberPiece>& pieces,
                                                        const std::vector<Fragment>& zero1);
   // After the ZeRO-1 state was overwritten (checkpoint load): sets the optimizer step and
-  // re-runs G and the outer all-gather (or defers it, as InitWeights). Collective.
+  // re-runs G and the outer all-gather (or defers it, as InitWeights). On a backend the host
+  // mirrors of the last Zero1Fields call are copied in first. Collective.
   void RestoreState(int64_t step);
+  // Frees the host mirrors of a backend's ZeRO-1 state (after a checkpoint save read them).
+  void ReleaseZero1Mirrors() { zero1_mirrors_.clear(); }
   // Stochastic-rounding state of the bf16sr reduction, for checkpoints: every draw is a
   // function of (seed, step, stream, element), so saving {seed, step} and restoring the step
   // (RestoreState) with the same EngineConfig::sr_seed resumes the exact rounding.
@@ -382,6 +388,12 @@ class Engine {
       for (void* p : blocks) backend->Free(p);
     }
   } backend_blocks_;
+  // Zero1Fields on a backend: each state array's host copy and where it lives on the backend.
+  struct Zero1Mirror {
+    float* device = nullptr;
+    std::vector<float> host;
+  };
+  std::vector<Zero1Mirror> zero1_mirrors_;
   uint64_t activation_bytes_ = 0;
 };
 

@@ -71,6 +71,11 @@ void Engine::ZeroState(RuntimeGroup& g) {
 }
 
 void Engine::RestoreState(int64_t step) {
+  if (cfg_.backend) {  // what the checkpoint load wrote into the mirrors
+    for (const Zero1Mirror& m : zero1_mirrors_)
+      cfg_.backend->CopyIn(m.device, m.host.data(), m.host.size() * sizeof(float));
+    zero1_mirrors_.clear();
+  }
   step_ = step;
   PrepareAndGatherWeights();
 }
@@ -243,17 +248,26 @@ std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
 }
 
 std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
-  SSHSDP_CHECK(cfg_.backend == nullptr, ConfigError,
-               "checkpoints of an engine on backend {} are not built yet (its ZeRO-1 state is "
-               "device memory the checkpoint writer cannot read); train on the host to save",
-               cfg_.backend ? cfg_.backend->name() : "");
+  // On a backend: a host copy of each array (its stored elements), read after every queued op.
+  zero1_mirrors_.clear();
+  auto on_host = [&](const Zero1Array& a, size_t chunk) {
+    if (!cfg_.backend) return a;
+    Zero1Mirror& m = zero1_mirrors_.emplace_back();
+    m.device = a.data;
+    m.host.resize(a.packed ? a.stored() : chunk);
+    cfg_.backend->CopyOut(m.host.data(), a.data, m.host.size() * sizeof(float));
+    Zero1Array h = a;
+    h.data = m.host.data();
+    return h;
+  };
   std::vector<Zero1Field> out;
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
     const int gi = g.layout.group;
-    out.push_back({"main", gi, g.main_z1, g.z1, &g.layout, g.chain.get(), &g.pieces});
+    out.push_back(
+        {"main", gi, on_host(g.main_z1, g.z1.size()), g.z1, &g.layout, g.chain.get(), &g.pieces});
     for (const auto& [name, a] : g.opt_state)
-      out.push_back({name, gi, a, g.z1, &g.layout, g.chain.get(), &g.pieces});
+      out.push_back({name, gi, on_host(a, g.z1.size()), g.z1, &g.layout, g.chain.get(), &g.pieces});
   }
   return out;
 }
