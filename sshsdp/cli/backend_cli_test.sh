@@ -2,7 +2,7 @@
 # `sshsdp train --backend` as a user runs it (cli/train_backend.h):
 #   * --help names the option and its choices;
 #   * what the engine on a backend does not run yet (MoE, MXFP8 weights, bf16 reductions,
-#     a layout other than ZeRO-3, an unknown backend) fails fast, by name, on every
+#     a layout other than ZeRO-3, an unknown backend) and NCCL on host memory fails fast, by name, on every
 #     rank, before any collective; --backend cuda without a usable GPU says so and names the
 #     cpu backend;
 #   * --backend cpu on 2 ranks (the device code path: every root, the update's temporaries and
@@ -39,6 +39,11 @@ expect_error "bf16 reductions on a backend are refused by name" "pass --reduce f
 expect_error "a layout other than ZeRO-3 on a backend is refused by name" \
   "runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded)" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --sw 1 --sg 1 --so 2 --steps 1
+expect_error "--comm-path nccl on the host engine is refused by name" "comm_path=nccl moves device buffers" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --comm-path nccl --steps 1
+expect_error "--comm-path nccl on the CPU backend (host memory) is refused by name" \
+  "comm_path=nccl moves device buffers" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --comm-path nccl --steps 1
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_error "--backend cuda without a usable GPU names the cpu backend" "use the cpu backend" \
     "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cuda --steps 1

@@ -53,12 +53,19 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
     dev.backend = MakeBackend(b);  // DeviceError naming why (no CUDA in this build, no GPU)
   }
   cfg->backend = dev.backend.get();
-  if (WorldSize() > 1 && !dev.backend->host_memory()) {
+  // A device on several ranks: NCCL when asked for or when the ranks span nodes, else the
+  // direct path over CUDA IPC (one node; ranks may share a GPU, which NCCL < 2.30 refuses).
+  const int W = WorldSize();
+  const bool one_node = cfg->ranks_per_node == 0 || cfg->ranks_per_node >= W;
+  if (W > 1 && !dev.backend->host_memory() && o.comm_path != "nccl" && one_node) {
     dev.direct = MakeCudaDirectMemory(*dev.backend);
     cfg->comm_path = CommPath::kDirect;
     cfg->direct_device = dev.direct.get();
     if (o.comm_path != "direct")
       dev.notes.push_back("comm path direct: device buffers move over CUDA IPC (one node)");
+  } else if (W > 1 && !dev.backend->host_memory()) {
+    cfg->comm_path = CommPath::kNccl;
+    if (o.comm_path != "nccl") dev.notes.push_back("comm path nccl: the ranks span several nodes");
   }
   return dev;
 }

@@ -204,7 +204,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "per-microbatch all-gather / reduce-scatter: collective (ring collectives) | "
                  "direct (ZeroSM: registered windows, one-sided transfers, inter-node-first "
                  "all-gather, node-local reduction first; needs ZeRO-3/ZeRO-2 groups spread "
-                 "evenly over --ranks-per-node nodes)")
+                 "evenly over --ranks-per-node nodes) | nccl (NCCL on device buffers: --backend "
+                 "cuda only; its default when the ranks span nodes, else direct over CUDA IPC)")
       ->capture_default_str();
   app.add_option("--backend", o.backend,
                  "where the engine and the model run: host (the host engine, every feature) | "

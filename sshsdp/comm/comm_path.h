@@ -5,6 +5,7 @@
 //   kCollective  ring collectives over MPI point-to-point (MpiCommunicator)
 //   kDirect      the paper's ZeroSM path on CPU: registered windows, one-sided transfers,
 //                inter-node-first all-gather, node-local reduction first (DirectCommunicator)
+//   kNccl        NCCL on a device backend's buffers, any number of nodes (NcclCommunicator)
 //
 //   CommPath p = ParseCommPath("direct");   // ConfigError naming the accepted values otherwise
 #pragma once
@@ -16,12 +17,13 @@
 
 namespace sshsdp {
 
-enum class CommPath { kCollective = 0, kDirect = 1 };
+enum class CommPath { kCollective = 0, kDirect = 1, kNccl = 2 };
 
 inline CommPath ParseCommPath(std::string_view s) {
   if (s == "collective") return CommPath::kCollective;
   if (s == "direct") return CommPath::kDirect;
-  throw ConfigError(fmt::format("unknown comm path '{}': use collective or direct", s));
+  if (s == "nccl") return CommPath::kNccl;
+  throw ConfigError(fmt::format("unknown comm path '{}': use collective, direct or nccl", s));
 }
 
 }  // namespace sshsdp

@@ -10,6 +10,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/direct_communicator.h"
+#include "sshsdp/device/nccl_communicator.h"
 #include "sshsdp/engine/engine_internal.h"
 #include "sshsdp/engine/mx_weights.h"
 
@@ -44,6 +45,12 @@ std::unique_ptr<DataNode> Engine::Buffer(const std::string& name, size_t bytes,
 }
 
 void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
+  SSHSDP_CHECK(cfg.comm_path != CommPath::kNccl || (cfg.backend && !cfg.backend->host_memory()),
+               ConfigError,
+               "comm_path=nccl moves device buffers: it needs the engine on a device backend "
+               "(EngineConfig::backend, `sshsdp train --backend cuda`), got {}",
+               cfg.backend ? "backend " + cfg.backend->name() + " (host memory)"
+                           : std::string("the host engine"));
   if (!cfg.backend) return;
   const std::string b = cfg.backend->name();
   const Redundancies& R = cfg.redundancies;
@@ -67,14 +74,14 @@ void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
                "the engine on backend {} with {} ranks runs plain ZeRO-3 (sw = sg = so = {}) so "
                "far, got {}: the outer phase's collectives on device memory are not built yet",
                b, topo.world(), topo.world(), topo.ToString());
-  // Host memory (the CPU backend) moves over any communication path; a device's only over the
-  // direct path with its DirectDeviceMemory.
-  SSHSDP_CHECK(cfg.backend->host_memory() ||
+  // Host memory (the CPU backend) moves over MPI's paths; a device's over the direct path with
+  // its DirectDeviceMemory (one node) or over NCCL.
+  SSHSDP_CHECK(cfg.backend->host_memory() || cfg.comm_path == CommPath::kNccl ||
                    (cfg.comm_path == CommPath::kDirect && cfg.direct_device != nullptr),
                ConfigError,
-               "the engine on backend {} with {} ranks moves device buffers on the direct path: "
-               "set comm_path=direct and direct_device (one node; NCCL is not wired into the "
-               "engine yet)",
+               "the engine on backend {} with {} ranks moves device buffers over NCCL "
+               "(comm_path=nccl) or on the direct path (comm_path=direct with direct_device, "
+               "one node)",
                b, topo.world());
 }
 
@@ -200,6 +207,14 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   rt_zero3_ = split(*rt_dup_, sshsdp::Group::kZero3);
   rt_zero2_ = split(*rt_dup_, sshsdp::Group::kZero2);
   if (cfg_.comm_path == CommPath::kDirect) SetUpDirectPath();
+  if (cfg_.comm_path == CommPath::kNccl) {
+    // The comm thread's ZeRO-3 / ZeRO-2 groups over NCCL on the backend's device (collective
+    // over each group; a missing NCCL or shared GPUs fail every member alike). The other groups
+    // stay on MPI: they carry host memory (norms, the update's staged exchanges).
+    const int rpn = topo_.ranks_per_node();
+    rt_zero3_ = NcclCommunicator::Create(std::move(rt_zero3_), cfg_.backend, rpn);
+    rt_zero2_ = NcclCommunicator::Create(std::move(rt_zero2_), cfg_.backend, rpn);
+  }
   up_replica_rs_ = split(world_, sshsdp::Group::kReplicaRS);
   up_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
   up_hsdp_ = split(world_, sshsdp::Group::kHsdp);

@@ -125,7 +125,8 @@ struct EngineConfig {
   // (comm_path.h): ring collectives, or the direct (ZeroSM) path — gather buffers and G′ in
   // registered windows, one-sided transfers, inter-node-first all-gather, node-local reduction
   // before the inter-node exchange (direct_communicator.h). Needs ZeRO-3 and ZeRO-2 groups
-  // spread evenly over nodes (LayoutError at construction otherwise).
+  // spread evenly over nodes (LayoutError at construction otherwise); or NCCL, for the engine
+  // on a device backend only (ConfigError otherwise).
   CommPath comm_path = CommPath::kCollective;
   // A step whose loss or gradient norm is not finite (both are already all-reduced, so every
   // rank sees the same): kStop throws NonFiniteError on every rank before the update is
@@ -143,8 +144,9 @@ struct EngineConfig {
   // host memory. What it runs so far (ConfigError naming the setting otherwise, at
   // construction): fp32 reduction, the flat layout without the baselines' redundancies, no
   // MXFP8, no checkpoints; several ranks only as plain ZeRO-3 (sw = sg = so = world), a
-  // device's memory on the direct path over `direct_device` (one node), a backend with host
-  // memory (Backend::host_memory: the CPU backend) over any path.
+  // device's memory on the direct path over `direct_device` (one node) or over NCCL
+  // (comm_path = nccl: the runtime ZeRO-3 / ZeRO-2 groups become NcclCommunicators, any node
+  // count), a backend with host memory (Backend::host_memory: the CPU backend) over MPI.
   Backend* backend = nullptr;
   DirectDeviceMemory* direct_device = nullptr;
 };

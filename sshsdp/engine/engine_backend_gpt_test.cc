@@ -11,8 +11,8 @@
 // path with shared memory standing in for the device (comm/testing/shm_device_memory.h).
 // The CPU backend (host memory) on several ranks runs over MPI without the direct path.
 // With SSHSDP_TEST_BACKEND=cuda, EngineOnBackend.OnTheCudaBackend runs the same comparison on
-// this rank's GPU (several ranks sharing one GPU over CUDA IPC): ctest's *_cuda entries, label
-// gpu, skipped without one.
+// this rank's GPU (several ranks sharing one GPU over CUDA IPC; and over NCCL on one rank or
+// one GPU per rank): ctest's *_cuda entries, label gpu, skipped without one.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -86,7 +86,7 @@ constexpr Optimizer kMuonBf16{OptimizerKind::kMuon, DType::kBF16};
 // tolerances. Muon: the bytes of split units' fragments are the host path's (staged through
 // host memory, counted alike).
 void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemory* direct,
-                  int steps, Optimizer opt = kAdamW) {
+                  int steps, Optimizer opt = kAdamW, bool nccl = false) {
   testing::ParityCase c;
   c.layout = l;
   int made = 0;
@@ -110,6 +110,7 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
     c.cfg.comm_path = CommPath::kDirect;
     c.cfg.direct_device = direct;
   }
+  if (nccl) c.cfg.comm_path = CommPath::kNccl;
   c.steps = steps;
   testing::ParityRun run(c);
   run.Run([&](const testing::StepDiff& d) {
@@ -218,6 +219,13 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
         RunOnBackend(*gpu, Layout{W, W, W, W}, wdt, ipc.get(), 3, opt);
       }
     }
+  // The runtime collectives over NCCL: one rank, or one GPU per rank (NCCL < 2.30 refuses
+  // ranks sharing a GPU, which the direct path above covers).
+  if (W == 1 || CudaDeviceCount() >= W) {
+    SCOPED_TRACE("comm_path=nccl");
+    RunOnBackend(*gpu, W == 1 ? testing::kOneRank : Layout{W, W, W, W}, DType::kBF16, nullptr, 3,
+                 kMuonBf16, /*nccl=*/true);
+  }
 }
 
 TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
@@ -237,6 +245,16 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   EngineConfig bf16_reduce = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
   bf16_reduce.reduce = ReduceMode::kBf16Fp32;
   refused(bf16_reduce, "--reduce fp32");
+  EngineConfig nccl = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
+  nccl.comm_path = CommPath::kNccl;
+  refused(nccl, "comm_path=nccl moves device buffers");  // the CPU backend: host memory
+  try {                                                  // and the host engine
+    Gpt host_model(TestGpt());
+    Engine e(host_model, *world, nccl);
+    ADD_FAILURE() << "the host engine accepted comm_path=nccl";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the host engine"), std::string::npos) << e.what();
+  }
   if (W > 1) {
     refused(BaseConfig(Layout{W, W, W, W}, 1, DType::kF32), "comm_path=direct", &device);
     if (W % 2 == 0) refused(BaseConfig(Layout{W / 2, W / 2, W / 2, W}, 1, DType::kF32), "ZeRO-3");
