@@ -44,9 +44,10 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
   // others waiting, and all ranks must have resolved the same step.
   const Manifest& m = res.manifest;
   std::set<std::string> used;
-  const std::vector<Engine::Zero1Field> fields = engine.Zero1Fields();
+  std::vector<Engine::Zero1Field> fields;
   const std::vector<Report> agreed = Exchange(
       world, Try([&](Report& rep) {
+        fields = engine.Zero1Fields();  // on a backend: host copies, which may fail here
         res.manifest = ReadManifest(ResolveCheckpoint(path));
         const std::vector<std::string> diffs = JsonDifferences(m.meta.model, model);
         SSHSDP_CHECK(diffs.empty(), ConfigError,

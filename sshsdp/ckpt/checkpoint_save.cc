@@ -277,11 +277,18 @@ SaveResult SaveCheckpoint(Engine& engine, Communicator& world, const std::string
   const int64_t step = engine.step();
   const std::string final_dir = (fs::path(root) / StepDirName(step)).string();
   const std::string tmp_dir = final_dir + ".tmp";
-  const std::vector<Engine::Zero1Field> fields = engine.Zero1Fields();
+  // On a backend the state is copied to host mirrors (which may fail on one rank: inside the
+  // agreement), released however the save ends.
+  std::vector<Engine::Zero1Field> fields;
+  struct ReleaseMirrors {
+    Engine& e;
+    ~ReleaseMirrors() { e.ReleaseZero1Mirrors(); }
+  } release{engine};
   const std::string layout = topo.ToString();
 
   // 1. Rank 0 prepares an empty temporary directory (removing leftovers of crashed saves).
   Agree(world, Try([&](Report&) {
+          fields = engine.Zero1Fields();
           if (rank != 0) return;
           std::error_code ec;
           fs::create_directories(root, ec);
@@ -360,7 +367,6 @@ SaveResult SaveCheckpoint(Engine& engine, Communicator& world, const std::string
   ThrowIfAny(final_reports);
   res.bytes += final_reports[0].bytes;
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  engine.ReleaseZero1Mirrors();  // a backend's host copies of its state
   return res;
 }
 

@@ -113,5 +113,11 @@ PY
     check "saved by --backend $saver, resumed by --backend $loader: steps 3-4 as uninterrupted" $rc
   done
 done
+# Where a run executes is per launch: a resume without --backend runs on the host engine.
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --optimizer muon --steps 3 \
+  --resume "$tmp/ck_cpu/step_00000002" >"$tmp/resume.out" 2>&1
+rc=$?
+grep -q "| backend" "$tmp/resume.out" && rc=1
+check "a checkpoint saved by --backend cpu resumes on the host engine without --backend" $rc
 
 finish_checks

@@ -84,13 +84,15 @@ GemmPeak MeasureJobGemmPeak(Communicator& world, DType dtype, double pinned_gflo
   return peak;
 }
 
-GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, double pinned_gflops,
-                                int rounds, int64_t size) {
+GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, DType dtype,
+                                double pinned_gflops, int rounds, int64_t size) {
+  const bool b16 = dtype == DType::kBF16;
   GemmPeak peak =
-      Start(world, fmt::format("fp32 GEMM on backend {}", backend.name()), pinned_gflops, rounds);
+      Start(world, fmt::format("{} GEMM on backend {}", b16 ? "bf16" : "fp32", backend.name()),
+            pinned_gflops, rounds);
   if (peak.pinned) return peak;
   SSHSDP_CHECK(size >= 1, ConfigError, "MeasureBackendGemmPeak: size {}", size);
-  const size_t bytes = static_cast<size_t>(size * size) * sizeof(float);
+  const int64_t n = size * size;
   struct Matrices {
     Backend& b;
     float* m[3] = {};
@@ -99,13 +101,23 @@ GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, double pi
     }
   } mats{backend};
   for (float*& p : mats.m) {
-    p = static_cast<float*>(backend.Alloc(bytes));
-    backend.Fill(p, size * size, 0.5f);
+    p = static_cast<float*>(backend.Alloc(static_cast<size_t>(n) * sizeof(float)));
+    backend.Fill(p, n, 0.5f);
+  }
+  // bf16 operands: the fp32 fills cast into the first halves of A's and B's buffers.
+  bf16* a16 = reinterpret_cast<bf16*>(mats.m[0]);
+  bf16* b16p = reinterpret_cast<bf16*>(mats.m[1]);
+  if (b16) {
+    backend.CastF32ToBf16(mats.m[2], a16, n);
+    backend.CastF32ToBf16(mats.m[2], b16p, n);
   }
   MeasureRounds(
       world,
       [&] {
-        backend.Gemm(false, false, size, size, size, mats.m[0], mats.m[1], mats.m[2], false);
+        if (b16)
+          backend.GemmBf16(false, false, size, size, size, a16, b16p, mats.m[2], false);
+        else
+          backend.Gemm(false, false, size, size, size, mats.m[0], mats.m[1], mats.m[2], false);
         backend.Synchronize();
       },
       2.0 * static_cast<double>(size) * size * size, rounds, &peak);

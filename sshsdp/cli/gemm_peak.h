@@ -36,10 +36,11 @@ struct GemmPeak {
 // measures nothing; otherwise `rounds` rounds of one size³ product per rank.
 GemmPeak MeasureJobGemmPeak(Communicator& world, DType dtype, double pinned_gflops, int rounds = 9,
                             int64_t size = 1024);
-// The same over a device backend's fp32 Gemm (`sshsdp train --backend`), each product waited
-// for (Synchronize) inside its round.
-GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, double pinned_gflops,
-                                int rounds = 9, int64_t size = 1024);
+// The same over a device backend's Gemm (fp32) or GemmBf16 (bf16 `dtype`: the bf16 runtime
+// weights' products) for `sshsdp train --backend`, each product waited for (Synchronize)
+// inside its round.
+GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, DType dtype,
+                                double pinned_gflops, int rounds = 9, int64_t size = 1024);
 
 // "63.1%"; above 100 % the figure is followed by a note that the peak was under-measured
 // and how to pin it (an MFU above 100 % is never printed bare).

@@ -67,13 +67,11 @@ std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string
 }
 
 std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml) {
-  static const std::set<std::string> kLaunchOnly = {"resume",      "config",
-                                                    "dump-config", "init-weights",
-                                                    "fault",       "ckpt-fault",
-                                                    "sw",          "sg",
-                                                    "so",          "ranks-per-node",
-                                                    "help",        "trace",
-                                                    "trace-steps"};  // a trace is per launch
+  static const std::set<std::string> kLaunchOnly = {
+      "resume",      "config", "dump-config", "init-weights",   "fault", "ckpt-fault",
+      "sw",          "sg",     "so",          "ranks-per-node", "help",  "trace",
+      "trace-steps",  // a trace is per launch
+      "backend"};     // where it runs, too
   std::istringstream in(recorded_toml);
   std::vector<CLI::ConfigItem> items;
   try {

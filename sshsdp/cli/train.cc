@@ -294,9 +294,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     }
 
     // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak.
-    // On a backend: its fp32 GEMM.
+    // On a backend: its GEMM of the weights' dtype.
     const GemmPeak gemm_peak =
-        dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, o.gemm_peak, 9,
+        dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, cfg.weight_dtype, o.gemm_peak, 9,
                                              dev.backend->host_memory() ? 1024 : 4096)
                     : MeasureJobGemmPeak(
                           *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,

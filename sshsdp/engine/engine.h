@@ -143,9 +143,9 @@ struct EngineConfig {
   // as its ops; the model must compute on the same backend (models/backend_gpt_model.h). Null:
   // host memory. What it runs so far (ConfigError naming the setting otherwise, at
   // construction): fp32 reduction, the flat layout without the baselines' redundancies, no
-  // MXFP8, no checkpoints; several ranks only as plain ZeRO-3 (sw = sg = so = world), a
-  // device's memory on the direct path over `direct_device` (one node) or over NCCL
-  // (comm_path = nccl: the runtime ZeRO-3 / ZeRO-2 groups become NcclCommunicators, any node
+  // MXFP8; checkpoints through host mirrors (Zero1Fields); several ranks only as plain ZeRO-3 (sw =
+  // sg = so = world), a device's memory on the direct path over `direct_device` (one node) or over
+  // NCCL (comm_path = nccl: the runtime ZeRO-3 / ZeRO-2 groups become NcclCommunicators, any node
   // count), a backend with host memory (Backend::host_memory: the CPU backend) over MPI.
   Backend* backend = nullptr;
   DirectDeviceMemory* direct_device = nullptr;

@@ -104,6 +104,7 @@ void BackendGpt::RequireBf16Scratch() {
   const int64_t x16r = (x16 + 31) / 32 * 32, dy16r = (dy16 + 31) / 32 * 32;
   const size_t bytes = static_cast<size_t>((x16r + dy16r) * 2 + wide * 4);
   bf16_scratch_ = b_.Alloc(bytes);
+  activation_bytes_ += static_cast<int64_t>(bytes);  // the model's memory: reported with it
   x16_ = static_cast<bf16*>(bf16_scratch_);
   dy16_ = x16_ + x16r;
   wide_ = reinterpret_cast<float*>(dy16_ + dy16r);

@@ -80,6 +80,7 @@ class BackendGpt {
   // overwritten (acc = false) or added to.
   void BackwardGroup(int g, const void* const* w, DType w_dtype, float* const* grad, bool acc);
   double loss() const { return loss_; }
+  // Activations, and the bf16 path's scratch once a bf16 weight was seen.
   int64_t activation_bytes() const { return activation_bytes_; }
   int batch() const { return B_; }
   int seq_len() const { return T_; }
