@@ -162,6 +162,8 @@ UpdateExecutor::UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
 
 UpdateExecutor::~UpdateExecutor() {
   for (auto& r : roots_) r->Release();
+  for (void* p : device_blocks_)
+    if (p) device_.free(p);
 }
 
 const UnitPiece* UpdateExecutor::MyPiece(int unit) const {
@@ -293,23 +295,32 @@ void UpdateExecutor::AllocateRoots() {
     for (auto& r : roots_) r->Allocate(account_, kUpdateTemporaries);
     return;
   }
-  for (auto& r : roots_) {
-    void* p = r->bytes() ? device_.alloc(r->bytes()) : nullptr;
-    device_blocks_.push_back(p);
-    if (account_) account_->Allocate(kUpdateTemporaries, r->bytes());
-    if (p) r->AttachExternal(p, r->bytes());
+  // Device memory is allocated at the first Run and kept (an allocation and a free per step
+  // would synchronize the device each time), accounted while the update uses it, as host roots.
+  if (device_blocks_.empty() && !roots_.empty()) {
+    std::vector<void*> blocks;
+    try {
+      for (auto& r : roots_) blocks.push_back(r->bytes() ? device_.alloc(r->bytes()) : nullptr);
+    } catch (...) {
+      for (void* p : blocks)
+        if (p) device_.free(p);
+      throw;
+    }
+    device_blocks_ = std::move(blocks);
+  }
+  for (size_t i = 0; i < roots_.size(); ++i) {
+    if (account_) account_->Allocate(kUpdateTemporaries, roots_[i]->bytes());
+    roots_accounted_ = i + 1;
+    if (device_blocks_[i]) roots_[i]->AttachExternal(device_blocks_[i], roots_[i]->bytes());
   }
 }
 
 void UpdateExecutor::ReleaseRoots() {
   for (size_t i = 0; i < roots_.size(); ++i) {
     roots_[i]->Release();
-    if (i < device_blocks_.size()) {
-      if (device_blocks_[i]) device_.free(device_blocks_[i]);
-      if (account_) account_->Free(kUpdateTemporaries, roots_[i]->bytes());
-    }
+    if (i < roots_accounted_ && account_) account_->Free(kUpdateTemporaries, roots_[i]->bytes());
   }
-  device_blocks_.clear();
+  roots_accounted_ = 0;
 }
 
 void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState& scalars) {
