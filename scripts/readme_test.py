@@ -12,8 +12,8 @@ Scaling, so the whole README runs in a couple of minutes on 2 cores:
     (appended flags: sshsdp takes the last value of an option); `sshsdp bench` likewise;
   * mpirun gets the test's launcher arguments (oversubscription, root);
   * the benchmark binaries get their smallest sizes; optional `[...]` arguments are dropped.
-Blocks that cannot run here are reported, not passed: scripts/test.sh (it is CI itself) and
-the real-PyTorch peer (downloads PyTorch); the sbatch script is checked with bash -n and its
+Blocks that cannot run here are reported, not passed: scripts/test.sh (it is CI itself), the
+real-PyTorch peer (downloads PyTorch), and the GPU lines (gpu_check.sh, --backend cuda); the sbatch script is checked with bash -n and its
 srun line's options are parsed. The README's data files (out/train.bin, out/val.bin) are
 GPT-2-sized fixtures. Exit status: the number of failed blocks.
 """
@@ -37,6 +37,8 @@ NOT_RUN = {
     "bench/eager_sweep.sh": "runs bench/peers/run_fsdp2_peer.sh (PyTorch) over a sweep",
     "scripts/gpu_check.sh": "needs a GPU machine (ctest's device_backend_test_cpu runs the same "
                             "checks on the CPU backend; the _cuda entry reports skipped here)",
+    "--backend cuda": "needs a GPU machine (the line's --backend cpu twin runs: the same engine "
+                      "code on the CPU backend)",
 }
 
 
