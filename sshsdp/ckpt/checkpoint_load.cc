@@ -45,6 +45,10 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
   const Manifest& m = res.manifest;
   std::set<std::string> used;
   std::vector<Engine::Zero1Field> fields;
+  struct ReleaseMirrors {  // a backend's host copies of its state, however the load ends
+    Engine& e;
+    ~ReleaseMirrors() { e.ReleaseZero1Mirrors(); }
+  } release{engine};
   const std::vector<Report> agreed = Exchange(
       world, Try([&](Report& rep) {
         fields = engine.Zero1Fields();  // on a backend: host copies, which may fail here
@@ -142,6 +146,7 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
                            m.ManifestPath(), t.name, sp.begin, sp.end());
             }
           }
+          engine.UploadZero1Mirrors();  // on a backend: the state into its memory, agreed
         }));
   engine.RestoreState(m.step);  // collective: G + outer all-gather
 

@@ -71,7 +71,8 @@ std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& 
       "resume",      "config", "dump-config", "init-weights",   "fault", "ckpt-fault",
       "sw",          "sg",     "so",          "ranks-per-node", "help",  "trace",
       "trace-steps",  // a trace is per launch
-      "backend"};     // where it runs, too
+      "backend",      // where it runs, and how its collectives move, too
+      "comm-path"};
   std::istringstream in(recorded_toml);
   std::vector<CLI::ConfigItem> items;
   try {

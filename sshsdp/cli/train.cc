@@ -133,8 +133,6 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     EngineConfig cfg = EngineConfigOf(o, WorldSize(), T);
     if (!o.trace.empty()) cfg.tracer = &tracer;
     ValidateEngineConfig(cfg);  // hyperparameter ranges, before any collective
-    // --backend: the engine on a device backend (what it does not run is refused by name).
-    const DeviceRun dev = MakeDeviceRun(o, &cfg);
     LrSchedule schedule;
     schedule.kind = LrSchedule::Parse(o.lr_schedule);
     schedule.warmup = o.warmup;
@@ -207,6 +205,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // Validates the layout against the world size (LayoutError names the numbers).
     Topology check(world_size, cfg.ranks_per_node ? cfg.ranks_per_node : world_size, cfg.sw, cfg.sg,
                    cfg.so);
+    // --backend: the engine on a device backend, at the final layout (a resume's included; what
+    // it does not run is refused by name, before any collective).
+    const DeviceRun dev = MakeDeviceRun(o, &cfg);
     std::unique_ptr<Model> model_owner = MakeRunModel(o, gc, dev);  // Gpt, MoeGpt, BackendGpt
     Model& model = *model_owner;
     std::map<std::string, std::vector<float>> init;

@@ -57,6 +57,10 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
   // direct path over CUDA IPC (one node; ranks may share a GPU, which NCCL < 2.30 refuses).
   const int W = WorldSize();
   const bool one_node = cfg->ranks_per_node == 0 || cfg->ranks_per_node >= W;
+  SSHSDP_CHECK(one_node || o.comm_path != "direct" || dev.backend->host_memory(), ConfigError,
+               "--backend {} --comm-path direct moves device buffers over CUDA IPC, on one node; "
+               "these {} ranks span nodes of {}: use --comm-path nccl (the default there)",
+               b, W, cfg->ranks_per_node);
   if (W > 1 && !dev.backend->host_memory() && o.comm_path != "nccl" && one_node) {
     dev.direct = MakeCudaDirectMemory(*dev.backend);
     cfg->comm_path = CommPath::kDirect;

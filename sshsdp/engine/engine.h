@@ -250,8 +250,8 @@ class Engine {
   // Muon: m, in the same element layout): a field some parameters lack is packed
   // (data.packed; At is nullptr where it is not stored — StateLayout). On a backend
   // (EngineConfig::backend) the arrays are host mirrors filled from the backend's memory by this
-  // call: a checkpoint load writes them and RestoreState copies them back; a save reads them and
-  // ReleaseZero1Mirrors frees them.
+  // call: a checkpoint load writes them and UploadZero1Mirrors copies them back; a save reads
+  // them and ReleaseZero1Mirrors frees them.
   struct Zero1Field {
     std::string field;
     int group = 0;
@@ -270,9 +270,11 @@ class Engine {
                                                        const std::vector<MemberPiece>& pieces,
                                                        const std::vector<Fragment>& zero1);
   // After the ZeRO-1 state was overwritten (checkpoint load): sets the optimizer step and
-  // re-runs G and the outer all-gather (or defers it, as InitWeights). On a backend the host
-  // mirrors of the last Zero1Fields call are copied in first. Collective.
+  // re-runs G and the outer all-gather (or defers it, as InitWeights). Collective.
   void RestoreState(int64_t step);
+  // On a backend: copies the host mirrors of the last Zero1Fields call into its memory (after a
+  // checkpoint load wrote them; DeviceError if a copy fails), then frees them. Local.
+  void UploadZero1Mirrors();
   // Frees the host mirrors of a backend's ZeRO-1 state (after a checkpoint save read them).
   void ReleaseZero1Mirrors() { zero1_mirrors_.clear(); }
   // Stochastic-rounding state of the bf16sr reduction, for checkpoints: every draw is a

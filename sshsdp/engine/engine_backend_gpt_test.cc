@@ -25,6 +25,7 @@
 #include "sshsdp/comm/testing/shm_device_memory.h"
 #include "sshsdp/device/backend.h"
 #include "sshsdp/device/cuda_direct_memory.h"
+#include "sshsdp/device/nccl_communicator.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
 #include "sshsdp/engine/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
@@ -223,7 +224,8 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
     }
   // The runtime collectives over NCCL: one rank, or one GPU per rank (NCCL < 2.30 refuses
   // ranks sharing a GPU, which the direct path above covers).
-  if (W == 1 || CudaDeviceCount() >= W) {
+  const bool nccl = NcclCompiled() && !NcclVersion().starts_with("not loaded");
+  if (nccl && (W == 1 || CudaDeviceCount() >= W)) {
     SCOPED_TRACE("comm_path=nccl");
     RunOnBackend(*gpu, W == 1 ? testing::kOneRank : Layout{W, W, W, W}, DType::kBF16, nullptr, 3,
                  kMuonBf16, /*nccl=*/true);

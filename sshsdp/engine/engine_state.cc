@@ -70,12 +70,14 @@ void Engine::ZeroState(RuntimeGroup& g) {
   }
 }
 
-void Engine::RestoreState(int64_t step) {
-  if (cfg_.backend) {  // what the checkpoint load wrote into the mirrors
+void Engine::UploadZero1Mirrors() {
+  if (cfg_.backend)  // what a checkpoint load wrote into the mirrors
     for (const Zero1Mirror& m : zero1_mirrors_)
       cfg_.backend->CopyIn(m.device, m.host.data(), m.host.size() * sizeof(float));
-    zero1_mirrors_.clear();
-  }
+  zero1_mirrors_.clear();
+}
+
+void Engine::RestoreState(int64_t step) {
   step_ = step;
   PrepareAndGatherWeights();
 }

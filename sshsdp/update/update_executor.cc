@@ -162,8 +162,10 @@ UpdateExecutor::UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
 
 UpdateExecutor::~UpdateExecutor() {
   for (auto& r : roots_) r->Release();
+  if (device_blocks_.empty()) return;
   for (void* p : device_blocks_)
     if (p) device_.free(p);
+  if (account_) account_->Free(kUpdateTemporaries, temporary_bytes());
 }
 
 const UnitPiece* UpdateExecutor::MyPiece(int unit) const {
@@ -295,8 +297,9 @@ void UpdateExecutor::AllocateRoots() {
     for (auto& r : roots_) r->Allocate(account_, kUpdateTemporaries);
     return;
   }
-  // Device memory is allocated at the first Run and kept (an allocation and a free per step
-  // would synchronize the device each time), accounted while the update uses it, as host roots.
+  // Device memory is allocated at the first Run and kept until the executor goes (an
+  // allocation and a free per step would synchronize the device each time), and accounted for
+  // all that time: it is held through forward and backward too.
   if (device_blocks_.empty() && !roots_.empty()) {
     std::vector<void*> blocks;
     try {
@@ -307,20 +310,14 @@ void UpdateExecutor::AllocateRoots() {
       throw;
     }
     device_blocks_ = std::move(blocks);
+    if (account_) account_->Allocate(kUpdateTemporaries, temporary_bytes());
   }
-  for (size_t i = 0; i < roots_.size(); ++i) {
-    if (account_) account_->Allocate(kUpdateTemporaries, roots_[i]->bytes());
-    roots_accounted_ = i + 1;
+  for (size_t i = 0; i < roots_.size(); ++i)
     if (device_blocks_[i]) roots_[i]->AttachExternal(device_blocks_[i], roots_[i]->bytes());
-  }
 }
 
 void UpdateExecutor::ReleaseRoots() {
-  for (size_t i = 0; i < roots_.size(); ++i) {
-    roots_[i]->Release();
-    if (i < roots_accounted_ && account_) account_->Free(kUpdateTemporaries, roots_[i]->bytes());
-  }
-  roots_accounted_ = 0;
+  for (auto& r : roots_) r->Release();  // host roots free (and unaccount) their memory
 }
 
 void UpdateExecutor::Run(const std::vector<Zero1State>& state, const ScalarState& scalars) {

@@ -90,10 +90,10 @@ struct UpdateRunStats {
 
 // Where an executor's update-scoped roots live: host memory (every member null), or a device
 // backend's (the engine on a backend sets all of them; the executor allocates its roots there
-// at the first Run and keeps them until it is destroyed). On a device the stages' kernels must
-// work on that memory (AdamWKernel, MuonKernels), own fragments of state operands are copied by
-// `copy`, and every exchange is staged through host buffers (to_host, the communicator on host
-// memory, from_host): the byte counts and messages are those of the host path.
+// at the first Run and keeps them, accounted, until it is destroyed). On a device the stages'
+// kernels must work on that memory (AdamWKernel, MuonKernels), own fragments of state operands are
+// copied by `copy`, and every exchange is staged through host buffers (to_host, the communicator on
+// host memory, from_host): the byte counts and messages are those of the host path.
 struct UpdateDeviceMemory {
   std::function<void*(size_t bytes)> alloc;  // 64-byte aligned; contents undefined
   std::function<void(void* p)> free;
@@ -174,7 +174,6 @@ class UpdateExecutor {
   MemoryAccount* account_;
   UpdateDeviceMemory device_;
   std::vector<void*> device_blocks_;  // device_: the roots' memory, kept from the first Run
-  size_t roots_accounted_ = 0;        // device_: roots accounted by this Run so far
   std::vector<size_t> z1_begin_;      // per group
   std::vector<std::unique_ptr<DataNode>> roots_;
   std::vector<std::vector<DataNode*>> whole_, piece_;  // [field][unit] views (or nullptr)
