@@ -51,7 +51,7 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
   } release{engine};
   const std::vector<Report> agreed = Exchange(
       world, Try([&](Report& rep) {
-        fields = engine.Zero1Fields();  // on a backend: host copies, which may fail here
+        fields = engine.Zero1Fields(/*read_state=*/false);  // a backend's host mirrors
         res.manifest = ReadManifest(ResolveCheckpoint(path));
         const std::vector<std::string> diffs = JsonDifferences(m.meta.model, model);
         SSHSDP_CHECK(diffs.empty(), ConfigError,

@@ -261,7 +261,9 @@ class Engine {
     const ShardChain* chain = nullptr;
     const std::vector<MemberPiece>* pieces = nullptr;  // member -> update parameter (SpanOf)
   };
-  std::vector<Zero1Field> Zero1Fields();
+  // read_state = false (a load, which overwrites every element): a backend's mirrors are
+  // allocated but not filled.
+  std::vector<Zero1Field> Zero1Fields(bool read_state = true);
   // How the optimizer-state fields of a group with this layout (its update parameters'
   // optimizers set) are stored over a ZeRO-1 chunk with these fragments: dense, or packed
   // runs (offsets from the field's start; data unset). A pure function of the layout, so a

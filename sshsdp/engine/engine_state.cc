@@ -249,7 +249,7 @@ std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
   return out;
 }
 
-std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
+std::vector<Engine::Zero1Field> Engine::Zero1Fields(bool read_state) {
   // On a backend: a host copy of each array (its stored elements), read after every queued op.
   zero1_mirrors_.clear();
   auto on_host = [&](const Zero1Array& a, size_t chunk) {
@@ -257,7 +257,7 @@ std::vector<Engine::Zero1Field> Engine::Zero1Fields() {
     Zero1Mirror& m = zero1_mirrors_.emplace_back();
     m.device = a.data;
     m.host.resize(a.packed ? a.stored() : chunk);
-    cfg_.backend->CopyOut(m.host.data(), a.data, m.host.size() * sizeof(float));
+    if (read_state) cfg_.backend->CopyOut(m.host.data(), a.data, m.host.size() * sizeof(float));
     Zero1Array h = a;
     h.data = m.host.data();
     return h;
