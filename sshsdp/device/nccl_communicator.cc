@@ -24,20 +24,26 @@ namespace sshsdp {
 namespace {
 
 // NCCL, loaded at run time (dlopen): no binary of the device layer needs libnccl to start —
-// only NcclCommunicator::Create does, and it says so when the library is missing.
+// only NcclCommunicator::Create does, and it says so when the library is missing. The entry
+// points are listed once: X(member, symbol).
+#define SSHSDP_NCCL_ENTRY_POINTS(X)     \
+  X(GetVersion, ncclGetVersion)         \
+  X(GetUniqueId, ncclGetUniqueId)       \
+  X(CommInitRank, ncclCommInitRank)     \
+  X(CommDestroy, ncclCommDestroy)       \
+  X(GetErrorString, ncclGetErrorString) \
+  X(AllGather, ncclAllGather)           \
+  X(ReduceScatter, ncclReduceScatter)   \
+  X(AllReduce, ncclAllReduce)           \
+  X(Send, ncclSend)                     \
+  X(Recv, ncclRecv)                     \
+  X(GroupStart, ncclGroupStart)         \
+  X(GroupEnd, ncclGroupEnd)
+
 struct NcclApi {
-  decltype(&ncclGetVersion) GetVersion = nullptr;
-  decltype(&ncclGetUniqueId) GetUniqueId = nullptr;
-  decltype(&ncclCommInitRank) CommInitRank = nullptr;
-  decltype(&ncclCommDestroy) CommDestroy = nullptr;
-  decltype(&ncclGetErrorString) GetErrorString = nullptr;
-  decltype(&ncclAllGather) AllGather = nullptr;
-  decltype(&ncclReduceScatter) ReduceScatter = nullptr;
-  decltype(&ncclAllReduce) AllReduce = nullptr;
-  decltype(&ncclSend) Send = nullptr;
-  decltype(&ncclRecv) Recv = nullptr;
-  decltype(&ncclGroupStart) GroupStart = nullptr;
-  decltype(&ncclGroupEnd) GroupEnd = nullptr;
+#define SSHSDP_NCCL_MEMBER(member, symbol) decltype(&symbol) member = nullptr;
+  SSHSDP_NCCL_ENTRY_POINTS(SSHSDP_NCCL_MEMBER)
+#undef SSHSDP_NCCL_MEMBER
   std::string error;  // why it is not loaded
 };
 
@@ -56,18 +62,9 @@ const NcclApi& Nccl() {
       fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(h, name));
       if (!fn && a.error.empty()) a.error = fmt::format("libnccl.so.2 has no {}", name);
     };
-    get(a.GetVersion, "ncclGetVersion");
-    get(a.GetUniqueId, "ncclGetUniqueId");
-    get(a.CommInitRank, "ncclCommInitRank");
-    get(a.CommDestroy, "ncclCommDestroy");
-    get(a.GetErrorString, "ncclGetErrorString");
-    get(a.AllGather, "ncclAllGather");
-    get(a.ReduceScatter, "ncclReduceScatter");
-    get(a.AllReduce, "ncclAllReduce");
-    get(a.Send, "ncclSend");
-    get(a.Recv, "ncclRecv");
-    get(a.GroupStart, "ncclGroupStart");
-    get(a.GroupEnd, "ncclGroupEnd");
+#define SSHSDP_NCCL_LOAD(member, symbol) get(a.member, #symbol);
+    SSHSDP_NCCL_ENTRY_POINTS(SSHSDP_NCCL_LOAD)
+#undef SSHSDP_NCCL_LOAD
     return a;
   }();
   return api;
