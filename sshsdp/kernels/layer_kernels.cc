@@ -12,6 +12,7 @@
 #include <cmath>
 #include <vector>
 
+#include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/kernels/vec_math.h"
 
@@ -257,6 +258,65 @@ void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh
                     int64_t n) {
   ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
     SwigluBackwardRange(h1 + b, h3 + b, da + b, dh1 + b, dh3 + b, e - b);
+  });
+}
+
+// ---- bf16 outputs: the fp32 kernels above into a per-thread buffer, then CastToBf16. ----
+
+namespace {
+
+constexpr int64_t kCastTile = 2048;  // elements per buffer of the elementwise kernels
+
+// Row r of a [rows, d] output computed in fp32 by row(r, buffer), then rounded into y.
+template <typename RowFn>
+void RowsToBf16(int64_t rows, int64_t d, bf16* y, RowFn row) {
+  ParallelFor(rows, RowGrain(d), [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> buffer;
+    buffer.resize(static_cast<size_t>(d));
+    for (int64_t r = r0; r < r1; ++r) {
+      row(r, buffer.data());
+      CastToBf16(buffer.data(), y + r * d, d);
+    }
+  });
+}
+
+// Elements [i, i + len) computed in fp32 by tile(i, len, buffer), then rounded into y.
+template <typename TileFn>
+void ElementsToBf16(int64_t n, bf16* y, TileFn tile) {
+  ParallelFor(n, kGrainElements, [&](int64_t b, int64_t e) {
+    float buffer[kCastTile];
+    for (int64_t i = b; i < e; i += kCastTile) {
+      const int64_t len = std::min(kCastTile, e - i);
+      tile(i, len, buffer);
+      CastToBf16(buffer, y + i, len);
+    }
+  });
+}
+
+}  // namespace
+
+void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d) {
+  RowsToBf16(rows, d, y, [&](int64_t r, float* out) {
+    RmsNormForwardRows(x + r * d, g, out, rstd + r, 0, 1, d);
+  });
+}
+
+void GeluForwardBf16(const float* x, bf16* y, int64_t n) {
+  ElementsToBf16(n, y,
+                 [&](int64_t i, int64_t len, float* out) { GeluForwardRange(x + i, out, len); });
+}
+
+void GeluBackwardBf16(const float* x, const float* dy, bf16* dx, int64_t n) {
+  ElementsToBf16(n, dx, [&](int64_t i, int64_t len, float* out) {
+    std::copy_n(dy + i, len, out);
+    GeluBackwardRange(x + i, out, len);
+  });
+}
+
+void SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, bf16* dlogits,
+                                     int64_t rows, int64_t ld, float scale) {
+  RowsToBf16(rows, ld, dlogits, [&](int64_t r, float* out) {
+    SoftmaxCrossEntropyBackwardRows(probs + r * ld, targets + r, out, 0, 1, ld, scale);
   });
 }
 

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "sshsdp/numerics/dtype.h"
+
 namespace sshsdp::kernels {
 
 inline constexpr float kRmsEps = 1e-5f;
@@ -53,6 +55,16 @@ double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* 
 // dlogits = scale · (probs − onehot(target)) over [rows, ld], overwritten (padded columns 0).
 void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                  int64_t rows, int64_t ld, float scale);
+
+// ---- bf16 outputs, for the input of a linear layer with a bf16 weight (matmul.h's
+// LinearInput). Each equals its fp32 kernel followed by CastToBf16 bit for bit (layers_test),
+// in one pass: the fp32 values go through a small per-thread buffer, never to memory. ----
+void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d);
+void GeluForwardBf16(const float* x, bf16* y, int64_t n);
+// dx = dy · gelu'(x) rounded to bf16 (dy is not modified).
+void GeluBackwardBf16(const float* x, const float* dy, bf16* dx, int64_t n);
+void SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, bf16* dlogits,
+                                     int64_t rows, int64_t ld, float scale);
 
 // ---- Embeddings over fp32 tables: out[b·T + t] = wte[tokens[b·T + t]] + wpe[t]. ----
 // (models/layers.h's EmbeddingForward/Backward take fp32 or bf16 runtime views; these are

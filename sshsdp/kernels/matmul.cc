@@ -87,6 +87,7 @@ struct State {
   bool hardware_bf16 = false;         // probe: the ISA has bf16 instructions
   std::optional<Bf16GemmPath> path;   // resolved on first use
   std::string probe_note;             // why the probe said no, for messages
+  int64_t rounded_elements = 0;       // LinearRoundedElements
 };
 
 State& GetState() {
@@ -357,22 +358,36 @@ const bf16* ToBf16Scratch(std::vector<bf16>& buf, const float* src, int64_t n) {
   return buf.data();
 }
 
-// A linear layer's fp32 activation as the bf16 product consumes it: rounded into bf16 scratch
-// (native path), or rounded through bf16 into fp32 scratch (widened path: the caller then
-// runs the product with fp32 operands).
+// A linear layer's activation as the bf16 product consumes it: an fp32 one rounded into bf16
+// scratch (native path) or through bf16 into fp32 scratch (widened path: the caller then runs
+// the product with fp32 operands); an already rounded one as it is (native) or widened into
+// fp32 scratch (widened). Either way the product sees the same values.
 const void* Bf16Activation(State& s, std::vector<bf16>& narrow, std::vector<float>& wide,
-                           const float* src, int64_t n) {
-  if (PathLocked(s) == Bf16GemmPath::kNative) return ToBf16Scratch(narrow, src, n);
+                           LinearInput src, int64_t n) {
+  const bool native = PathLocked(s) == Bf16GemmPath::kNative;
+  if (src.dtype == DType::kBF16) return native ? src.data : WidenInto(wide, src.data, n, 1, 1);
+  const float* x = static_cast<const float*>(src.data);
+  s.rounded_elements += n;
+  if (native) return ToBf16Scratch(narrow, x, n);
   if (wide.size() < static_cast<size_t>(n)) wide.resize(static_cast<size_t>(n));
-  RoundThroughBf16(src, wide.data(), n);
+  RoundThroughBf16(x, wide.data(), n);
   return wide.data();
 }
 
+// A rounded activation goes with a bf16 product only.
+void CheckInput(LinearInput in, DType compute_dtype, const char* what) {
+  SSHSDP_CHECK(in.dtype == DType::kF32 || compute_dtype == DType::kBF16, NumericsError,
+               "{}: a bf16 activation needs a bf16 weight, got a {} weight (pass the fp32 "
+               "activation)",
+               what, DTypeName(compute_dtype));
+}
+
 // The operands of a linear layer's product with weight w [n, k] in *ab (fp32 or bf16): for
-// bf16, the fp32 activation `act` (act_n elements) as the product consumes it, and on the
+// bf16, the activation `act` (act_n elements) as the product consumes it, and on the
 // widened path the weight widened too, with *ab then fp32. fp32 operands pass unchanged.
-void LinearOperands(State& s, const float* act, int64_t act_n, int64_t n, int64_t k, const void** a,
-                    const void** w, DType* ab) {
+void LinearOperands(State& s, LinearInput act, int64_t act_n, int64_t n, int64_t k, const void** a,
+                    const void** w, DType* ab, const char* what) {
+  CheckInput(act, *ab, what);
   if (*ab != DType::kBF16) return;
   *a = Bf16Activation(s, s.scratch_a, s.wide_a, act, act_n);
   if (PathLocked(s) == Bf16GemmPath::kWidened) {
@@ -438,41 +453,43 @@ void GemmBatchedStrided(bool trans_a, bool trans_b, int64_t outer, int64_t inner
   Execute(s, key, a, b, c);
 }
 
-void LinearForward(const float* x, const void* w, DType w_dtype, float* y, int64_t m, int64_t n,
+void LinearForward(LinearInput x, const void* w, DType w_dtype, float* y, int64_t m, int64_t n,
                    int64_t k) {
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
-  const void* a = x;
+  const void* a = x.data;
   DType ab = w_dtype;
-  LinearOperands(s, x, m * k, n, k, &a, &w, &ab);
+  LinearOperands(s, x, m * k, n, k, &a, &w, &ab, "LinearForward");
   GemmLocked(s, DenseKey(false, true, m, n, k, ab, DType::kF32, false, 1), a, w, y);
 }
 
-void LinearBackwardData(const float* dy, const void* w, DType w_dtype, float* dx, int64_t m,
+void LinearBackwardData(LinearInput dy, const void* w, DType w_dtype, float* dx, int64_t m,
                         int64_t n, int64_t k, bool accumulate) {
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
-  const void* a = dy;
+  const void* a = dy.data;
   DType ab = w_dtype;
-  LinearOperands(s, dy, m * n, n, k, &a, &w, &ab);
+  LinearOperands(s, dy, m * n, n, k, &a, &w, &ab, "LinearBackwardData");
   GemmLocked(s, DenseKey(false, false, m, k, n, ab, DType::kF32, accumulate, 1), a, w, dx);
 }
 
 // LinearBackwardWeight pads dy's rows when they are a multiple of this many fp32 (2 KiB).
 constexpr int64_t kPadRowsFrom = 512;
 
-void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, void* dw,
+void LinearBackwardWeight(LinearInput dy, LinearInput x, DType compute_dtype, void* dw,
                           DType dw_dtype, int64_t m, int64_t n, int64_t k, bool accumulate) {
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);
-  const void* a = dy;
-  const void* b = x;
+  CheckInput(dy, compute_dtype, "LinearBackwardWeight (dy)");
+  CheckInput(x, compute_dtype, "LinearBackwardWeight (x)");
+  const void* a = dy.data;
+  const void* b = x.data;
   DType ab = compute_dtype;
   const bool widened = compute_dtype == DType::kBF16 && PathLocked(s) == Bf16GemmPath::kWidened;
   // dyᵀ is read down columns of rows 2 / 4 KiB apart, which map to the same cache sets: on
   // AVX2 (Zen 3) oneDNN's fp32 GEMM runs at 30-37 GFLOP/s there against 60-76 with rows
   // 16 floats longer (fc1's weight gradient, n = d_ff = 1024: 29 -> 14 ms at m = 2048). dy
-  // goes into rows of n + 16 in the same pass that (widened path) rounds it through bf16.
+  // goes into rows of n + 16 in the same pass that (widened path) rounds or widens it.
   const bool pad =
       (compute_dtype == DType::kF32 || widened) && n >= kPadRowsFrom && n % kPadRowsFrom == 0;
   if (compute_dtype == DType::kBF16) {
@@ -486,10 +503,14 @@ void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, 
     const int64_t lda = n + 16;
     if (s.pad_a.size() < static_cast<size_t>(m * lda)) s.pad_a.resize(static_cast<size_t>(m * lda));
     for (int64_t r = 0; r < m; ++r) {
-      if (widened) {
-        RoundThroughBf16(dy + r * n, s.pad_a.data() + r * lda, n);
+      float* row = s.pad_a.data() + r * lda;
+      if (dy.dtype == DType::kBF16) {
+        WidenBf16(static_cast<const bf16*>(dy.data) + r * n, row, n);
+      } else if (widened) {
+        RoundThroughBf16(static_cast<const float*>(dy.data) + r * n, row, n);
+        s.rounded_elements += n;
       } else {
-        std::memcpy(s.pad_a.data() + r * lda, dy + r * n, n * 4);
+        std::memcpy(row, static_cast<const float*>(dy.data) + r * n, n * 4);
       }
     }
     GemmLocked(s, Key{true, false, 1, n, k, m, lda, k, k, ab, dw_dtype, accumulate, 1.0f},
@@ -497,6 +518,12 @@ void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, 
     return;
   }
   GemmLocked(s, DenseKey(true, false, n, k, m, ab, dw_dtype, accumulate, 1), a, b, dw);
+}
+
+int64_t LinearRoundedElements() {
+  State& s = GetState();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.rounded_elements;
 }
 
 std::string_view Bf16GemmPathName(Bf16GemmPath path) {

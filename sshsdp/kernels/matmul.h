@@ -20,6 +20,8 @@
 //   LinearForward(x, w, DType::kBF16, y, /*m=*/B * T, /*n=*/d_out, /*k=*/d_in);
 //   LinearBackwardData(dy, w, DType::kBF16, dx, m, n, k, /*accumulate=*/true);
 //   LinearBackwardWeight(dy, x, DType::kBF16, dw, DType::kF32, m, n, k, /*accumulate=*/false);
+//   CastToBf16(dy, dy16, m * n);                   // one rounding for both backward products
+//   LinearBackwardData(dy16, w, DType::kBF16, dx, m, n, k, false);
 //   fmt::print("{}\n", GemmPathDescription(DType::kBF16));  // "bf16 widened to fp32 (...)"
 //   double peak = MeasureGemmPeak(DType::kBF16);   // FLOP/s of the active path
 //
@@ -70,21 +72,41 @@ void GemmBatchedStrided(bool trans_a, bool trans_b, int64_t outer, int64_t inner
                         const float* b, int64_t ldb, GridStrides sb, float* c, int64_t ldc,
                         GridStrides sc, bool accumulate, float alpha = 1.0f);
 
+// A linear layer's activation operand (x, or dy): fp32, which a product with a bf16 weight
+// rounds to bf16 inside the call, or bf16 already rounded — by the kernel that produced it
+// (RmsNormForwardBf16, GeluForwardBf16, ...), or once for the several products that read it.
+// A rounded operand is accepted with a bf16 weight (compute dtype) only, and a product then
+// has the same bits as one given the fp32 values it was rounded from (CastToBf16), on either
+// bf16 path. Converts implicitly from either pointer type, so fp32 callers read as before.
+struct LinearInput {
+  LinearInput(const float* p) : data(p), dtype(DType::kF32) {}  // NOLINT(runtime/explicit)
+  LinearInput(const bf16* p) : data(p), dtype(DType::kBF16) {}  // NOLINT(runtime/explicit)
+  const void* data;
+  DType dtype;
+};
+
 // y[m,n] = x[m,k] · wᵀ, w [n,k] in w_dtype (fp32 or bf16). y is always overwritten.
-void LinearForward(const float* x, const void* w, DType w_dtype, float* y, int64_t m, int64_t n,
+void LinearForward(LinearInput x, const void* w, DType w_dtype, float* y, int64_t m, int64_t n,
                    int64_t k);
 
 // dx[m,k] (=|+=) dy[m,n] · w, w [n,k] in w_dtype.
-void LinearBackwardData(const float* dy, const void* w, DType w_dtype, float* dx, int64_t m,
+void LinearBackwardData(LinearInput dy, const void* w, DType w_dtype, float* dx, int64_t m,
                         int64_t n, int64_t k, bool accumulate);
 
 // dw[n,k] (=|+=) dyᵀ · x, dy [m,n], x [m,k]. compute_dtype is the runtime weight's dtype:
-// for bf16 the operands are rounded to bf16 first, as in the other two products. dw is
-// fp32 or bf16 (a bf16 runtime-gradient buffer). On the fp32 GEMM path a dy whose rows are a
-// multiple of 2 KiB (n = 512, 1024, ...) is first copied into rows 16 floats longer (kernel
-// scratch): oneDNN runs the transposed product about twice as fast that way on AVX2.
-void LinearBackwardWeight(const float* dy, const float* x, DType compute_dtype, void* dw,
+// for bf16 fp32 operands are rounded to bf16 first, as in the other two products. dw is
+// fp32 or bf16 (a bf16 runtime-gradient buffer). On the fp32 GEMM paths (fp32, or bf16
+// widened) a dy whose rows are a multiple of 2 KiB (n = 512, 1024, ...) is first copied
+// (widened) into rows 16 floats longer (kernel scratch): oneDNN runs the transposed product
+// about twice as fast that way on AVX2.
+void LinearBackwardWeight(LinearInput dy, LinearInput x, DType compute_dtype, void* dw,
                           DType dw_dtype, int64_t m, int64_t n, int64_t k, bool accumulate);
+
+// fp32 activation elements the linear-layer products above have rounded to bf16 in this
+// process so far (every call with a bf16 weight and an fp32 LinearInput adds its size; a
+// rounded input adds nothing). A deterministic count: tests assert how often a model makes
+// the products round.
+int64_t LinearRoundedElements();
 
 // How products with bf16 operands run (see the top of this file).
 enum class Bf16GemmPath {

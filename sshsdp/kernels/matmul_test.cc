@@ -7,12 +7,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/testing/gemm_data.h"
 
 namespace sshsdp::kernels {
@@ -134,6 +137,78 @@ TEST(Matmul, LinearBackwardWeightAllDtypes) {
       ExpectClose(got, ref, base, 1e-5 + 1.0 / 256, "bf16 accumulate");
     }
   }
+}
+
+// Bit patterns of an fp32 vector (NaN-safe equality).
+std::vector<uint32_t> Bits(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * 4);
+  return b;
+}
+std::vector<bf16> Cast(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  CastToBf16(v.data(), out.data(), static_cast<int64_t>(v.size()));
+  return out;
+}
+
+// LinearInput: an activation handed over already rounded to bf16 gives the bits of the fp32
+// activation rounded inside the call, in all three products, overwrite and accumulate, fp32
+// and bf16 weight gradients, the padded-rows shapes included (the WIDENED variant runs the
+// portable path); the call rounds nothing (LinearRoundedElements), and a rounded activation
+// with a non-bf16 weight is refused.
+TEST(Matmul, RoundedInputsGiveTheSameBitsAndAreNotRoundedAgain) {
+  for (const Shape& s : kShapes) {
+    SCOPED_TRACE(::testing::Message() << s.m << "x" << s.n << "x" << s.k);
+    const auto x = Random(s.m * s.k, 11), dy = Random(s.m * s.n, 12);
+    const auto w = ToBf16(Random(s.n * s.k, 13));
+    const auto x16 = Cast(x), dy16 = Cast(dy);
+    const auto base = Random(std::max(s.m * s.k, s.n * s.k), 14);
+    int64_t before = LinearRoundedElements();
+    std::vector<float> y32(s.m * s.n), y16(s.m * s.n);
+    LinearForward(x.data(), w.data(), DType::kBF16, y32.data(), s.m, s.n, s.k);
+    EXPECT_EQ(LinearRoundedElements() - before, s.m * s.k);
+    before = LinearRoundedElements();
+    LinearForward(x16.data(), w.data(), DType::kBF16, y16.data(), s.m, s.n, s.k);
+    EXPECT_EQ(LinearRoundedElements(), before);
+    EXPECT_EQ(Bits(y32), Bits(y16));
+    for (bool acc : {false, true}) {
+      std::vector<float> dx32(base.begin(), base.begin() + s.m * s.k), dx16 = dx32;
+      LinearBackwardData(dy.data(), w.data(), DType::kBF16, dx32.data(), s.m, s.n, s.k, acc);
+      before = LinearRoundedElements();
+      LinearBackwardData(dy16.data(), w.data(), DType::kBF16, dx16.data(), s.m, s.n, s.k, acc);
+      EXPECT_EQ(LinearRoundedElements(), before);
+      EXPECT_EQ(Bits(dx32), Bits(dx16)) << "accumulate " << acc;
+      // Weight gradient: each operand rounded or not, fp32 and bf16 destinations.
+      const std::vector<float> dw0(base.begin(), base.begin() + s.n * s.k);
+      std::vector<float> want = dw0;
+      LinearBackwardWeight(dy.data(), x.data(), DType::kBF16, want.data(), DType::kF32, s.m, s.n,
+                           s.k, acc);
+      std::vector<bf16> want16 = Cast(dw0);
+      LinearBackwardWeight(dy.data(), x.data(), DType::kBF16, want16.data(), DType::kBF16, s.m, s.n,
+                           s.k, acc);
+      const LinearInput dys[] = {dy.data(), dy16.data()}, xs[] = {x.data(), x16.data()};
+      for (int mix = 1; mix < 4; ++mix) {
+        const LinearInput a = dys[mix & 1], b = xs[mix >> 1];
+        std::vector<float> got = dw0;
+        before = LinearRoundedElements();
+        LinearBackwardWeight(a, b, DType::kBF16, got.data(), DType::kF32, s.m, s.n, s.k, acc);
+        const int64_t rounded = (mix & 1 ? 0 : s.m * s.n) + (mix >> 1 ? 0 : s.m * s.k);
+        EXPECT_EQ(LinearRoundedElements() - before, rounded) << "mix " << mix;
+        EXPECT_EQ(Bits(want), Bits(got)) << "mix " << mix << " accumulate " << acc;
+        std::vector<bf16> got16 = Cast(dw0);
+        LinearBackwardWeight(a, b, DType::kBF16, got16.data(), DType::kBF16, s.m, s.n, s.k, acc);
+        for (size_t i = 0; i < got16.size(); ++i) ASSERT_EQ(want16[i].bits, got16[i].bits) << i;
+      }
+    }
+  }
+  const auto x16 = Cast(Random(6, 1));
+  const auto w32 = Random(6, 2);
+  std::vector<float> y(4);
+  EXPECT_THROW(LinearForward(x16.data(), w32.data(), DType::kF32, y.data(), 2, 2, 3),
+               NumericsError);
+  EXPECT_THROW(LinearBackwardWeight(x16.data(), w32.data(), DType::kF32, y.data(), DType::kF32, 3,
+                                    2, 2, false),
+               NumericsError);
 }
 
 TEST(Matmul, GemmTransposesAndBatches) {

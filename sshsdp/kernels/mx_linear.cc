@@ -52,13 +52,13 @@ const void* Operand(const WeightView& w, int64_t n, int64_t k, DType* dt) {
 
 }  // namespace
 
-void LinearForward(const float* x, const WeightView& w, float* y, int64_t m, int64_t n, int64_t k) {
+void LinearForward(LinearInput x, const WeightView& w, float* y, int64_t m, int64_t n, int64_t k) {
   DType dt;
   const void* p = Operand(w, n, k, &dt);
   LinearForward(x, p, dt, y, m, n, k);
 }
 
-void LinearBackwardData(const float* dy, const WeightView& w, float* dx, int64_t m, int64_t n,
+void LinearBackwardData(LinearInput dy, const WeightView& w, float* dx, int64_t m, int64_t n,
                         int64_t k, bool accumulate) {
   DType dt;
   const void* p = Operand(w, n, k, &dt);

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "sshsdp/kernels/matmul.h"
 #include "sshsdp/numerics/dtype.h"
 #include "sshsdp/numerics/scale_layout.h"
 
@@ -47,10 +48,10 @@ struct WeightView {
 void MxDequantizeOperand(const uint8_t* codes, DType elem, const uint8_t* scales,
                          ScaleLayout layout, int64_t mn, int64_t k, float* out);
 
-// y[m,n] = x[m,k] · wᵀ (overwrites y).
-void LinearForward(const float* x, const WeightView& w, float* y, int64_t m, int64_t n, int64_t k);
+// y[m,n] = x[m,k] · wᵀ (overwrites y). A bf16 x (matmul.h's LinearInput) needs a bf16 w.
+void LinearForward(LinearInput x, const WeightView& w, float* y, int64_t m, int64_t n, int64_t k);
 // dx[m,k] (=|+=) dy[m,n] · w.
-void LinearBackwardData(const float* dy, const WeightView& w, float* dx, int64_t m, int64_t n,
+void LinearBackwardData(LinearInput dy, const WeightView& w, float* dx, int64_t m, int64_t n,
                         int64_t k, bool accumulate);
 // Compute dtype of the weight-gradient GEMM for a weight of this dtype: bf16 for bf16, fp32
 // for fp32 and MX weights.

@@ -28,6 +28,20 @@ using kernels::LinearForward;
 namespace {
 // The kernel operand of a weight view (MX views carry their relaid-out scales).
 kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales, t.scale_layout}; }
+
+// bf16 linear inputs. With a bf16 weight, a linear layer's input that nothing else reads —
+// ln1, ln2, lnf (RMSNorm) and fch_gelu (GELU) — is stored in bf16 in the first half of its
+// fp32 arena slot by the kernel that produces it, so neither the forward product nor the
+// weight gradient rounds it again; a gradient that feeds both backward products is rounded
+// once (Gpt::DyBf16), or produced in bf16 (GELU's and the loss's backward). The products
+// see the same bf16 values as when each rounds its fp32 operand (matmul.h's LinearInput),
+// so results are bit-identical.
+bool Bf16Weight(const TensorRef& t) { return t.dtype == DType::kBF16; }
+bf16* Narrow(float* slot) { return reinterpret_cast<bf16*>(slot); }
+const bf16* Narrow(const float* slot) { return reinterpret_cast<const bf16*>(slot); }
+kernels::LinearInput Input(const float* slot, bool narrow) {
+  return narrow ? kernels::LinearInput(Narrow(slot)) : kernels::LinearInput(slot);
+}
 }  // namespace
 
 using layers::EmbeddingBackward;
@@ -276,13 +290,18 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   float* fch_gelu = acts_.fch_gelu + l * BT * ff;
 
   const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
+  const bool ln1_16 = QkvBf16(w), ln2_16 = Bf16Weight(w[q + 3]), gelu_16 = Bf16Weight(w[q + 4]);
   {
     OpScope s(profile_, OpCategory::kNorm);
-    RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
+    if (ln1_16) {
+      kernels::RmsNormForwardBf16(x, Gain(w[0]), Narrow(ln1), acts_.ln1_rstd + l * BT, BT, d);
+    } else {
+      RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    QkvForward(ln1, w, qkv);
+    QkvForward(Input(ln1, ln1_16), w, qkv);
   }
   {
     OpScope s(profile_, OpCategory::kAttention);
@@ -299,19 +318,28 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   }
   {
     OpScope s(profile_, OpCategory::kNorm);
-    RmsNormForward(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d);
+    if (ln2_16) {
+      kernels::RmsNormForwardBf16(res_mid, Gain(w[q + 2]), Narrow(ln2), acts_.ln2_rstd + l * BT, BT,
+                                  d);
+    } else {
+      RmsNormForward(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d);
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(ln2, View(w[q + 3]), fch, BT, ff, d);
+    LinearForward(Input(ln2, ln2_16), View(w[q + 3]), fch, BT, ff, d);
   }
   {
     OpScope s(profile_, OpCategory::kActivation);
-    GeluForward(fch, fch_gelu, BT * ff);
+    if (gelu_16) {
+      kernels::GeluForwardBf16(fch, Narrow(fch_gelu), BT * ff);
+    } else {
+      GeluForward(fch, fch_gelu, BT * ff);
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(fch_gelu, View(w[q + 4]), out, BT, d, ff);
+    LinearForward(Input(fch_gelu, gelu_16), View(w[q + 4]), out, BT, d, ff);
   }
   OpScope s(profile_, OpCategory::kElementwise);
   kernels::AddThreaded(res_mid, out, out, BT * d);
@@ -320,13 +348,18 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
 void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
+  const bool lnf_16 = Bf16Weight(w[1]);
   {
     OpScope s(profile_, OpCategory::kNorm);
-    RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
+    if (lnf_16) {
+      kernels::RmsNormForwardBf16(x, Gain(w[0]), Narrow(acts_.lnf), acts_.lnf_rstd, BT, d);
+    } else {
+      RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(acts_.lnf, View(w[1]), acts_.probs, BT, V, d);
+    LinearForward(Input(acts_.lnf, lnf_16), View(w[1]), acts_.probs, BT, V, d);
   }
   OpScope s(profile_, OpCategory::kLoss);
   loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, c_.vocab, V) /
@@ -337,16 +370,24 @@ void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tensor
                        bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
+  const bool b16 = Bf16Weight(w[1]);
+  kernels::LinearInput dlogits = acts_.dlogits;
   {
     OpScope s(profile_, OpCategory::kLoss);
-    SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V,
-                                static_cast<float>(1.0 / static_cast<double>(BT)));
+    const float scale = static_cast<float>(1.0 / static_cast<double>(BT));
+    if (b16) {
+      bf16* d16 = DyBf16(nullptr, BT * V);
+      kernels::SoftmaxCrossEntropyBackwardBf16(acts_.probs, targets_.data(), d16, BT, V, scale);
+      dlogits = d16;
+    } else {
+      SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V, scale);
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(acts_.dlogits, acts_.lnf, kernels::LinearComputeDType(w[1].dtype),
+    LinearBackwardWeight(dlogits, Input(acts_.lnf, b16), kernels::LinearComputeDType(w[1].dtype),
                          grad[1].data, grad[1].dtype, BT, V, d, acc);
-    LinearBackwardData(acts_.dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
+    LinearBackwardData(dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
   }
   OpScope s(profile_, OpCategory::kNorm);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.lnf_rstd, acts_.dres, dgain_scratch_.data(), BT,
@@ -370,23 +411,32 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
 
   const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
   const int proj = q + 1, g2 = q + 2, fc1 = q + 3, fc2 = q + 4;
+  const bool fc1_16 = Bf16Weight(w[fc1]), fc2_16 = Bf16Weight(w[fc2]);
 
   // MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))).
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(dres, fch_gelu, kernels::LinearComputeDType(w[fc2].dtype), grad[fc2].data,
-                         grad[fc2].dtype, BT, d, ff, acc);
-    LinearBackwardData(dres, View(w[fc2]), acts_.dfch, BT, d, ff, false);
+    const kernels::LinearInput dy = fc2_16 ? DyBf16(dres, BT * d) : kernels::LinearInput(dres);
+    LinearBackwardWeight(dy, Input(fch_gelu, fc2_16), kernels::LinearComputeDType(w[fc2].dtype),
+                         grad[fc2].data, grad[fc2].dtype, BT, d, ff, acc);
+    LinearBackwardData(dy, View(w[fc2]), acts_.dfch, BT, d, ff, false);
   }
+  kernels::LinearInput dfch = acts_.dfch;
   {
     OpScope s(profile_, OpCategory::kActivation);
-    GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
+    if (fc1_16) {
+      bf16* d16 = DyBf16(nullptr, BT * ff);
+      kernels::GeluBackwardBf16(fch, acts_.dfch, d16, BT * ff);
+      dfch = d16;
+    } else {
+      GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(acts_.dfch, ln2, kernels::LinearComputeDType(w[fc1].dtype), grad[fc1].data,
-                         grad[fc1].dtype, BT, ff, d, acc);
-    LinearBackwardData(acts_.dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
+    LinearBackwardWeight(dfch, Input(ln2, fc1_16), kernels::LinearComputeDType(w[fc1].dtype),
+                         grad[fc1].data, grad[fc1].dtype, BT, ff, d, acc);
+    LinearBackwardData(dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
   }
   {
     OpScope s(profile_, OpCategory::kNorm);
@@ -398,9 +448,11 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(dres, atty, kernels::LinearComputeDType(w[proj].dtype), grad[proj].data,
+    const kernels::LinearInput dy =
+        Bf16Weight(w[proj]) ? DyBf16(dres, BT * d) : kernels::LinearInput(dres);
+    LinearBackwardWeight(dy, atty, kernels::LinearComputeDType(w[proj].dtype), grad[proj].data,
                          grad[proj].dtype, BT, d, d, acc);
-    LinearBackwardData(dres, View(w[proj]), acts_.dtmp, BT, d, d, false);
+    LinearBackwardData(dy, View(w[proj]), acts_.dtmp, BT, d, d, false);
   }
   {
     OpScope s(profile_, OpCategory::kAttention);
@@ -409,7 +461,7 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    QkvBackward(ln1, w, grad, acts_.dtmp, acc);
+    QkvBackward(Input(ln1, QkvBf16(w)), w, grad, acts_.dtmp, acc);
   }
   OpScope s(profile_, OpCategory::kNorm);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres, dgain_scratch_.data(),
@@ -417,52 +469,64 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
 }
 
-void Gpt::QkvForward(const float* ln1, const std::vector<TensorRef>& w, float* qkv) {
+bool Gpt::QkvBf16(const std::vector<TensorRef>& w) const {
+  return std::all_of(w.begin() + 1, w.begin() + 1 + NumQkv(), Bf16Weight);
+}
+
+bf16* Gpt::DyBf16(const float* src, int64_t n) {
+  if (dy_bf16_.size() < static_cast<size_t>(n)) dy_bf16_.resize(static_cast<size_t>(n));
+  if (src != nullptr) kernels::CastToBf16(src, dy_bf16_.data(), n);
+  return dy_bf16_.data();
+}
+
+void Gpt::QkvForward(kernels::LinearInput ln1, const std::vector<TensorRef>& w, float* qkv) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, dh = c_.head_dim();
   if (c_.packed_qkv) {
     LinearForward(ln1, View(w[1]), qkv, BT, 3 * d, d);
     return;
   }
   // One GEMM per part j: qkv[:, j·dh .. (j+1)·dh) = ln1 · W_jᵀ (row stride 3d). bf16 parts
-  // multiply the bf16 rounding of ln1, as LinearForward does for a bf16 packed weight.
-  const bool any_bf16 = std::any_of(w.begin() + 1, w.begin() + 1 + NumQkv(),
-                                    [](const TensorRef& t) { return t.dtype == DType::kBF16; });
-  if (any_bf16) {
-    x_bf16_.resize(static_cast<size_t>(BT * d));
-    kernels::CastToBf16(ln1, x_bf16_.data(), BT * d);
-  }
+  // multiply the bf16 rounding of ln1 (stored so when every part is bf16), as LinearForward
+  // does for a bf16 packed weight.
+  const void* ln1_16 = QkvInputBf16(ln1, w);
   for (int j = 0; j < NumQkv(); ++j) {
     const TensorRef& wj = w[1 + j];
-    const void* a = wj.dtype == DType::kBF16 ? static_cast<const void*>(x_bf16_.data()) : ln1;
+    const void* a = wj.dtype == DType::kBF16 ? ln1_16 : ln1.data;
     kernels::GemmStrided(false, true, BT, dh, d, a, d, wj.data, d, wj.dtype, qkv + j * dh, 3 * d,
                          DType::kF32, false);
   }
 }
 
-void Gpt::QkvBackward(const float* ln1, const std::vector<TensorRef>& w,
+const void* Gpt::QkvInputBf16(kernels::LinearInput ln1, const std::vector<TensorRef>& w) {
+  if (ln1.dtype == DType::kBF16 ||
+      std::none_of(w.begin() + 1, w.begin() + 1 + NumQkv(), Bf16Weight))
+    return ln1.data;  // already rounded, or no bf16 part reads it
+  const int64_t n = static_cast<int64_t>(B_) * T_ * c_.d_model;
+  x_bf16_.resize(static_cast<size_t>(n));
+  kernels::CastToBf16(static_cast<const float*>(ln1.data), x_bf16_.data(), n);
+  return x_bf16_.data();
+}
+
+void Gpt::QkvBackward(kernels::LinearInput ln1, const std::vector<TensorRef>& w,
                       const std::vector<TensorRef>& grad, float* dx, bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, dh = c_.head_dim();
   const float* dqkv = acts_.dqkv;
+  const bool any_bf16 = std::any_of(w.begin() + 1, w.begin() + 1 + NumQkv(), Bf16Weight);
+  const bf16* dqkv16 = any_bf16 ? DyBf16(dqkv, BT * 3 * d) : nullptr;
   if (c_.packed_qkv) {
-    LinearBackwardWeight(dqkv, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
+    const kernels::LinearInput dy = any_bf16 ? kernels::LinearInput(dqkv16) : dqkv;
+    LinearBackwardWeight(dy, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
                          grad[1].dtype, BT, 3 * d, d, acc);
-    LinearBackwardData(dqkv, View(w[1]), dx, BT, 3 * d, d, false);
+    LinearBackwardData(dy, View(w[1]), dx, BT, 3 * d, d, false);
     return;
   }
-  const bool any_bf16 = std::any_of(w.begin() + 1, w.begin() + 1 + NumQkv(),
-                                    [](const TensorRef& t) { return t.dtype == DType::kBF16; });
-  if (any_bf16) {
-    x_bf16_.resize(static_cast<size_t>(BT * d));
-    dy_bf16_.resize(static_cast<size_t>(BT * 3 * d));
-    kernels::CastToBf16(ln1, x_bf16_.data(), BT * d);
-    kernels::CastToBf16(dqkv, dy_bf16_.data(), BT * 3 * d);
-  }
+  const void* ln1_16 = QkvInputBf16(ln1, w);
   for (int j = 0; j < NumQkv(); ++j) {
     const TensorRef& wj = w[1 + j];
     const bool b16 = wj.dtype == DType::kBF16;
-    const void* dy = b16 ? static_cast<const void*>(dy_bf16_.data() + j * dh)
-                         : static_cast<const void*>(dqkv + j * dh);
-    const void* x = b16 ? static_cast<const void*>(x_bf16_.data()) : ln1;
+    const void* dy =
+        b16 ? static_cast<const void*>(dqkv16 + j * dh) : static_cast<const void*>(dqkv + j * dh);
+    const void* x = b16 ? ln1_16 : ln1.data;
     // dW_j[dh, d] (=|+=) dqkv[:, j]ᵀ · ln1, straight into part j's gradient view.
     kernels::GemmStrided(true, false, dh, d, BT, dy, 3 * d, x, d, wj.dtype, grad[1 + j].data, d,
                          grad[1 + j].dtype, acc);

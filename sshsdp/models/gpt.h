@@ -39,6 +39,10 @@
 
 namespace sshsdp {
 
+namespace kernels {
+struct LinearInput;  // kernels/matmul.h
+}  // namespace kernels
+
 struct GptConfig {
   // Vocabulary: 256 (bytes, the built-in data's) or the tokenizer's (50,257 for GPT-2). The
   // embedding and LM-head tables have padded_vocab() rows, llm.c style (50,257 -> 50,304):
@@ -138,9 +142,18 @@ class Gpt final : public Model {
   void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
   // The QKV projection of block views w (w[1 .. NumQkv()]): qkv[BT, 3d] = ln1 · Wᵀ, and its
   // backward (dx overwritten with the data gradient, weight gradients into grad views).
-  void QkvForward(const float* ln1, const std::vector<TensorRef>& w, float* qkv);
-  void QkvBackward(const float* ln1, const std::vector<TensorRef>& w,
+  // ln1 is stored in bf16 when every QKV weight is bf16 (QkvBf16; see gpt.cc's "bf16 linear
+  // inputs").
+  void QkvForward(kernels::LinearInput ln1, const std::vector<TensorRef>& w, float* qkv);
+  void QkvBackward(kernels::LinearInput ln1, const std::vector<TensorRef>& w,
                    const std::vector<TensorRef>& grad, float* dx, bool acc);
+  bool QkvBf16(const std::vector<TensorRef>& w) const;
+  // packed_qkv = false: the bf16 ln1 that bf16 parts read (rounded into x_bf16_ when ln1 is
+  // stored in fp32 because some part is not bf16).
+  const void* QkvInputBf16(kernels::LinearInput ln1, const std::vector<TensorRef>& w);
+  // n elements of the bf16 gradient scratch dy_bf16_ (grown as needed), holding src rounded
+  // when src is given (a gradient both backward products of a bf16 linear read).
+  bf16* DyBf16(const float* src, int64_t n);
   void ForwardEmbedding(const std::vector<TensorRef>& w);
   void ForwardBlock(int l, const std::vector<TensorRef>& w);
   void ForwardHead(const std::vector<TensorRef>& w);
@@ -160,7 +173,8 @@ class Gpt final : public Model {
   Acts acts_{};
   std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_;
   OpProfile* profile_ = nullptr;  // SetOpProfile
-  // packed_qkv = false with bf16 parts: bf16 roundings of the GEMM operands (ln1, dqkv).
+  // bf16 roundings of GEMM operands: ln1 for bf16 QKV parts beside fp32 ones (x_bf16_), a
+  // gradient feeding a bf16 linear's two backward products (dy_bf16_, DyBf16).
   std::vector<bf16> x_bf16_, dy_bf16_;
 
   // Execution order guards: next forward group, whether a forward pass completed, next

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/testing/grad_check.h"
 
 namespace sshsdp {
@@ -276,6 +277,31 @@ TEST(Gpt, Bf16WeightsAndGradientsTrackFp32) {
   RunBackward(m, p16, GradWrite::kOverwrite);
   EXPECT_NEAR(l16, l32, 2e-2 * l32);
   testing::ExpectGradientsAligned(p32, p16, 0.98);
+}
+
+// With bf16 weights the linear layers' inputs come rounded from their producers (RMSNorm,
+// GELU, the loss's backward) or are rounded once for both backward products, so the only
+// fp32 activation a product still rounds is the attention output (proj's input: forward and
+// weight gradient), 2·L·B·T·d elements per forward + backward; fp32 weights round nothing.
+// Same bits as rounding in every product: matmul_test and layers_test check each piece, and
+// cli_backend_test compares the whole step with the backend GPT, which rounds per product.
+TEST(Gpt, Bf16LinearInputsAreRoundedOnce) {
+  for (bool packed : {true, false}) {
+    GptConfig c = TinyConfig();
+    c.packed_qkv = packed;
+    Gpt m(c);
+    Batch b = RandomBatch(2, 8, 32, 6);
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(::testing::Message() << "packed " << packed << " " << DTypeName(dt));
+      DenseParams p(m, dt, dt);
+      RandomizeWeights(p, 4);
+      const int64_t before = kernels::LinearRoundedElements();
+      RunForward(m, p, b);
+      RunBackward(m, p, GradWrite::kOverwrite);
+      const int64_t want = dt == DType::kBF16 ? 2LL * c.n_layer * 2 * 8 * c.d_model : 0;
+      EXPECT_EQ(kernels::LinearRoundedElements() - before, want);
+    }
+  }
 }
 
 TEST(Gpt, EnforcesExecutionOrderAndValidatesInput) {

@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/parallel.h"
 
 namespace sshsdp::layers {
@@ -241,6 +242,67 @@ TEST(Threads, KernelsGiveTheSameBitsAtAnyThreadCount) {
   EXPECT_EQ(one.sw, three.sw);
   EXPECT_EQ(one.dsw1, three.dsw1);
   EXPECT_EQ(one.dsw3, three.dsw3);
+}
+
+// The bf16-output kernels (a bf16 linear layer's inputs) equal the fp32 kernel followed by
+// CastToBf16, bit for bit, on odd sizes across the per-thread buffer's tiles, at 1 and 3
+// threads; GELU's backward leaves its dy alone.
+TEST(Bf16Outputs, EqualTheFp32KernelThenOneRounding) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  auto random = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng);
+    return v;
+  };
+  auto cast = [](const std::vector<float>& v) {
+    std::vector<uint16_t> out(v.size());
+    kernels::CastToBf16(v.data(), reinterpret_cast<bf16*>(out.data()),
+                        static_cast<int64_t>(v.size()));
+    return out;
+  };
+  const int before = kernels::KernelThreads();
+  for (int threads : {1, 3}) {
+    kernels::SetKernelThreads(threads);
+    for (const int64_t rows : {1, 7, 1031}) {
+      for (const int d : {1, 67, 2049}) {
+        SCOPED_TRACE(::testing::Message() << threads << " threads, " << rows << "x" << d);
+        const auto x = random(rows * d), g = random(d);
+        std::vector<float> y(rows * d), rstd(rows), rstd16(rows);
+        std::vector<uint16_t> y16(rows * d);
+        RmsNormForward(x.data(), g.data(), y.data(), rstd.data(), rows, d);
+        kernels::RmsNormForwardBf16(x.data(), g.data(), reinterpret_cast<bf16*>(y16.data()),
+                                    rstd16.data(), rows, d);
+        EXPECT_EQ(cast(y), y16);
+        EXPECT_EQ(rstd, rstd16);
+        // The loss's backward: rows of ld logits, targets in the first V.
+        const auto probs = random(rows * d);
+        std::vector<int32_t> targets(rows);
+        for (int64_t r = 0; r < rows; ++r) targets[r] = static_cast<int32_t>((r * 13) % d);
+        std::vector<float> dl(rows * d);
+        std::vector<uint16_t> dl16(rows * d);
+        SoftmaxCrossEntropyBackward(probs.data(), targets.data(), dl.data(), rows, d, 0.37f);
+        kernels::SoftmaxCrossEntropyBackwardBf16(
+            probs.data(), targets.data(), reinterpret_cast<bf16*>(dl16.data()), rows, d, 0.37f);
+        EXPECT_EQ(cast(dl), dl16);
+      }
+    }
+    for (const int64_t n : {1, 2047, 2049, 40001}) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads, n " << n);
+      const auto x = random(n), dy = random(n);
+      std::vector<float> y(n), dx = dy;
+      std::vector<uint16_t> y16(n), dx16(n);
+      GeluForward(x.data(), y.data(), n);
+      kernels::GeluForwardBf16(x.data(), reinterpret_cast<bf16*>(y16.data()), n);
+      EXPECT_EQ(cast(y), y16);
+      GeluBackwardInPlace(x.data(), dx.data(), n);
+      const auto dy_before = dy;
+      kernels::GeluBackwardBf16(x.data(), dy.data(), reinterpret_cast<bf16*>(dx16.data()), n);
+      EXPECT_EQ(cast(dx), dx16);
+      EXPECT_EQ(dy, dy_before);
+    }
+  }
+  kernels::SetKernelThreads(before);
 }
 
 }  // namespace
