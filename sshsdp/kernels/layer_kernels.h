@@ -58,7 +58,8 @@ void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, flo
 
 // ---- bf16 outputs, for the input of a linear layer with a bf16 weight (matmul.h's
 // LinearInput). Each equals its fp32 kernel followed by CastToBf16 bit for bit (layers_test),
-// in one pass: the fp32 values go through a small per-thread buffer, never to memory. ----
+// in one pass: the fp32 values go through a small per-thread buffer, never a full-size fp32
+// array. ----
 void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d);
 void GeluForwardBf16(const float* x, bf16* y, int64_t n);
 // dx = dy · gelu'(x) rounded to bf16 (dy is not modified).

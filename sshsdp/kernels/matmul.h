@@ -22,6 +22,7 @@
 //   LinearBackwardWeight(dy, x, DType::kBF16, dw, DType::kF32, m, n, k, /*accumulate=*/false);
 //   CastToBf16(dy, dy16, m * n);                   // one rounding for both backward products
 //   LinearBackwardData(dy16, w, DType::kBF16, dx, m, n, k, false);
+//   LinearBackwardWeight(dy16, x, DType::kBF16, dw, DType::kF32, m, n, k, false);
 //   fmt::print("{}\n", GemmPathDescription(DType::kBF16));  // "bf16 widened to fp32 (...)"
 //   double peak = MeasureGemmPeak(DType::kBF16);   // FLOP/s of the active path
 //

@@ -36,11 +36,23 @@ kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales
 // once (Gpt::DyBf16), or produced in bf16 (GELU's and the loss's backward). The products
 // see the same bf16 values as when each rounds its fp32 operand (matmul.h's LinearInput),
 // so results are bit-identical.
+// Forward records which inputs it stored in bf16 (Gpt::bf16_inputs_) and Backward refuses
+// views of other dtypes, which would read those slots as the wrong type. No function reads
+// the same bytes of a slot both as fp32 and as bf16 (the products hand them to oneDNN).
 bool Bf16Weight(const TensorRef& t) { return t.dtype == DType::kBF16; }
 bf16* Narrow(float* slot) { return reinterpret_cast<bf16*>(slot); }
 const bf16* Narrow(const float* slot) { return reinterpret_cast<const bf16*>(slot); }
 kernels::LinearInput Input(const float* slot, bool narrow) {
   return narrow ? kernels::LinearInput(Narrow(slot)) : kernels::LinearInput(slot);
+}
+// RMSNorm into `y`'s slot, in bf16 when `narrow`.
+void RmsNormInto(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d,
+                 bool narrow) {
+  if (narrow) {
+    kernels::RmsNormForwardBf16(x, g, Narrow(y), rstd, rows, d);
+  } else {
+    kernels::RmsNormForward(x, g, y, rstd, rows, d);
+  }
 }
 }  // namespace
 
@@ -290,18 +302,15 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   float* fch_gelu = acts_.fch_gelu + l * BT * ff;
 
   const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
-  const bool ln1_16 = QkvBf16(w), ln2_16 = Bf16Weight(w[q + 3]), gelu_16 = Bf16Weight(w[q + 4]);
+  const Bf16Inputs in = RecordBf16Inputs(l + 1, w);
+  if (in.any) DyBf16(nullptr, BT * std::max<int64_t>(ff, 3 * d));  // sized before backward
   {
     OpScope s(profile_, OpCategory::kNorm);
-    if (ln1_16) {
-      kernels::RmsNormForwardBf16(x, Gain(w[0]), Narrow(ln1), acts_.ln1_rstd + l * BT, BT, d);
-    } else {
-      RmsNormForward(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d);
-    }
+    RmsNormInto(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d, in.ln1);
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    QkvForward(Input(ln1, ln1_16), w, qkv);
+    QkvForward(Input(ln1, in.ln1), in.some_qkv, w, qkv);
   }
   {
     OpScope s(profile_, OpCategory::kAttention);
@@ -318,20 +327,15 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   }
   {
     OpScope s(profile_, OpCategory::kNorm);
-    if (ln2_16) {
-      kernels::RmsNormForwardBf16(res_mid, Gain(w[q + 2]), Narrow(ln2), acts_.ln2_rstd + l * BT, BT,
-                                  d);
-    } else {
-      RmsNormForward(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d);
-    }
+    RmsNormInto(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d, in.ln2);
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(Input(ln2, ln2_16), View(w[q + 3]), fch, BT, ff, d);
+    LinearForward(Input(ln2, in.ln2), View(w[q + 3]), fch, BT, ff, d);
   }
   {
     OpScope s(profile_, OpCategory::kActivation);
-    if (gelu_16) {
+    if (in.fch_gelu) {
       kernels::GeluForwardBf16(fch, Narrow(fch_gelu), BT * ff);
     } else {
       GeluForward(fch, fch_gelu, BT * ff);
@@ -339,7 +343,7 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(Input(fch_gelu, gelu_16), View(w[q + 4]), out, BT, d, ff);
+    LinearForward(Input(fch_gelu, in.fch_gelu), View(w[q + 4]), out, BT, d, ff);
   }
   OpScope s(profile_, OpCategory::kElementwise);
   kernels::AddThreaded(res_mid, out, out, BT * d);
@@ -348,18 +352,14 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
 void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
-  const bool lnf_16 = Bf16Weight(w[1]);
+  const bool lnf16 = RecordBf16Inputs(num_groups() - 1, w).lnf;
   {
     OpScope s(profile_, OpCategory::kNorm);
-    if (lnf_16) {
-      kernels::RmsNormForwardBf16(x, Gain(w[0]), Narrow(acts_.lnf), acts_.lnf_rstd, BT, d);
-    } else {
-      RmsNormForward(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d);
-    }
+    RmsNormInto(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d, lnf16);
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(Input(acts_.lnf, lnf_16), View(w[1]), acts_.probs, BT, V, d);
+    LinearForward(Input(acts_.lnf, lnf16), View(w[1]), acts_.probs, BT, V, d);
   }
   OpScope s(profile_, OpCategory::kLoss);
   loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, c_.vocab, V) /
@@ -370,22 +370,22 @@ void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tensor
                        bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
-  const bool b16 = Bf16Weight(w[1]);
+  const bool lnf16 = CheckBf16Inputs(num_groups() - 1, w).lnf;
   kernels::LinearInput dlogits = acts_.dlogits;
   {
     OpScope s(profile_, OpCategory::kLoss);
     const float scale = static_cast<float>(1.0 / static_cast<double>(BT));
-    if (b16) {
-      bf16* d16 = DyBf16(nullptr, BT * V);
-      kernels::SoftmaxCrossEntropyBackwardBf16(acts_.probs, targets_.data(), d16, BT, V, scale);
-      dlogits = d16;
+    if (lnf16) {  // the bf16 gradient in the first half of its own fp32 slot
+      kernels::SoftmaxCrossEntropyBackwardBf16(acts_.probs, targets_.data(), Narrow(acts_.dlogits),
+                                               BT, V, scale);
+      dlogits = Narrow(acts_.dlogits);
     } else {
       SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V, scale);
     }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(dlogits, Input(acts_.lnf, b16), kernels::LinearComputeDType(w[1].dtype),
+    LinearBackwardWeight(dlogits, Input(acts_.lnf, lnf16), kernels::LinearComputeDType(w[1].dtype),
                          grad[1].data, grad[1].dtype, BT, V, d, acc);
     LinearBackwardData(dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
   }
@@ -411,20 +411,21 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
 
   const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
   const int proj = q + 1, g2 = q + 2, fc1 = q + 3, fc2 = q + 4;
-  const bool fc1_16 = Bf16Weight(w[fc1]), fc2_16 = Bf16Weight(w[fc2]);
+  const Bf16Inputs in = CheckBf16Inputs(l + 1, w);
 
   // MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))).
   {
     OpScope s(profile_, OpCategory::kGemm);
-    const kernels::LinearInput dy = fc2_16 ? DyBf16(dres, BT * d) : kernels::LinearInput(dres);
-    LinearBackwardWeight(dy, Input(fch_gelu, fc2_16), kernels::LinearComputeDType(w[fc2].dtype),
-                         grad[fc2].data, grad[fc2].dtype, BT, d, ff, acc);
+    const kernels::LinearInput dy = in.fch_gelu ? DyBf16(dres, BT * d) : kernels::LinearInput(dres);
+    LinearBackwardWeight(dy, Input(fch_gelu, in.fch_gelu),
+                         kernels::LinearComputeDType(w[fc2].dtype), grad[fc2].data, grad[fc2].dtype,
+                         BT, d, ff, acc);
     LinearBackwardData(dy, View(w[fc2]), acts_.dfch, BT, d, ff, false);
   }
   kernels::LinearInput dfch = acts_.dfch;
   {
     OpScope s(profile_, OpCategory::kActivation);
-    if (fc1_16) {
+    if (in.ln2) {
       bf16* d16 = DyBf16(nullptr, BT * ff);
       kernels::GeluBackwardBf16(fch, acts_.dfch, d16, BT * ff);
       dfch = d16;
@@ -434,7 +435,7 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(dfch, Input(ln2, fc1_16), kernels::LinearComputeDType(w[fc1].dtype),
+    LinearBackwardWeight(dfch, Input(ln2, in.ln2), kernels::LinearComputeDType(w[fc1].dtype),
                          grad[fc1].data, grad[fc1].dtype, BT, ff, d, acc);
     LinearBackwardData(dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
   }
@@ -461,7 +462,7 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    QkvBackward(Input(ln1, QkvBf16(w)), w, grad, acts_.dtmp, acc);
+    QkvBackward(Input(ln1, in.ln1), in.some_qkv, w, grad, acts_.dtmp, acc);
   }
   OpScope s(profile_, OpCategory::kNorm);
   RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres, dgain_scratch_.data(),
@@ -469,8 +470,39 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
 }
 
-bool Gpt::QkvBf16(const std::vector<TensorRef>& w) const {
-  return std::all_of(w.begin() + 1, w.begin() + 1 + NumQkv(), Bf16Weight);
+Gpt::Bf16Inputs Gpt::InputsOf(int g, const std::vector<TensorRef>& w) const {
+  Bf16Inputs in;
+  if (g == num_groups() - 1) {
+    in.lnf = Bf16Weight(w[1]);
+    in.any = in.lnf;
+  } else if (g > 0) {
+    const int q = NumQkv();
+    in.ln1 = std::all_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
+    in.some_qkv = std::any_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
+    in.ln2 = Bf16Weight(w[q + 3]);
+    in.fch_gelu = Bf16Weight(w[q + 4]);
+    in.any = in.some_qkv || in.ln2 || in.fch_gelu || Bf16Weight(w[q + 1]);
+  }
+  return in;
+}
+
+Gpt::Bf16Inputs Gpt::RecordBf16Inputs(int g, const std::vector<TensorRef>& w) {
+  const Bf16Inputs in = InputsOf(g, w);
+  bf16_inputs_.resize(static_cast<size_t>(num_groups()));
+  bf16_inputs_[static_cast<size_t>(g)] = in.Bits();
+  return in;
+}
+
+Gpt::Bf16Inputs Gpt::CheckBf16Inputs(int g, const std::vector<TensorRef>& w) const {
+  const Bf16Inputs in = InputsOf(g, w);
+  SSHSDP_CHECK(static_cast<size_t>(g) < bf16_inputs_.size() &&
+                   in.Bits() == bf16_inputs_[static_cast<size_t>(g)],
+               PlanError,
+               "GPT Backward({}): the weight views' dtypes differ from those its Forward ran with "
+               "(it stored the linear layers' inputs in bf16 for bf16 weights, fp32 otherwise); "
+               "run Backward with the views of the Forward",
+               g);
+  return in;
 }
 
 bf16* Gpt::DyBf16(const float* src, int64_t n) {
@@ -479,7 +511,8 @@ bf16* Gpt::DyBf16(const float* src, int64_t n) {
   return dy_bf16_.data();
 }
 
-void Gpt::QkvForward(kernels::LinearInput ln1, const std::vector<TensorRef>& w, float* qkv) {
+void Gpt::QkvForward(kernels::LinearInput ln1, bool some_bf16, const std::vector<TensorRef>& w,
+                     float* qkv) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, dh = c_.head_dim();
   if (c_.packed_qkv) {
     LinearForward(ln1, View(w[1]), qkv, BT, 3 * d, d);
@@ -488,7 +521,7 @@ void Gpt::QkvForward(kernels::LinearInput ln1, const std::vector<TensorRef>& w, 
   // One GEMM per part j: qkv[:, j·dh .. (j+1)·dh) = ln1 · W_jᵀ (row stride 3d). bf16 parts
   // multiply the bf16 rounding of ln1 (stored so when every part is bf16), as LinearForward
   // does for a bf16 packed weight.
-  const void* ln1_16 = QkvInputBf16(ln1, w);
+  const void* ln1_16 = QkvInputBf16(ln1, some_bf16);
   for (int j = 0; j < NumQkv(); ++j) {
     const TensorRef& wj = w[1 + j];
     const void* a = wj.dtype == DType::kBF16 ? ln1_16 : ln1.data;
@@ -497,30 +530,27 @@ void Gpt::QkvForward(kernels::LinearInput ln1, const std::vector<TensorRef>& w, 
   }
 }
 
-const void* Gpt::QkvInputBf16(kernels::LinearInput ln1, const std::vector<TensorRef>& w) {
-  if (ln1.dtype == DType::kBF16 ||
-      std::none_of(w.begin() + 1, w.begin() + 1 + NumQkv(), Bf16Weight))
-    return ln1.data;  // already rounded, or no bf16 part reads it
+const void* Gpt::QkvInputBf16(kernels::LinearInput ln1, bool some_bf16) {
+  if (ln1.dtype == DType::kBF16 || !some_bf16) return ln1.data;  // rounded, or nobody reads it
   const int64_t n = static_cast<int64_t>(B_) * T_ * c_.d_model;
   x_bf16_.resize(static_cast<size_t>(n));
   kernels::CastToBf16(static_cast<const float*>(ln1.data), x_bf16_.data(), n);
   return x_bf16_.data();
 }
 
-void Gpt::QkvBackward(kernels::LinearInput ln1, const std::vector<TensorRef>& w,
+void Gpt::QkvBackward(kernels::LinearInput ln1, bool some_bf16, const std::vector<TensorRef>& w,
                       const std::vector<TensorRef>& grad, float* dx, bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, dh = c_.head_dim();
   const float* dqkv = acts_.dqkv;
-  const bool any_bf16 = std::any_of(w.begin() + 1, w.begin() + 1 + NumQkv(), Bf16Weight);
-  const bf16* dqkv16 = any_bf16 ? DyBf16(dqkv, BT * 3 * d) : nullptr;
+  const bf16* dqkv16 = some_bf16 ? DyBf16(dqkv, BT * 3 * d) : nullptr;
   if (c_.packed_qkv) {
-    const kernels::LinearInput dy = any_bf16 ? kernels::LinearInput(dqkv16) : dqkv;
+    const kernels::LinearInput dy = some_bf16 ? kernels::LinearInput(dqkv16) : dqkv;
     LinearBackwardWeight(dy, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
                          grad[1].dtype, BT, 3 * d, d, acc);
     LinearBackwardData(dy, View(w[1]), dx, BT, 3 * d, d, false);
     return;
   }
-  const void* ln1_16 = QkvInputBf16(ln1, w);
+  const void* ln1_16 = QkvInputBf16(ln1, some_bf16);
   for (int j = 0; j < NumQkv(); ++j) {
     const TensorRef& wj = w[1 + j];
     const bool b16 = wj.dtype == DType::kBF16;

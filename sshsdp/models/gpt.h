@@ -142,17 +142,31 @@ class Gpt final : public Model {
   void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
   // The QKV projection of block views w (w[1 .. NumQkv()]): qkv[BT, 3d] = ln1 · Wᵀ, and its
   // backward (dx overwritten with the data gradient, weight gradients into grad views).
-  // ln1 is stored in bf16 when every QKV weight is bf16 (QkvBf16; see gpt.cc's "bf16 linear
-  // inputs").
-  void QkvForward(kernels::LinearInput ln1, const std::vector<TensorRef>& w, float* qkv);
-  void QkvBackward(kernels::LinearInput ln1, const std::vector<TensorRef>& w,
+  // ln1 is stored in bf16 when every QKV weight is bf16 (see gpt.cc's "bf16 linear
+  // inputs"); some_bf16: at least one QKV weight is bf16.
+  void QkvForward(kernels::LinearInput ln1, bool some_bf16, const std::vector<TensorRef>& w,
+                  float* qkv);
+  void QkvBackward(kernels::LinearInput ln1, bool some_bf16, const std::vector<TensorRef>& w,
                    const std::vector<TensorRef>& grad, float* dx, bool acc);
-  bool QkvBf16(const std::vector<TensorRef>& w) const;
-  // packed_qkv = false: the bf16 ln1 that bf16 parts read (rounded into x_bf16_ when ln1 is
-  // stored in fp32 because some part is not bf16).
-  const void* QkvInputBf16(kernels::LinearInput ln1, const std::vector<TensorRef>& w);
+  // packed_qkv = false: the bf16 ln1 that the bf16 parts read — ln1 itself when stored in
+  // bf16, a rounding into x_bf16_ when it is fp32 (some part is not bf16); ln1's fp32 data
+  // unchanged when no part is bf16.
+  const void* QkvInputBf16(kernels::LinearInput ln1, bool some_bf16);
+  // Which linear inputs of group g are stored in bf16, from its weights' dtypes.
+  struct Bf16Inputs {
+    bool ln1 = false, ln2 = false, fch_gelu = false, lnf = false;
+    bool some_qkv = false;  // a QKV part is bf16 (ln1 rounded for it, stored or not)
+    bool any = false;       // some product of the group is bf16 (its gradients use DyBf16)
+    uint8_t Bits() const { return static_cast<uint8_t>(ln1 | ln2 << 1 | fch_gelu << 2 | lnf << 3); }
+  };
+  Bf16Inputs InputsOf(int g, const std::vector<TensorRef>& w) const;
+  Bf16Inputs RecordBf16Inputs(int g, const std::vector<TensorRef>& w);  // Forward
+  Bf16Inputs CheckBf16Inputs(int g,
+                             const std::vector<TensorRef>& w) const;  // Backward: as Forward's
   // n elements of the bf16 gradient scratch dy_bf16_ (grown as needed), holding src rounded
-  // when src is given (a gradient both backward products of a bf16 linear read).
+  // when src is given (a gradient both backward products of a bf16 linear read). Block
+  // forwards with bf16 weights size it for their backward, so ActivationBytes counts it from
+  // the first backward on.
   bf16* DyBf16(const float* src, int64_t n);
   void ForwardEmbedding(const std::vector<TensorRef>& w);
   void ForwardBlock(int l, const std::vector<TensorRef>& w);
@@ -176,6 +190,7 @@ class Gpt final : public Model {
   // bf16 roundings of GEMM operands: ln1 for bf16 QKV parts beside fp32 ones (x_bf16_), a
   // gradient feeding a bf16 linear's two backward products (dy_bf16_, DyBf16).
   std::vector<bf16> x_bf16_, dy_bf16_;
+  std::vector<uint8_t> bf16_inputs_;  // per group, Bf16Inputs::Bits() of its last Forward
 
   // Execution order guards: next forward group, whether a forward pass completed, next
   // backward group.

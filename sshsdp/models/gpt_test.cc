@@ -283,14 +283,17 @@ TEST(Gpt, Bf16WeightsAndGradientsTrackFp32) {
 // GELU, the loss's backward) or are rounded once for both backward products, so the only
 // fp32 activation a product still rounds is the attention output (proj's input: forward and
 // weight gradient), 2·L·B·T·d elements per forward + backward; fp32 weights round nothing.
-// Same bits as rounding in every product: matmul_test and layers_test check each piece, and
-// cli_backend_test compares the whole step with the backend GPT, which rounds per product.
+// That each piece has the bits of rounding inside the product is matmul_test's and
+// layers_test's; the other bf16 tests here bound the model's results. A Backward with views
+// of other dtypes than its Forward's is refused (it would read the stored inputs as the
+// wrong type).
 TEST(Gpt, Bf16LinearInputsAreRoundedOnce) {
+  const int B = 2, T = 8;
   for (bool packed : {true, false}) {
     GptConfig c = TinyConfig();
     c.packed_qkv = packed;
     Gpt m(c);
-    Batch b = RandomBatch(2, 8, 32, 6);
+    Batch b = RandomBatch(B, T, 32, 6);
     for (DType dt : {DType::kBF16, DType::kF32}) {
       SCOPED_TRACE(::testing::Message() << "packed " << packed << " " << DTypeName(dt));
       DenseParams p(m, dt, dt);
@@ -298,9 +301,14 @@ TEST(Gpt, Bf16LinearInputsAreRoundedOnce) {
       const int64_t before = kernels::LinearRoundedElements();
       RunForward(m, p, b);
       RunBackward(m, p, GradWrite::kOverwrite);
-      const int64_t want = dt == DType::kBF16 ? 2LL * c.n_layer * 2 * 8 * c.d_model : 0;
+      const int64_t want = dt == DType::kBF16 ? 2LL * c.n_layer * B * T * c.d_model : 0;
       EXPECT_EQ(kernels::LinearRoundedElements() - before, want);
     }
+    DenseParams p16(m, DType::kBF16, DType::kF32), p32(m);
+    RunForward(m, p16, b);
+    const int last = m.num_groups() - 1;
+    EXPECT_THROW(m.Backward(last, p32.Weights(last), p32.Grads(last), GradWrite::kOverwrite),
+                 PlanError);
   }
 }
 
