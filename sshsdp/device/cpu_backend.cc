@@ -44,7 +44,7 @@ class CpuBackend final : public Backend {
   }
   void CastF32ToBf16(const float* x, bf16* y, int64_t n) override {
     CheckCount(n, "CastF32ToBf16");
-    FloatToBf16(x, y, static_cast<size_t>(n));
+    kernels::CastToBf16(x, y, n);
   }
   void CastBf16ToF32(const bf16* x, float* y, int64_t n) override {
     CheckCount(n, "CastBf16ToF32");

@@ -103,7 +103,8 @@ void Engine::PrepareAndGatherWeights() {
         cfg_.backend->CastF32ToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off,
                                     static_cast<int64_t>(g.z1.size()));
       } else {
-        FloatToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off, g.z1.size());
+        kernels::CastToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off,
+                            static_cast<int64_t>(g.z1.size()));
       }
       counters_.weight_preps++;
     }

@@ -79,7 +79,8 @@ std::function<void()> RedundantPath::GatherTask(RuntimeGroup& g, Communicator* z
       TraceSpan s(tr, cast ? (tmp ? "② cast + ③ copy-in" : "② cast") : "③ copy-in", kTraceComm,
                   {{"group", gi}});
       if (cast)
-        FloatToBf16(static_cast<const float*>(src), static_cast<bf16*>(tmp ? tmp : slice), count);
+        kernels::CastToBf16(static_cast<const float*>(src), static_cast<bf16*>(tmp ? tmp : slice),
+                            static_cast<int64_t>(count));
       if (tmp || !cast) std::memcpy(slice, tmp ? tmp : src, count * es);
     }
     zero3->AllGatherInPlace(dst, count, dt);
