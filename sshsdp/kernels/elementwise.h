@@ -43,8 +43,12 @@ void FillZero(void* dst, DType dtype, int64_t n);
 void WriteOrAccumulate(const float* src, void* dst, DType dst_dtype, int64_t n, bool accumulate);
 
 // Vectorised fp32 -> bf16 rounding, bit-identical to numerics' FloatToBf16 (round to nearest
-// even, NaN stays a quiet NaN, overflow to ±Inf) but branch-free, for hot activation casts.
+// even, NaN stays a quiet NaN, overflow to ±Inf) but branch-free, for hot activation casts:
+// 512-bit vectors on CPUs with AVX512-BW/VL, CastToBf16Portable elsewhere (picked once).
 void CastToBf16(const float* src, bf16* dst, int64_t n);
+// The loop CastToBf16 runs on other CPUs (AVX2 / baseline clones): tests compare the two on
+// any CPU.
+void CastToBf16Portable(const float* src, bf16* dst, int64_t n);
 
 // dst[i] = the fp32 value of bf16 src[i] (exact), vectorised.
 void WidenBf16(const bf16* src, float* dst, int64_t n);

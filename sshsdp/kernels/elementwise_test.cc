@@ -57,10 +57,26 @@ TEST(Elementwise, VectorisedBf16RoundingMatchesScalar) {
   for (int i = 0; i < 100000; ++i) bits.push_back(x = x * 1664525u + 1013904223u);
   std::vector<float> src(bits.size());
   for (size_t i = 0; i < bits.size(); ++i) src[i] = BitsToFloat(bits[i]);
-  std::vector<bf16> fast(src.size());
+  std::vector<bf16> fast(src.size()), portable(src.size());
   CastToBf16(src.data(), fast.data(), static_cast<int64_t>(src.size()));
+  CastToBf16Portable(src.data(), portable.data(), static_cast<int64_t>(src.size()));
   for (size_t i = 0; i < src.size(); ++i) {
     ASSERT_EQ(fast[i].bits, FloatToBf16(src[i]).bits) << std::hex << bits[i];
+    ASSERT_EQ(portable[i].bits, FloatToBf16(src[i]).bits) << std::hex << bits[i];
+  }
+  // Every length 0..40 at every start offset 0..3: the vector body, its masked tail, and no
+  // write past the end (a guard element after the range keeps its value).
+  for (int64_t n = 0; n <= 40; ++n) {
+    for (int64_t off = 0; off < 4; ++off) {
+      std::vector<bf16> got(static_cast<size_t>(n + off + 1), bf16{0x1234});
+      CastToBf16(src.data() + off, got.data() + off, n);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(got[off + i].bits, FloatToBf16(src[off + i]).bits) << n << " " << off;
+      ASSERT_EQ(got[off + n].bits, 0x1234) << "wrote past " << n;
+      if (off > 0) {
+        ASSERT_EQ(got[off - 1].bits, 0x1234) << "wrote before " << off;
+      }
+    }
   }
   // The widened GEMM path's helpers: rounding kept in fp32 and widening are the same bits.
   std::vector<float> through(src.size()), wide(src.size());

@@ -130,13 +130,14 @@ SSHSDP_ACT_CLONES void GeluForwardRange(const float* x, float* y, int64_t n) {
   }
 }
 
-SSHSDP_ACT_CLONES void GeluBackwardRange(const float* x, float* dy, int64_t n) {
+// dx = dy · gelu'(x); dx may be dy (in place).
+SSHSDP_ACT_CLONES void GeluBackwardRange(const float* x, const float* dy, float* dx, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float t = TanhVec(kGeluC * (v + 0.044715f * v * v * v));
     const float dt = (1.0f - t * t) * kGeluC * (1.0f + 3.0f * 0.044715f * v * v);
-    dy[i] *= 0.5f * (1.0f + t) + 0.5f * v * dt;
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * dt);
   }
 }
 
@@ -150,7 +151,7 @@ void GeluForward(const float* x, float* y, int64_t n) {
 // dx = dy · gelu'(x), in place on dy.
 void GeluBackwardInPlace(const float* x, float* dy, int64_t n) {
   ParallelFor(n, kGrainElements,
-              [&](int64_t b, int64_t e) { GeluBackwardRange(x + b, dy + b, e - b); });
+              [&](int64_t b, int64_t e) { GeluBackwardRange(x + b, dy + b, dy + b, e - b); });
 }
 
 // One vectorised exp per logit (ExpVec): e = e^{z - max} is stored and summed in the same
@@ -308,8 +309,7 @@ void GeluForwardBf16(const float* x, bf16* y, int64_t n) {
 
 void GeluBackwardBf16(const float* x, const float* dy, bf16* dx, int64_t n) {
   ElementsToBf16(n, dx, [&](int64_t i, int64_t len, float* out) {
-    std::copy_n(dy + i, len, out);
-    GeluBackwardRange(x + i, out, len);
+    GeluBackwardRange(x + i, dy + i, out, len);
   });
 }
 
