@@ -27,7 +27,9 @@
 // may be fp32 or bf16 (GEMMs go through kernels/matmul; bf16 weights run bf16 GEMMs), gradients
 // fp32 or bf16. Attention scores and softmax run in fp32 (GEMMs per head, softmax loops).
 // Activations live in one arena (a flat allocation with a table of offsets, llm.c style) sized from
-// (B, T, config).
+// (B, T, config). With a bf16 weight, the input of that linear layer (ln1, ln2, fch_gelu, lnf)
+// is stored in bf16 in its slot by the kernel producing it, so no product rounds it again
+// (gpt.cc, "bf16 linear inputs"); a Backward must see the weight dtypes its Forward saw.
 #pragma once
 
 #include <array>
