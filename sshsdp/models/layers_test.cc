@@ -29,6 +29,18 @@ double GeluGradRef(double v) {
          0.5 * v * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3.0 * 0.044715 * v * v);
 }
 
+// n draws of N(0, stddev²) per call, from one seeded stream.
+struct Normals {
+  Normals(uint32_t seed, float stddev) : rng(seed), nd(0.0f, stddev) {}
+  std::vector<float> operator()(int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = nd(rng);
+    return v;
+  }
+  std::mt19937 rng;
+  std::normal_distribution<float> nd;
+};
+
 std::vector<float> Sweep() {
   std::vector<float> x;
   for (float v = -12.0f; v <= 12.0f; v += 0.00731f) x.push_back(v);
@@ -183,13 +195,7 @@ TEST(Swiglu, MatchesDoublePrecisionAndSaturates) {
 TEST(Threads, KernelsGiveTheSameBitsAtAnyThreadCount) {
   const int64_t rows = 1000, V = 90, ld = 96;
   const int d = 67;
-  std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  auto random = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = nd(rng);
-    return v;
-  };
+  Normals random(5, 1.0f);
   const std::vector<float> x = random(rows * d), g = random(d), dy = random(rows * d);
   const std::vector<float> gx = random(100003), logits = random(rows * ld);
   std::vector<int32_t> targets(rows);
@@ -248,13 +254,7 @@ TEST(Threads, KernelsGiveTheSameBitsAtAnyThreadCount) {
 // CastToBf16, bit for bit, on odd sizes across the per-thread buffer's tiles, at 1 and 3
 // threads; GELU's backward leaves its dy alone.
 TEST(Bf16Outputs, EqualTheFp32KernelThenOneRounding) {
-  std::mt19937 rng(9);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  auto random = [&](int64_t n) {
-    std::vector<float> v(static_cast<size_t>(n));
-    for (float& x : v) x = nd(rng);
-    return v;
-  };
+  Normals random(9, 2.0f);
   auto cast = [](const std::vector<float>& v) {
     std::vector<uint16_t> out(v.size());
     kernels::CastToBf16(v.data(), reinterpret_cast<bf16*>(out.data()),
