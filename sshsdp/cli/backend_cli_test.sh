@@ -25,7 +25,9 @@ out=$("$bin" train --help 2>&1)
 grep -q -- "--backend" <<<"$out" && grep -q "cuda:N" <<<"$out"
 check "train --help names --backend and its choices" $?
 
-tiny=(train --model tiny --layers 2 --d-model 32 --heads 4 --seq-len 16 --batch-size 2
+# --attention-dtype fp32: BackendGpt's attention is fp32 (on --backend, auto means fp32), so
+# the host runs it compares with keep attention fp32 too.
+tiny=(train --attention-dtype fp32 --model tiny --layers 2 --d-model 32 --heads 4 --seq-len 16 --batch-size 2
   --microbatches 2)
 expect_error "an unknown backend is refused, naming the choices" \
   "--backend must be host, cpu, cuda or cuda:<ordinal>, got 'tpu'" \

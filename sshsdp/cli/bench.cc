@@ -43,6 +43,7 @@ GptConfig MakeConfig(const BenchOptions& o) {
   if (o.d_model) c.d_model = o.d_model;
   if (o.heads) c.n_head = o.heads;
   if (o.seq_len) c.seq_len = std::max(c.seq_len, o.seq_len);
+  c.bf16_attention = Bf16Attention(o.attention_dtype);
   c.Validate();
   return c;
 }
@@ -566,6 +567,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                                {"warmup", o.warmup},
                                {"steps", o.steps},
                                {"weight_dtype", o.weight_dtype},
+                               {"attention_dtype", o.attention_dtype},
                                {"adamw",
                                 {{"lr", o.lr},
                                  {"beta1", o.beta1},

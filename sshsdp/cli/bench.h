@@ -45,6 +45,7 @@ struct BenchOptions {
   int microbatches = 4;
   int sw = 0, sg = 0, so = 0, ranks_per_node = 0;  // 0: the world size
   std::string weight_dtype = "bf16";
+  std::string attention_dtype = "auto";  // auto | fp32 (as sshsdp train's)
   std::vector<std::string> presets;  // empty: all
   // Per-microbatch AG/RS paths (comm_path.h): every preset runs on each; direct rows are
   // labelled "<preset>+direct".

@@ -24,6 +24,10 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
   app.add_option("--ranks-per-node", o.ranks_per_node, "ranks per (simulated) node");
   app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
       ->capture_default_str();
+  app.add_option("--attention-dtype", o.attention_dtype,
+                 "attention's operands: auto (bf16 where the QKV weights are bf16, as "
+                 "torch.autocast; every preset alike) | fp32")
+      ->capture_default_str();
   app.add_option("--presets", o.presets,
                  "comma-separated presets (default: sshsdp,fsdp2,megatron-fsdp,vescale-fsdp)")
       ->delimiter(',');

@@ -71,9 +71,18 @@ std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
                      c.expert_group ? ", expert groups" : "");
 }
 
+bool Bf16Attention(const std::string& attention_dtype) {
+  SSHSDP_CHECK(attention_dtype == "auto" || attention_dtype == "fp32", ConfigError,
+               "--attention-dtype must be auto (bf16 operands with bf16 QKV weights) or fp32, "
+               "got '{}'",
+               attention_dtype);
+  return attention_dtype == "auto";
+}
+
 GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
   GptConfig c = PresetTrunk(o.model);
   c.vocab = vocab;
+  c.bf16_attention = Bf16Attention(o.attention_dtype);
   if (o.layers) c.n_layer = o.layers;
   if (o.d_model) c.d_model = o.d_model;
   if (o.heads) c.n_head = o.heads;

@@ -23,6 +23,10 @@ bool IsMoePreset(const std::string& name);
 // The preset's trunk with --layers/--d-model/--heads/--seq-len applied and `vocab` tokens
 // (padded to the GEMM multiple, gpt.h). ConfigError for bad sizes.
 GptConfig MakeGptConfig(const TrainOptions& o, int vocab);
+
+// GptConfig::bf16_attention of an --attention-dtype value ("auto" -> true, "fp32" -> false);
+// ConfigError naming the values otherwise.
+bool Bf16Attention(const std::string& attention_dtype);
 // The MoE configuration of an MoE preset: its trunk, then the MoE flags. ConfigError for MoE
 // flags on a dense preset.
 MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk);

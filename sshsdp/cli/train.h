@@ -29,6 +29,7 @@ struct TrainOptions {
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
   std::string on_nonfinite = "stop";            // stop | skip (EngineConfig::on_nonfinite)
   std::string weight_dtype = "bf16";            // bf16 | fp32 | mxfp8
+  std::string attention_dtype = "auto";         // auto (bf16 with bf16 QKV weights) | fp32
   std::string scale_layout = "cublas_swizzle";  // MXFP8 scale layout of Tw (scale_layout.h)
   std::string reduce = "fp32";                  // gradient reduction: fp32 | bf16+fp32 | bf16sr
   uint64_t sr_seed = 0;                         // bf16sr stochastic-rounding seed

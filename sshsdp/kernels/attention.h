@@ -19,6 +19,20 @@
 //
 // The reference it is tested against (kernels_attention_test) is the per-head product with
 // the whole score matrix materialised, testing/attention_reference.h.
+//
+// bf16 attention (the models' choice with bf16 weights, what torch.autocast's CPU flash
+// attention computes): Q, K, V, dO, P and dS are rounded to bf16 (nearest even) as the
+// products' operands; scores, softmax, lse, D = rowsum(dO ⊙ O), dP, dS and every sum stay
+// fp32. On CPUs with AVX512-BF16 (and the native bf16 GEMM path) it runs its own kernel
+// (attention_bf16.cc: per (sequence, head) plane, operands packed in pairs, VDPBF16PS tiles);
+// elsewhere, or with SSHSDP_BF16_GEMM=widened, the kernel above on the rounded operands (same
+// values, fp32 sums in another order). Tested against a double-precision oracle of the same
+// roundings (kernels_attention_bf16_test).
+//
+//   std::vector<float> scratch(AttentionBf16ScratchFloats(B, T, H, dh));
+//   CausalAttentionForwardBf16(qkv, out, lse, scratch.data(), scratch.size(), B, T, H, dh);
+//   CausalAttentionBackwardBf16(dout, qkv, out, lse, dqkv, scratch.data(), scratch.size(), B, T,
+//                               H, dh);
 #pragma once
 
 #include <cstdint>
@@ -41,5 +55,26 @@ void CausalAttentionForward(const float* qkv, float* out, float* lse, float* scr
 void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
                              const float* lse, float* dqkv, float* scratch, int B, int T, int H,
                              int dh, int block = kAttentionQueryBlock);
+
+// True where the bf16 attention runs its AVX512-BF16 kernel: the CPU has AVX512-BF16 and
+// ActiveBf16GemmPath() is native (so SSHSDP_BF16_GEMM=widened forces the other path).
+bool NativeBf16AttentionActive();
+
+// fp32 elements of scratch the bf16 functions need for this shape on the path active now
+// (the native kernel: per worker, `threads` of them; the widened path: the chunked kernel's
+// blocks and rounded copies). `block` must be even.
+int64_t AttentionBf16ScratchFloats(int B, int T, int H, int dh, int block = kAttentionQueryBlock,
+                                   int threads = -1 /* KernelThreads() */);
+
+// As CausalAttentionForward / Backward, with the bf16 roundings above. scratch_floats: the
+// scratch's size (fewer threads run when it was sized for fewer; NumericsError when too small
+// for one).
+void CausalAttentionForwardBf16(const float* qkv, float* out, float* lse, float* scratch,
+                                int64_t scratch_floats, int B, int T, int H, int dh,
+                                int block = kAttentionQueryBlock);
+void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const float* out,
+                                 const float* lse, float* dqkv, float* scratch,
+                                 int64_t scratch_floats, int B, int T, int H, int dh,
+                                 int block = kAttentionQueryBlock);
 
 }  // namespace sshsdp::kernels

@@ -1,7 +1,8 @@
 // Time of the fused causal attention (attention.h) against the per-head reference it replaced
-// (testing/attention_reference.h), forward and backward, on the reference GPTs' shapes, in
-// one process, alternating so both see the same machine state: medians of 7 repetitions per
-// round, 3 rounds. Nothing is asserted.
+// (testing/attention_reference.h), and of the bf16 attention's paths (the AVX512-BF16 kernel
+// where the CPU has it, the widened path) against the fp32 kernel, forward and backward, on
+// the reference GPTs' shapes, in one process, alternating so all see the same machine state:
+// medians of 7 repetitions per round, 3 rounds. Nothing is asserted.
 //
 //   OMP_NUM_THREADS=1 build/sshsdp/kernels/kernels_attention_bench [B=4] [T=256] [H=8] [dh=32]
 #include <fmt/format.h>
@@ -13,6 +14,7 @@
 
 #include "sshsdp/base/bench_util.h"
 #include "sshsdp/kernels/attention.h"
+#include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/kernels/testing/attention_reference.h"
 #include "sshsdp/kernels/testing/gemm_data.h"
@@ -60,5 +62,42 @@ int main(int argc, char** argv) {
   }
   fmt::print("reference / fused, median of rounds: forward {:.2f}x, backward {:.2f}x\n",
              sshsdp::Median(fwd), sshsdp::Median(bwd));
+
+  // bf16: each path's time ÷ the fp32 kernel's, per round.
+  std::vector<k::Bf16GemmPath> paths{k::Bf16GemmPath::kWidened};
+  if (__builtin_cpu_supports("avx512bf16") && k::NativeBf16GemmSupported()) {
+    paths.insert(paths.begin(), k::Bf16GemmPath::kNative);
+  }
+  const k::Bf16GemmPath saved = k::ActiveBf16GemmPath();
+  for (const k::Bf16GemmPath path : paths) {
+    k::SetBf16GemmPath(path);
+    std::vector<float> bscratch(k::AttentionBf16ScratchFloats(B, T, H, dh));
+    const auto n = static_cast<int64_t>(bscratch.size());
+    std::vector<double> rf_bf16, rb_bf16;
+    for (int round = 0; round < 3; ++round) {
+      const double ff = Seconds([&] {
+        k::CausalAttentionForward(qkv.data(), out.data(), lse.data(), scratch.data(), B, T, H, dh);
+      });
+      const double bf = Seconds([&] {
+        k::CausalAttentionForwardBf16(qkv.data(), out.data(), lse.data(), bscratch.data(), n, B,
+                                      T, H, dh);
+      });
+      const double fb = Seconds([&] {
+        k::CausalAttentionBackward(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
+                                   scratch.data(), B, T, H, dh);
+      });
+      const double bb = Seconds([&] {
+        k::CausalAttentionBackwardBf16(dout.data(), qkv.data(), out.data(), lse.data(),
+                                       dqkv.data(), bscratch.data(), n, B, T, H, dh);
+      });
+      rf_bf16.push_back(bf / ff);
+      rb_bf16.push_back(bb / fb);
+      fmt::print("bf16 {} round {}: forward {:.2f} ms (fp32 {:.2f}), backward {:.2f} ms (fp32 {:.2f})\n",
+                 k::Bf16GemmPathName(path), round, bf * 1e3, ff * 1e3, bb * 1e3, fb * 1e3);
+    }
+    fmt::print("bf16 {} / fp32 time, median of rounds: forward {:.2f}, backward {:.2f}\n",
+               k::Bf16GemmPathName(path), sshsdp::Median(rf_bf16), sshsdp::Median(rb_bf16));
+  }
+  k::SetBf16GemmPath(saved);
   return 0;
 }

@@ -165,9 +165,7 @@ SSHSDP_ACT_CLONES void SoftmaxCrossEntropyRows(float* logits, const int32_t* tar
   for (int64_t r = r0; r < r1; ++r) {
     float* p = logits + r * ld;
     for (int64_t v = V; v < ld; ++v) p[v] = 0.0f;  // padded vocabulary: no mass
-    float mx = p[0];
-#pragma omp simd reduction(max : mx)
-    for (int64_t v = 0; v < V; ++v) mx = std::max(mx, p[v]);
+    const float mx = MaxVec(p, V);
     const float target_logit = p[targets[r]];
     float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)

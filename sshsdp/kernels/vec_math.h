@@ -38,4 +38,21 @@ inline float ExpVec(float x) {
   return p * scale;
 }
 
+// max of x[0, n), n >= 1, in 16 running maxima a vector each (GCC leaves an `omp simd
+// reduction(max)` over std::max a scalar chain, 3 cycles per element). NaN only where x[0]
+// is NaN, as a running std::max from x[0] gives; max is exact, so the order changes no bits.
+inline float MaxVec(const float* x, int64_t n) {
+  float m[16];
+  for (int j = 0; j < 16; ++j) m[j] = x[0];
+  int64_t u = 0;
+  for (; u + 16 <= n; u += 16) {
+#pragma omp simd
+    for (int j = 0; j < 16; ++j) m[j] = x[u + j] > m[j] ? x[u + j] : m[j];
+  }
+  float r = x[0];
+  for (; u < n; ++u) r = x[u] > r ? x[u] : r;
+  for (int j = 0; j < 16; ++j) r = m[j] > r ? m[j] : r;
+  return r;
+}
+
 }  // namespace sshsdp::kernels

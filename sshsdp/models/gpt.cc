@@ -314,8 +314,16 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   }
   {
     OpScope s(profile_, OpCategory::kAttention);
-    kernels::CausalAttentionForward(qkv, atty, lse, acts_.att_scratch, B_, T_, c_.n_head,
-                                    c_.head_dim());
+    if (in.attention) {
+      const int64_t n = kernels::AttentionBf16ScratchFloats(B_, T_, c_.n_head, c_.head_dim());
+      if (static_cast<int64_t>(att_bf16_scratch_.size()) < n) att_bf16_scratch_.resize(n);
+      kernels::CausalAttentionForwardBf16(qkv, atty, lse, att_bf16_scratch_.data(),
+                                          static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_,
+                                          c_.n_head, c_.head_dim());
+    } else {
+      kernels::CausalAttentionForward(qkv, atty, lse, acts_.att_scratch, B_, T_, c_.n_head,
+                                      c_.head_dim());
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
@@ -457,8 +465,15 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   }
   {
     OpScope s(profile_, OpCategory::kAttention);
-    kernels::CausalAttentionBackward(acts_.dtmp, qkv, atty, lse, acts_.dqkv, acts_.att_scratch, B_,
-                                     T_, c_.n_head, c_.head_dim());
+    if (in.attention) {
+      kernels::CausalAttentionBackwardBf16(acts_.dtmp, qkv, atty, lse, acts_.dqkv,
+                                           att_bf16_scratch_.data(),
+                                           static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_,
+                                           c_.n_head, c_.head_dim());
+    } else {
+      kernels::CausalAttentionBackward(acts_.dtmp, qkv, atty, lse, acts_.dqkv, acts_.att_scratch,
+                                       B_, T_, c_.n_head, c_.head_dim());
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
@@ -478,6 +493,7 @@ Gpt::Bf16Inputs Gpt::InputsOf(int g, const std::vector<TensorRef>& w) const {
   } else if (g > 0) {
     const int q = NumQkv();
     in.ln1 = std::all_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
+    in.attention = in.ln1 && c_.bf16_attention;
     in.some_qkv = std::any_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
     in.ln2 = Bf16Weight(w[q + 3]);
     in.fch_gelu = Bf16Weight(w[q + 4]);
@@ -582,7 +598,8 @@ double Gpt::FlopsPerToken() const {
 
 int64_t Gpt::ActivationBytes() const {
   return static_cast<int64_t>(
-      (arena_.size() + table_scratch_.size() + gain_scratch_.size() + dgain_scratch_.size()) *
+      (arena_.size() + table_scratch_.size() + gain_scratch_.size() + dgain_scratch_.size() +
+       att_bf16_scratch_.size()) *
           sizeof(float) +
       (x_bf16_.size() + dy_bf16_.size()) * sizeof(bf16));
 }

@@ -65,6 +65,11 @@ struct GptConfig {
   // presets run under AdamW and per-matrix Muon (presets.h: PresetModel); false (default):
   // per-head parts, so per-head Muon sees each head.
   bool fused_qkv = false;
+  // true: a block whose QKV weights are all bf16 runs attention on bf16 operands (Q, K, V,
+  // P, dO, dS rounded; softmax and sums fp32 — kernels::CausalAttentionForwardBf16, what
+  // torch.autocast's CPU attention computes); false: attention stays fp32 whatever the
+  // weights (sshsdp's choice before bf16 attention existed; `--attention-dtype fp32`).
+  bool bf16_attention = true;
 
   // "tiny" (d=64, L=2, H=4, T=64), "small" (d=128, L=4, H=4, T=128),
   // "base" (d=256, L=6, H=8, T=256). Throws ConfigError naming the presets otherwise.
@@ -157,9 +162,12 @@ class Gpt final : public Model {
   // Which linear inputs of group g are stored in bf16, from its weights' dtypes.
   struct Bf16Inputs {
     bool ln1 = false, ln2 = false, fch_gelu = false, lnf = false;
+    bool attention = false;  // attention on bf16 operands (GptConfig::bf16_attention)
     bool some_qkv = false;  // a QKV part is bf16 (ln1 rounded for it, stored or not)
     bool any = false;       // some product of the group is bf16 (its gradients use DyBf16)
-    uint8_t Bits() const { return static_cast<uint8_t>(ln1 | ln2 << 1 | fch_gelu << 2 | lnf << 3); }
+    uint8_t Bits() const {
+      return static_cast<uint8_t>(ln1 | ln2 << 1 | fch_gelu << 2 | lnf << 3 | attention << 4);
+    }
   };
   Bf16Inputs InputsOf(int g, const std::vector<TensorRef>& w) const;
   Bf16Inputs RecordBf16Inputs(int g, const std::vector<TensorRef>& w);  // Forward
@@ -192,6 +200,9 @@ class Gpt final : public Model {
   // bf16 roundings of GEMM operands: ln1 for bf16 QKV parts beside fp32 ones (x_bf16_), a
   // gradient feeding a bf16 linear's two backward products (dy_bf16_, DyBf16).
   std::vector<bf16> x_bf16_, dy_bf16_;
+  // The bf16 attention's scratch (kernels::AttentionBf16ScratchFloats), sized by the first
+  // Forward that runs it.
+  std::vector<float> att_bf16_scratch_;
   std::vector<uint8_t> bf16_inputs_;  // per group, Bf16Inputs::Bits() of its last Forward
 
   // Execution order guards: next forward group, whether a forward pass completed, next

@@ -279,6 +279,32 @@ TEST(Gpt, Bf16WeightsAndGradientsTrackFp32) {
   testing::ExpectGradientsAligned(p32, p16, 0.98);
 }
 
+// GptConfig::bf16_attention: with bf16 QKV weights attention runs on bf16 operands (the
+// loss moves, within bf16 steps of the fp32-attention model's), with fp32 weights it changes
+// no bit. The kernel itself is kernels_attention_bf16_test's.
+TEST(Gpt, Bf16AttentionFollowsTheConfigAndTheQkvDtype) {
+  Batch b = RandomBatch(2, 8, 32, 6);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    double loss[2];
+    for (bool bf16_attention : {false, true}) {
+      GptConfig c = TinyConfig();
+      c.bf16_attention = bf16_attention;
+      Gpt m(c);
+      DenseParams p(m, dt, dt);
+      RandomizeWeights(p, 4);
+      loss[bf16_attention] = RunForward(m, p, b);
+      RunBackward(m, p, GradWrite::kOverwrite);
+    }
+    SCOPED_TRACE(DTypeName(dt));
+    if (dt == DType::kBF16) {
+      EXPECT_NE(loss[0], loss[1]);
+      EXPECT_NEAR(loss[1], loss[0], 1e-2 * loss[0]);
+    } else {
+      EXPECT_EQ(loss[0], loss[1]);
+    }
+  }
+}
+
 // With bf16 weights the linear layers' inputs come rounded from their producers (RMSNorm,
 // GELU, the loss's backward) or are rounded once for both backward products, so the only
 // fp32 activation a product still rounds is the attention output (proj's input: forward and

@@ -409,7 +409,7 @@ int64_t MoeGpt::ActivationBytes() const {
   for (const std::vector<float>& v : mx_scratch_) mx += v.size();
   return static_cast<int64_t>((arena_.size() + table_scratch_.size() + gain_scratch_.size() +
                                dgain_scratch_.size() + router_scratch_.size() +
-                               wgrad_scratch_.size() + mx) *
+                               wgrad_scratch_.size() + att_bf16_scratch_.size() + mx) *
                                   sizeof(float) +
                               iarena_.size() * sizeof(int32_t));
 }

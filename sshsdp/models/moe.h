@@ -244,6 +244,11 @@ class MoeGpt final : public Model {
         *dh1_ = nullptr, *dh3_ = nullptr, *dxp_ = nullptr, *dz_ = nullptr, *dsh1_ = nullptr,
         *dsh3_ = nullptr;
   std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_, router_scratch_, wgrad_scratch_;
+  // The bf16 attention's scratch (trunk.bf16_attention with a bf16 QKV weight), sized by the
+  // first Forward that runs it.
+  std::vector<float> att_bf16_scratch_;
+  void AttentionForward(const TensorRef& qkv_weight, BlockActs& A);
+  void AttentionBackward(const TensorRef& qkv_weight, const BlockActs& A);
   // f() timed in category c of the profile (SetOpProfile), when there is one.
   template <typename F>
   void Op(OpCategory c, F&& f) {

@@ -106,16 +106,44 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
   bwd_next_ = g == 0 ? num_groups() - 1 : g - 1;
 }
 
+// Attention on bf16 operands when the QKV weight is bf16 and the trunk config allows it
+// (GptConfig::bf16_attention), fp32 otherwise — as the dense GPT.
+void MoeGpt::AttentionForward(const TensorRef& qkv_weight, BlockActs& A) {
+  const int H = c_.trunk.n_head, dh = c_.trunk.head_dim();
+  if (qkv_weight.dtype != DType::kBF16 || !c_.trunk.bf16_attention) {
+    kernels::CausalAttentionForward(A.qkv, A.atty, A.lse, att_scratch_, B_, T_, H, dh);
+    return;
+  }
+  const int64_t n = kernels::AttentionBf16ScratchFloats(B_, T_, H, dh);
+  if (static_cast<int64_t>(att_bf16_scratch_.size()) < n) att_bf16_scratch_.resize(n);
+  kernels::CausalAttentionForwardBf16(A.qkv, A.atty, A.lse, att_bf16_scratch_.data(),
+                                      static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_, H,
+                                      dh);
+}
+
+void MoeGpt::AttentionBackward(const TensorRef& qkv_weight, const BlockActs& A) {
+  const int H = c_.trunk.n_head, dh = c_.trunk.head_dim();
+  if (qkv_weight.dtype != DType::kBF16 || !c_.trunk.bf16_attention) {
+    kernels::CausalAttentionBackward(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_scratch_, B_, T_, H,
+                                     dh);
+    return;
+  }
+  SSHSDP_CHECK(!att_bf16_scratch_.empty(), PlanError,
+               "MoE GPT Backward: its QKV weight is bf16 but Forward ran fp32 attention; run "
+               "Backward with the views of the Forward");
+  kernels::CausalAttentionBackwardBf16(dtmp_, A.qkv, A.atty, A.lse, dqkv_,
+                                       att_bf16_scratch_.data(),
+                                       static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_, H,
+                                       dh);
+}
+
 void MoeGpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   BlockActs& A = blocks_[l];
   const float* x = res_[l];
   Op(OpCategory::kNorm, [&] { RmsNormForward(x, Gain(w[0]), A.ln1, A.ln1_rstd, N, d); });
   Op(OpCategory::kGemm, [&] { LinearForward(A.ln1, w[1].data, w[1].dtype, A.qkv, N, 3 * d, d); });
-  Op(OpCategory::kAttention, [&] {
-    kernels::CausalAttentionForward(A.qkv, A.atty, A.lse, att_scratch_, B_, T_, c_.trunk.n_head,
-                                    c_.trunk.head_dim());
-  });
+  Op(OpCategory::kAttention, [&] { AttentionForward(w[1], A); });
   Op(OpCategory::kGemm, [&] { LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d); });
   Op(OpCategory::kElementwise, [&] { kernels::AddThreaded(x, A.res_mid, A.res_mid, N * d); });
   Op(OpCategory::kNorm, [&] { RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d); });
@@ -212,10 +240,7 @@ void MoeGpt::BackwardAttention(int l, const std::vector<TensorRef>& w,
     LinearBackwardWeight(dres, A.atty, w[2].dtype, grad[2].data, grad[2].dtype, N, d, d, acc);
     LinearBackwardData(dres, w[2].data, w[2].dtype, dtmp_, N, d, d, false);
   });
-  Op(OpCategory::kAttention, [&] {
-    kernels::CausalAttentionBackward(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_scratch_, B_, T_,
-                                     c_.trunk.n_head, c_.trunk.head_dim());
-  });
+  Op(OpCategory::kAttention, [&] { AttentionBackward(w[1], A); });
   Op(OpCategory::kGemm, [&] {
     LinearBackwardWeight(dqkv_, A.ln1, w[1].dtype, grad[1].data, grad[1].dtype, N, 3 * d, d, acc);
     LinearBackwardData(dqkv_, w[1].data, w[1].dtype, dtmp_, N, 3 * d, d, false);

@@ -1,0 +1,417 @@
+// bf16 causal attention (attention.h): the AVX512-BF16 kernel, and the dispatch between it
+// and the chunked oneDNN kernel on rounded operands (attention.cc) everywhere else.
+//
+// Why a kernel of our own: oneDNN 2.6 runs bf16 products on the strided batched layouts
+// attention needs with its `gemm:jit` kernels (a bf16 version of attention.cc's products
+// measured 0.6× the fp32 kernel), while VDPBF16PS — two bf16 products summed into each fp32
+// lane — runs at twice the fp32 FMA rate on the CPUs that have it. So each (sequence, head)
+// plane is packed once into the layouts the products read, in one worker's scratch:
+//   Pair = two bf16 in one 32-bit word, the lower index in the low half (VDPBF16PS's order);
+//   A operands row-major in pairs along the reduction (Q, dO, P, dS, and Pᵀ, dSᵀ);
+//   B operands as [reduction / 2][columns] pairs (Kᵀ, Vᵀ for the score-shaped products; K,
+//   V, Q, dO paired by rows for the rest), columns zero-padded to whole 16-lane vectors.
+// One tile function C (+)= α·A·B (up to 6 rows × 64 columns in registers) does all eight
+// products; the softmax and score-gradient rows are attention.cc's. The backward keeps
+// dK and dV in the worker's fp32 accumulators across query blocks and writes them once.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <utility>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/kernels/attention.h"
+#include "sshsdp/kernels/attention_internal.h"
+#include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/parallel.h"
+#include "sshsdp/numerics/dtype.h"
+
+namespace sshsdp::kernels {
+namespace {
+
+namespace ai = attention_internal;
+
+using Pair = uint32_t;
+
+int64_t Up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t Half(int64_t x) { return (x + 1) / 2; }
+
+#define SSHSDP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+// ---- Packing: rounding as numerics' FloatToBf16 (nearest even, NaN stays a quiet NaN), 16
+// floats at a time. ----
+
+// x >> 16 per lane (masked forms here and below: GCC 12 warns that the unmasked ones' pass-through
+// operand may be uninitialized).
+SSHSDP_BF16_TARGET inline __m512i Shr16(__m512i x) {
+  return _mm512_maskz_srli_epi32(static_cast<__mmask16>(0xFFFF), x, 16);
+}
+
+// The bf16 of each lane in its upper 16 bits.
+SSHSDP_BF16_TARGET inline __m512i RoundedBits(__m512 x) {
+  const __m512i u = _mm512_castps_si512(x);
+  const __m512i lsb = _mm512_and_si512(Shr16(u), _mm512_set1_epi32(1));
+  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+  return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+}
+
+SSHSDP_BF16_TARGET inline __mmask16 Lanes(int64_t n) {
+  return n >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << n) - 1);
+}
+
+// Full vectors load and store unmasked: masked stores (and VPMOVDW to memory) are slow on
+// AMD's Zen 4/5.
+SSHSDP_BF16_TARGET inline __m512 Load(const float* x, int64_t left) {
+  return left >= 16 ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(Lanes(left), x);
+}
+
+// 16 rounded floats as bf16 (the upper halves of RoundedBits).
+SSHSDP_BF16_TARGET inline __m256i Bf16Of(__m512 x) {
+  return _mm512_maskz_cvtepi32_epi16(static_cast<__mmask16>(0xFFFF), Shr16(RoundedBits(x)));
+}
+
+// dst[r][p] = (src[r][2p], src[r][2p+1]) for r < rows, p < ⌈cols/2⌉ (a missing odd column 0):
+// each row's bf16 values in order.
+SSHSDP_BF16_TARGET void PackRows(const float* src, int64_t ld, int64_t rows, int64_t cols,
+                                 Pair* dst) {
+  const int64_t pairs = Half(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = src + r * ld;
+    auto* o = reinterpret_cast<uint16_t*>(dst + r * pairs);
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + c), Bf16Of(_mm512_loadu_ps(x + c)));
+    }
+    if (c < cols) _mm256_mask_storeu_epi16(o + c, Lanes(cols - c), Bf16Of(Load(x + c, cols - c)));
+    if (cols % 2 != 0) o[cols] = 0;
+  }
+}
+
+// dst[j][c] = (src[2j][c], src[2j+1][c]) for j < ⌈rows/2⌉, c < cols (a missing odd row 0);
+// columns [cols, ldd) 0.
+SSHSDP_BF16_TARGET void PackRowPairs(const float* src, int64_t ld, int64_t rows, int64_t cols,
+                                     Pair* dst, int64_t ldd) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int64_t j = 0; j < Half(rows); ++j) {
+    const float* a = src + 2 * j * ld;
+    const bool has_b = 2 * j + 1 < rows;
+    Pair* o = dst + j * ldd;
+    for (int64_t c = 0; c < cols; c += 16) {
+      const __m512i lo = RoundedBits(Load(a + c, cols - c));
+      const __m512i hi = has_b ? RoundedBits(Load(a + ld + c, cols - c)) : _mm512_setzero_si512();
+      const __m512i w = _mm512_or_si512(Shr16(lo), _mm512_and_si512(hi, high));
+      if (cols - c >= 16 || c + 16 <= ldd) {
+        _mm512_storeu_si512(o + c, w);  // the padding columns are zero in `w` too
+      } else {
+        _mm512_mask_storeu_epi32(o + c, Lanes(cols - c), w);
+      }
+    }
+    std::fill(o + std::min(Up(cols, 16), ldd), o + ldd, Pair{0});
+  }
+}
+
+// dst[c][r] = src[r][c] for r < rows, c < cols; columns [rows, ldd) of dst 0.
+void TransposeWords(const Pair* src, int64_t rows, int64_t cols, Pair* dst, int64_t ldd) {
+  for (int64_t c = 0; c < cols; ++c) {
+    Pair* o = dst + c * ldd;
+    for (int64_t r = 0; r < rows; ++r) o[r] = src[r * cols + c];
+    std::fill(o + rows, o + ldd, Pair{0});
+  }
+}
+
+constexpr int kTileRows = 6;
+
+// C[MR, ≤16·NV] (+)= alpha · A[MR, kp pairs] · B[kp, 16·NV]; the last vector's columns
+// masked by `last`.
+template <int MR, int NV>
+SSHSDP_BF16_TARGET void Tile(int64_t kp, const Pair* a, int64_t lda, const Pair* b, int64_t ldb,
+                             float* c, int64_t ldc, __mmask16 last, float alpha, bool acc) {
+  __m512 s[MR][NV];
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) s[m][v] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < kp; ++p) {
+    __m512i bv[NV];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) bv[v] = _mm512_loadu_si512(b + p * ldb + 16 * v);
+#pragma GCC unroll 8
+    for (int m = 0; m < MR; ++m) {
+      const __m512i av = _mm512_set1_epi32(static_cast<int>(a[m * lda + p]));
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; ++v) {
+        s[m][v] = _mm512_dpbf16_ps(s[m][v], reinterpret_cast<__m512bh>(av),
+                                   reinterpret_cast<__m512bh>(bv[v]));
+      }
+    }
+  }
+  const __m512 al = _mm512_set1_ps(alpha);
+#pragma GCC unroll 8
+  for (int m = 0; m < MR; ++m) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; ++v) {
+      const __mmask16 mask = v == NV - 1 ? last : static_cast<__mmask16>(0xFFFF);
+      float* cp = c + m * ldc + 16 * v;
+      __m512 r = _mm512_mul_ps(s[m][v], al);
+      if (acc) r = _mm512_add_ps(r, _mm512_maskz_loadu_ps(mask, cp));
+      _mm512_mask_storeu_ps(cp, mask, r);
+    }
+  }
+}
+
+using TileFn = void (*)(int64_t, const Pair*, int64_t, const Pair*, int64_t, float*, int64_t,
+                        __mmask16, float, bool);
+
+template <int NV, int... MR>
+constexpr std::array<TileFn, sizeof...(MR)> TilesOf(std::integer_sequence<int, MR...>) {
+  return {Tile<MR + 1, NV>...};
+}
+
+// [vectors − 1][rows − 1].
+const std::array<std::array<TileFn, kTileRows>, 4> kTiles = {
+    TilesOf<1>(std::make_integer_sequence<int, kTileRows>{}),
+    TilesOf<2>(std::make_integer_sequence<int, kTileRows>{}),
+    TilesOf<3>(std::make_integer_sequence<int, kTileRows>{}),
+    TilesOf<4>(std::make_integer_sequence<int, kTileRows>{})};
+
+// C[M, N] (+)= alpha · A · B with A [M, kp pairs] (row stride lda pairs) and B [kp, ldb]
+// pairs, ldb ≥ N rounded up to 16, the padding columns 0.
+void GemmPairs(int64_t M, int64_t N, int64_t kp, const Pair* a, int64_t lda, const Pair* b,
+               int64_t ldb, float* c, int64_t ldc, float alpha, bool acc) {
+  for (int64_t n0 = 0; n0 < N; n0 += 64) {
+    const int64_t nn = std::min<int64_t>(64, N - n0);
+    const int64_t nv = (nn + 15) / 16;
+    const int64_t tail = nn - 16 * (nv - 1);
+    const auto last = static_cast<__mmask16>((uint32_t{1} << tail) - 1);
+    for (int64_t m0 = 0; m0 < M; m0 += kTileRows) {
+      const int64_t mr = std::min<int64_t>(kTileRows, M - m0);
+      kTiles[nv - 1][mr - 1](kp, a + m0 * lda, lda, b + n0, ldb, c + m0 * ldc + n0, ldc, last,
+                             alpha, acc);
+    }
+  }
+}
+
+// One plane's sizes and the floats of its worker's scratch (ForwardPlane / BackwardPlane
+// carve it in this order).
+struct Plane {
+  int64_t T, dh, block, dh2, dhv, T16, T2;
+  Plane(int T_, int dh_, int block_)
+      : T(T_), dh(dh_), block(std::min(block_, std::max(T_, 1))), dh2(Half(dh_)),
+        dhv(Up(std::max(dh_, 1), 16)), T16(Up(std::max(T_, 1), 16)), T2(Half(T_)) {}
+  int64_t Words() const { return std::max(T * dh2, T2 * dh); }  // a pack before its transpose
+  int64_t ForwardFloats() const {
+    return T * dh2 + dh2 * T16 + T2 * dhv + block * T16 + block * Half(T16) + Words();
+  }
+  int64_t BackwardFloats() const {
+    return 2 * T * dh2 + 2 * dh2 * T16 + T2 * dhv + 2 * dh * T2 + 2 * block * T16 +
+           2 * Half(block) * T16 + block * Half(T16) + 2 * dh * T16 + T + Words();
+  }
+};
+
+// Carves consecutive regions out of a worker's scratch.
+struct Carver {
+  float* at;
+  Pair* pairs(int64_t n) { return reinterpret_cast<Pair*>(std::exchange(at, at + n)); }
+  float* floats(int64_t n) { return std::exchange(at, at + n); }
+};
+
+struct Layout {
+  int B, T, H, dh, block;
+  int64_t d, d3;
+  float scale;
+};
+
+// The transpose of a [T, dh] operand (row stride ld) as a B operand [⌈dh/2⌉][T16]: Kᵀ, Vᵀ.
+void PackTransposedB(const float* x, int64_t ld, const Plane& P, Pair* words, Pair* dst) {
+  PackRows(x, ld, P.T, P.dh, words);
+  TransposeWords(words, P.T, P.dh2, dst, P.T16);
+}
+
+// The transpose of a [T, dh] operand as an A operand [dh][⌈T/2⌉] (pairs of rows): Qᵀ, dOᵀ.
+void PackTransposedA(const float* x, int64_t ld, const Plane& P, Pair* words, Pair* dst) {
+  PackRowPairs(x, ld, P.T, P.dh, words, P.dh);
+  TransposeWords(words, P.T2, P.dh, dst, P.T2);
+}
+
+void ForwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* qkv, float* out,
+                  float* lse, float* scratch) {
+  const int64_t b = plane / L.H, h = plane % L.H, T = L.T;
+  const float* q = qkv + b * T * L.d3 + h * L.dh;
+  Carver cv{scratch};
+  Pair* qa = cv.pairs(T * P.dh2);        // Q rows (S = Q·Kᵀ)
+  Pair* kt = cv.pairs(P.dh2 * P.T16);    // Kᵀ
+  Pair* vb = cv.pairs(P.T2 * P.dhv);     // V paired by rows (O = P·V)
+  float* s = cv.floats(P.block * P.T16);  // scores, then probabilities
+  Pair* pa = cv.pairs(P.block * Half(P.T16));
+  Pair* words = cv.pairs(P.Words());
+  PackRows(q, L.d3, T, L.dh, qa);
+  PackTransposedB(q + L.d, L.d3, P, words, kt);
+  PackRowPairs(q + 2 * L.d, L.d3, T, L.dh, vb, P.dhv);
+  for (int64_t q0 = 0; q0 < T; q0 += L.block) {
+    const int64_t nr = std::min<int64_t>(L.block, T - q0), e = q0 + nr;
+    GemmPairs(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, s, P.T16, L.scale, false);
+    for (int64_t r = 0; r < nr; ++r) {
+      lse[plane * T + q0 + r] = ai::SoftmaxRow(s + r * P.T16, q0 + r + 1, e);
+    }
+    PackRows(s, P.T16, nr, e, pa);
+    GemmPairs(nr, L.dh, Half(e), pa, Half(e), vb, P.dhv, out + (b * T + q0) * L.d + h * L.dh, L.d,
+              1.0f, false);
+  }
+}
+
+// dK and dV are accumulated transposed (dKᵀ = Qᵀ·dS, dVᵀ = dOᵀ·P, [dh, T]) so that P and dS
+// are paired by rows — as they are computed — instead of transposed every block.
+void BackwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* dout,
+                   const float* qkv, const float* out, const float* lse, float* dqkv,
+                   float* scratch) {
+  const int64_t b = plane / L.H, h = plane % L.H, T = L.T;
+  const float* q = qkv + b * T * L.d3 + h * L.dh;
+  const float* go = dout + b * T * L.d + h * L.dh;
+  float* dq = dqkv + b * T * L.d3 + h * L.dh;
+  Carver cv{scratch};
+  Pair* qa = cv.pairs(T * P.dh2);       // Q rows (S)
+  Pair* ga = cv.pairs(T * P.dh2);       // dO rows (dP = dO·Vᵀ)
+  Pair* kt = cv.pairs(P.dh2 * P.T16);   // Kᵀ (S)
+  Pair* vt = cv.pairs(P.dh2 * P.T16);   // Vᵀ (dP)
+  Pair* kb = cv.pairs(P.T2 * P.dhv);    // K paired by rows (dQ = dS·K)
+  Pair* qt = cv.pairs(P.dh * P.T2);     // Qᵀ (dKᵀ)
+  Pair* gt = cv.pairs(P.dh * P.T2);     // dOᵀ (dVᵀ)
+  float* p = cv.floats(P.block * P.T16);
+  float* dp = cv.floats(P.block * P.T16);
+  Pair* pb = cv.pairs(Half(P.block) * P.T16);   // P paired by rows (dVᵀ)
+  Pair* sb = cv.pairs(Half(P.block) * P.T16);   // dS paired by rows (dKᵀ)
+  Pair* sa = cv.pairs(P.block * Half(P.T16));   // dS rows (dQ)
+  float* dkt = cv.floats(P.dh * P.T16);
+  float* dvt = cv.floats(P.dh * P.T16);
+  float* D = cv.floats(T);
+  Pair* words = cv.pairs(P.Words());
+  PackRows(q, L.d3, T, L.dh, qa);
+  PackRows(go, L.d, T, L.dh, ga);
+  PackTransposedB(q + L.d, L.d3, P, words, kt);
+  PackTransposedB(q + 2 * L.d, L.d3, P, words, vt);
+  PackRowPairs(q + L.d, L.d3, T, L.dh, kb, P.dhv);
+  PackTransposedA(q, L.d3, P, words, qt);
+  PackTransposedA(go, L.d, P, words, gt);
+  for (int64_t t = 0; t < T; ++t) {
+    D[t] = ai::Dot(go + t * L.d, out + (b * T + t) * L.d + h * L.dh, L.dh);
+  }
+  // The last query block meets every key: it writes dKᵀ and dVᵀ, earlier blocks add to them.
+  const int64_t last_q0 = (T - 1) / L.block * L.block;
+  for (int64_t q0 = last_q0; q0 >= 0; q0 -= L.block) {
+    const int64_t nr = std::min<int64_t>(L.block, T - q0), e = q0 + nr, kr = Half(nr);
+    const bool acc = q0 != last_q0;
+    GemmPairs(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, p, P.T16, L.scale, false);
+    GemmPairs(nr, e, P.dh2, ga + q0 * P.dh2, P.dh2, vt, P.T16, dp, P.T16, 1.0f, false);
+    for (int64_t r = 0; r < nr; ++r) {
+      float* pr = p + r * P.T16;
+      ai::ProbabilitiesRow(pr, q0 + r + 1, e, lse[plane * T + q0 + r]);
+      ai::ScoreGradientRow(pr, dp + r * P.T16, e, D[q0 + r], L.scale);
+    }
+    PackRowPairs(p, P.T16, nr, e, pb, P.T16);
+    PackRowPairs(dp, P.T16, nr, e, sb, P.T16);
+    PackRows(dp, P.T16, nr, e, sa);
+    GemmPairs(L.dh, e, kr, gt + q0 / 2, P.T2, pb, P.T16, dvt, P.T16, 1.0f, acc);
+    GemmPairs(L.dh, e, kr, qt + q0 / 2, P.T2, sb, P.T16, dkt, P.T16, 1.0f, acc);
+    GemmPairs(nr, L.dh, Half(e), sa, Half(e), kb, P.dhv, dq + q0 * L.d3, L.d3, 1.0f, false);
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t c = 0; c < L.dh; ++c) {
+      dq[t * L.d3 + L.d + c] = dkt[c * P.T16 + t];
+      dq[t * L.d3 + 2 * L.d + c] = dvt[c * P.T16 + t];
+    }
+  }
+}
+
+void CheckBf16Shape(const char* what, int B, int T, int H, int dh, int block) {
+  ai::CheckShape(what, B, T, H, dh, block);
+  SSHSDP_CHECK(block % 2 == 0, NumericsError,
+               "{}: the bf16 attention needs an even query block (got {}): its products pair "
+               "query rows",
+               what, block);
+}
+
+// Workers the native kernel runs with this scratch (at most one per kernel thread and plane).
+int64_t Workers(const char* what, int64_t planes, int64_t per_worker, int64_t scratch_floats) {
+  const int64_t fit = per_worker > 0 ? scratch_floats / per_worker : planes;
+  SSHSDP_CHECK(fit >= 1 || planes == 0, NumericsError,
+               "{}: scratch of {} floats is below one worker's {} (size it with "
+               "AttentionBf16ScratchFloats for this shape)",
+               what, scratch_floats, per_worker);
+  return std::clamp<int64_t>(std::min<int64_t>(fit, KernelThreads()), 1, std::max<int64_t>(planes, 1));
+}
+
+// f(plane, worker scratch) over every plane, planes dealt round-robin to `workers` slots.
+template <typename F>
+void ForWorkers(int64_t planes, int64_t workers, int64_t per_worker, float* scratch, F&& f) {
+  ParallelFor(workers, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      for (int64_t plane = w; plane < planes; plane += workers) f(plane, scratch + w * per_worker);
+    }
+  });
+}
+
+Layout MakeLayout(int B, int T, int H, int dh, int block) {
+  const int64_t d = static_cast<int64_t>(H) * dh;
+  return {B, T, H, dh, block, d, 3 * d, dh > 0 ? 1.0f / std::sqrt(static_cast<float>(dh)) : 1.0f};
+}
+
+}  // namespace
+
+bool NativeBf16AttentionActive() {
+  static const bool cpu = __builtin_cpu_supports("avx512bf16") != 0;
+  return cpu && ActiveBf16GemmPath() == Bf16GemmPath::kNative;
+}
+
+int64_t AttentionBf16ScratchFloats(int B, int T, int H, int dh, int block, int threads) {
+  CheckBf16Shape("AttentionBf16ScratchFloats", B, T, H, dh, block);
+  if (!NativeBf16AttentionActive()) return ai::ChunkedScratchFloats(B, T, H, dh, block, true);
+  const int64_t workers = std::clamp<int64_t>(threads > 0 ? threads : KernelThreads(), 1,
+                                              std::max<int64_t>(int64_t{B} * H, 1));
+  return workers * Plane(T, dh, block).BackwardFloats();
+}
+
+void CausalAttentionForwardBf16(const float* qkv, float* out, float* lse, float* scratch,
+                                int64_t scratch_floats, int B, int T, int H, int dh, int block) {
+  const char* what = "CausalAttentionForwardBf16";
+  CheckBf16Shape(what, B, T, H, dh, block);
+  if (!NativeBf16AttentionActive()) {
+    const int64_t need = ai::ChunkedScratchFloats(B, T, H, dh, block, true);
+    SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed",
+                 what, scratch_floats, need);
+    ai::ChunkedForward(qkv, out, lse, scratch, B, T, H, dh, block, true);
+    return;
+  }
+  if (T == 0) return;
+  const Plane P(T, dh, block);
+  const Layout L = MakeLayout(B, T, H, dh, block);
+  const int64_t planes = int64_t{B} * H, per = P.ForwardFloats();
+  ForWorkers(planes, Workers(what, planes, per, scratch_floats), per, scratch,
+             [&](int64_t plane, float* s) { ForwardPlane(L, P, plane, qkv, out, lse, s); });
+}
+
+void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const float* out,
+                                 const float* lse, float* dqkv, float* scratch,
+                                 int64_t scratch_floats, int B, int T, int H, int dh, int block) {
+  const char* what = "CausalAttentionBackwardBf16";
+  CheckBf16Shape(what, B, T, H, dh, block);
+  if (!NativeBf16AttentionActive()) {
+    const int64_t need = ai::ChunkedScratchFloats(B, T, H, dh, block, true);
+    SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed",
+                 what, scratch_floats, need);
+    ai::ChunkedBackward(dout, qkv, out, lse, dqkv, scratch, B, T, H, dh, block, true);
+    return;
+  }
+  if (T == 0) return;
+  const Plane P(T, dh, block);
+  const Layout L = MakeLayout(B, T, H, dh, block);
+  const int64_t planes = int64_t{B} * H, per = P.BackwardFloats();
+  ForWorkers(planes, Workers(what, planes, per, scratch_floats), per, scratch,
+             [&](int64_t plane, float* s) {
+               BackwardPlane(L, P, plane, dout, qkv, out, lse, dqkv, s);
+             });
+}
+
+}  // namespace sshsdp::kernels
