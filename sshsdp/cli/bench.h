@@ -46,7 +46,7 @@ struct BenchOptions {
   int sw = 0, sg = 0, so = 0, ranks_per_node = 0;  // 0: the world size
   std::string weight_dtype = "bf16";
   std::string attention_dtype = "auto";  // auto | fp32 (as sshsdp train's)
-  std::vector<std::string> presets;  // empty: all
+  std::vector<std::string> presets;      // empty: all
   // Per-microbatch AG/RS paths (comm_path.h): every preset runs on each; direct rows are
   // labelled "<preset>+direct".
   std::vector<std::string> comm_paths = {"collective"};

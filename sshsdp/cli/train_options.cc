@@ -118,10 +118,11 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "transformer blocks; embedding and LM head stay bf16; MoE presets: the expert "
                  "weights only, in their own runtime groups; router, attention, dense blocks bf16)")
       ->capture_default_str();
-  app.add_option("--attention-dtype", o.attention_dtype,
-                 "attention's operands: auto (bf16 — Q, K, V, P, dO, dS rounded, softmax and sums in "
-                 "fp32, as torch.autocast — where the QKV weights are bf16 on the host engine; fp32 "
-                 "otherwise and on --backend, whose attention is fp32) | fp32 (always)")
+  app.add_option(
+         "--attention-dtype", o.attention_dtype,
+         "attention's operands: auto (bf16 — Q, K, V, P, dO, dS rounded, softmax and sums in "
+         "fp32, as torch.autocast — where the QKV weights are bf16 on the host engine; fp32 "
+         "otherwise and on --backend, whose attention is fp32) | fp32 (always)")
       ->capture_default_str();
   app.add_option("--scale-layout", o.scale_layout,
                  "MXFP8 scale layout of packed runtime weights: row_major | block_row_major | "

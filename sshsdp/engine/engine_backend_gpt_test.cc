@@ -47,6 +47,14 @@ Backend& Cpu() {
   return *cpu;
 }
 
+// The host Gpt BackendGpt is compared with: attention fp32 whatever the weights, as the
+// backends' attention (GptConfig::bf16_attention = false).
+GptConfig HostReferenceGpt() {
+  GptConfig c = TestGpt();
+  c.bf16_attention = false;
+  return c;
+}
+
 // fp32 runtime weights, and bf16 ones (BackendGpt's bf16 linears against Gpt's).
 TEST(EngineBackendGpt, AllLayoutsMatchTheHostGptReference) {
   const int W = WorldSize();
@@ -58,7 +66,7 @@ TEST(EngineBackendGpt, AllLayoutsMatchTheHostGptReference) {
       int made = 0;  // the first model is the engine's under test, the second the reference's
       c.make = [&made]() -> std::unique_ptr<Model> {
         if (made++ == 0) return std::make_unique<BackendGptModel>(Cpu(), TestGpt());
-        return std::make_unique<Gpt>(TestGpt());
+        return std::make_unique<Gpt>(HostReferenceGpt());
       };
       c.cfg = BaseConfig(l, 2, wdt);
       c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, wdt);
@@ -93,7 +101,7 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
   int made = 0;
   c.make = [&made, &backend]() -> std::unique_ptr<Model> {
     if (made++ == 0) return std::make_unique<BackendGptModel>(backend, TestGpt());
-    return std::make_unique<Gpt>(TestGpt());
+    return std::make_unique<Gpt>(HostReferenceGpt());
   };
   const int W = WorldSize();
   if (opt.kind == OptimizerKind::kMuon) {

@@ -79,21 +79,22 @@ int main(int argc, char** argv) {
         k::CausalAttentionForward(qkv.data(), out.data(), lse.data(), scratch.data(), B, T, H, dh);
       });
       const double bf = Seconds([&] {
-        k::CausalAttentionForwardBf16(qkv.data(), out.data(), lse.data(), bscratch.data(), n, B,
-                                      T, H, dh);
+        k::CausalAttentionForwardBf16(qkv.data(), out.data(), lse.data(), bscratch.data(), n, B, T,
+                                      H, dh);
       });
       const double fb = Seconds([&] {
         k::CausalAttentionBackward(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
                                    scratch.data(), B, T, H, dh);
       });
       const double bb = Seconds([&] {
-        k::CausalAttentionBackwardBf16(dout.data(), qkv.data(), out.data(), lse.data(),
-                                       dqkv.data(), bscratch.data(), n, B, T, H, dh);
+        k::CausalAttentionBackwardBf16(dout.data(), qkv.data(), out.data(), lse.data(), dqkv.data(),
+                                       bscratch.data(), n, B, T, H, dh);
       });
       rf_bf16.push_back(bf / ff);
       rb_bf16.push_back(bb / fb);
-      fmt::print("bf16 {} round {}: forward {:.2f} ms (fp32 {:.2f}), backward {:.2f} ms (fp32 {:.2f})\n",
-                 k::Bf16GemmPathName(path), round, bf * 1e3, ff * 1e3, bb * 1e3, fb * 1e3);
+      fmt::print(
+          "bf16 {} round {}: forward {:.2f} ms (fp32 {:.2f}), backward {:.2f} ms (fp32 {:.2f})\n",
+          k::Bf16GemmPathName(path), round, bf * 1e3, ff * 1e3, bb * 1e3, fb * 1e3);
     }
     fmt::print("bf16 {} / fp32 time, median of rounds: forward {:.2f}, backward {:.2f}\n",
                k::Bf16GemmPathName(path), sshsdp::Median(rf_bf16), sshsdp::Median(rb_bf16));

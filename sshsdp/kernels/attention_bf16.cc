@@ -199,8 +199,13 @@ void GemmPairs(int64_t M, int64_t N, int64_t kp, const Pair* a, int64_t lda, con
 struct Plane {
   int64_t T, dh, block, dh2, dhv, T16, T2;
   Plane(int T_, int dh_, int block_)
-      : T(T_), dh(dh_), block(std::min(block_, std::max(T_, 1))), dh2(Half(dh_)),
-        dhv(Up(std::max(dh_, 1), 16)), T16(Up(std::max(T_, 1), 16)), T2(Half(T_)) {}
+      : T(T_),
+        dh(dh_),
+        block(std::min(block_, std::max(T_, 1))),
+        dh2(Half(dh_)),
+        dhv(Up(std::max(dh_, 1), 16)),
+        T16(Up(std::max(T_, 1), 16)),
+        T2(Half(T_)) {}
   int64_t Words() const { return std::max(T * dh2, T2 * dh); }  // a pack before its transpose
   int64_t ForwardFloats() const {
     return T * dh2 + dh2 * T16 + T2 * dhv + block * T16 + block * Half(T16) + Words();
@@ -241,9 +246,9 @@ void ForwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* q
   const int64_t b = plane / L.H, h = plane % L.H, T = L.T;
   const float* q = qkv + b * T * L.d3 + h * L.dh;
   Carver cv{scratch};
-  Pair* qa = cv.pairs(T * P.dh2);        // Q rows (S = Q·Kᵀ)
-  Pair* kt = cv.pairs(P.dh2 * P.T16);    // Kᵀ
-  Pair* vb = cv.pairs(P.T2 * P.dhv);     // V paired by rows (O = P·V)
+  Pair* qa = cv.pairs(T * P.dh2);         // Q rows (S = Q·Kᵀ)
+  Pair* kt = cv.pairs(P.dh2 * P.T16);     // Kᵀ
+  Pair* vb = cv.pairs(P.T2 * P.dhv);      // V paired by rows (O = P·V)
   float* s = cv.floats(P.block * P.T16);  // scores, then probabilities
   Pair* pa = cv.pairs(P.block * Half(P.T16));
   Pair* words = cv.pairs(P.Words());
@@ -272,18 +277,18 @@ void BackwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* 
   const float* go = dout + b * T * L.d + h * L.dh;
   float* dq = dqkv + b * T * L.d3 + h * L.dh;
   Carver cv{scratch};
-  Pair* qa = cv.pairs(T * P.dh2);       // Q rows (S)
-  Pair* ga = cv.pairs(T * P.dh2);       // dO rows (dP = dO·Vᵀ)
-  Pair* kt = cv.pairs(P.dh2 * P.T16);   // Kᵀ (S)
-  Pair* vt = cv.pairs(P.dh2 * P.T16);   // Vᵀ (dP)
-  Pair* kb = cv.pairs(P.T2 * P.dhv);    // K paired by rows (dQ = dS·K)
-  Pair* qt = cv.pairs(P.dh * P.T2);     // Qᵀ (dKᵀ)
-  Pair* gt = cv.pairs(P.dh * P.T2);     // dOᵀ (dVᵀ)
+  Pair* qa = cv.pairs(T * P.dh2);      // Q rows (S)
+  Pair* ga = cv.pairs(T * P.dh2);      // dO rows (dP = dO·Vᵀ)
+  Pair* kt = cv.pairs(P.dh2 * P.T16);  // Kᵀ (S)
+  Pair* vt = cv.pairs(P.dh2 * P.T16);  // Vᵀ (dP)
+  Pair* kb = cv.pairs(P.T2 * P.dhv);   // K paired by rows (dQ = dS·K)
+  Pair* qt = cv.pairs(P.dh * P.T2);    // Qᵀ (dKᵀ)
+  Pair* gt = cv.pairs(P.dh * P.T2);    // dOᵀ (dVᵀ)
   float* p = cv.floats(P.block * P.T16);
   float* dp = cv.floats(P.block * P.T16);
-  Pair* pb = cv.pairs(Half(P.block) * P.T16);   // P paired by rows (dVᵀ)
-  Pair* sb = cv.pairs(Half(P.block) * P.T16);   // dS paired by rows (dKᵀ)
-  Pair* sa = cv.pairs(P.block * Half(P.T16));   // dS rows (dQ)
+  Pair* pb = cv.pairs(Half(P.block) * P.T16);  // P paired by rows (dVᵀ)
+  Pair* sb = cv.pairs(Half(P.block) * P.T16);  // dS paired by rows (dKᵀ)
+  Pair* sa = cv.pairs(P.block * Half(P.T16));  // dS rows (dQ)
   float* dkt = cv.floats(P.dh * P.T16);
   float* dvt = cv.floats(P.dh * P.T16);
   float* D = cv.floats(T);
@@ -340,7 +345,8 @@ int64_t Workers(const char* what, int64_t planes, int64_t per_worker, int64_t sc
                "{}: scratch of {} floats is below one worker's {} (size it with "
                "AttentionBf16ScratchFloats for this shape)",
                what, scratch_floats, per_worker);
-  return std::clamp<int64_t>(std::min<int64_t>(fit, KernelThreads()), 1, std::max<int64_t>(planes, 1));
+  return std::clamp<int64_t>(std::min<int64_t>(fit, KernelThreads()), 1,
+                             std::max<int64_t>(planes, 1));
 }
 
 // f(plane, worker scratch) over every plane, planes dealt round-robin to `workers` slots.
@@ -379,8 +385,8 @@ void CausalAttentionForwardBf16(const float* qkv, float* out, float* lse, float*
   CheckBf16Shape(what, B, T, H, dh, block);
   if (!NativeBf16AttentionActive()) {
     const int64_t need = ai::ChunkedScratchFloats(B, T, H, dh, block, true);
-    SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed",
-                 what, scratch_floats, need);
+    SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed", what,
+                 scratch_floats, need);
     ai::ChunkedForward(qkv, out, lse, scratch, B, T, H, dh, block, true);
     return;
   }
@@ -399,8 +405,8 @@ void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const floa
   CheckBf16Shape(what, B, T, H, dh, block);
   if (!NativeBf16AttentionActive()) {
     const int64_t need = ai::ChunkedScratchFloats(B, T, H, dh, block, true);
-    SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed",
-                 what, scratch_floats, need);
+    SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed", what,
+                 scratch_floats, need);
     ai::ChunkedBackward(dout, qkv, out, lse, dqkv, scratch, B, T, H, dh, block, true);
     return;
   }
@@ -408,10 +414,9 @@ void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const floa
   const Plane P(T, dh, block);
   const Layout L = MakeLayout(B, T, H, dh, block);
   const int64_t planes = int64_t{B} * H, per = P.BackwardFloats();
-  ForWorkers(planes, Workers(what, planes, per, scratch_floats), per, scratch,
-             [&](int64_t plane, float* s) {
-               BackwardPlane(L, P, plane, dout, qkv, out, lse, dqkv, s);
-             });
+  ForWorkers(
+      planes, Workers(what, planes, per, scratch_floats), per, scratch,
+      [&](int64_t plane, float* s) { BackwardPlane(L, P, plane, dout, qkv, out, lse, dqkv, s); });
 }
 
 }  // namespace sshsdp::kernels

@@ -183,13 +183,13 @@ struct Outputs {
 };
 
 Outputs RunBf16(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& dout,
-            int scratch_threads = -1) {
+                int scratch_threads = -1) {
   const int64_t d = int64_t{s.H} * s.dh, BT = int64_t{s.B} * s.T;
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<float> scratch(
       AttentionBf16ScratchFloats(s.B, s.T, s.H, s.dh, s.block, scratch_threads), nan);
   Outputs r{std::vector<float>(BT * d, nan), std::vector<float>(int64_t{s.B} * s.H * s.T, nan),
-        std::vector<float>(BT * 3 * d, nan)};
+            std::vector<float>(BT * 3 * d, nan)};
   CausalAttentionForwardBf16(qkv.data(), r.out.data(), r.lse.data(), scratch.data(),
                              static_cast<int64_t>(scratch.size()), s.B, s.T, s.H, s.dh, s.block);
   CausalAttentionBackwardBf16(dout.data(), qkv.data(), r.out.data(), r.lse.data(), r.dqkv.data(),
@@ -239,10 +239,9 @@ INSTANTIATE_TEST_SUITE_P(
                                          Shape{1, 90, 1, 8, 2}, Shape{2, 3, 2, 0, 64})),
     [](const auto& info) {
       const Shape s = std::get<1>(info.param);
-      return std::string(std::get<0>(info.param) == Path::kNative ? "native" : "widened") +
-             "_B" + std::to_string(s.B) + "_T" + std::to_string(s.T) + "_H" +
-             std::to_string(s.H) + "_dh" + std::to_string(s.dh) + "_block" +
-             std::to_string(s.block);
+      return std::string(std::get<0>(info.param) == Path::kNative ? "native" : "widened") + "_B" +
+             std::to_string(s.B) + "_T" + std::to_string(s.T) + "_H" + std::to_string(s.H) + "_dh" +
+             std::to_string(s.dh) + "_block" + std::to_string(s.block);
     });
 
 // The native kernel computes each (sequence, head) plane whole on one worker: any thread

@@ -36,6 +36,9 @@ kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales
 // once (Gpt::DyBf16), or produced in bf16 (GELU's and the loss's backward). The products
 // see the same bf16 values as when each rounds its fp32 operand (matmul.h's LinearInput),
 // so results are bit-identical.
+// bf16 attention: a block whose QKV weights are all bf16 runs attention on bf16 operands
+// (GptConfig::bf16_attention, kernels::CausalAttentionForwardBf16) with its own scratch
+// (att_bf16_scratch_, sized by Forward).
 // Forward records which inputs it stored in bf16 (Gpt::bf16_inputs_) and Backward refuses
 // views of other dtypes, which would read those slots as the wrong type. No function reads
 // the same bytes of a slot both as fp32 and as bf16 (the products hand them to oneDNN).
@@ -466,10 +469,9 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   {
     OpScope s(profile_, OpCategory::kAttention);
     if (in.attention) {
-      kernels::CausalAttentionBackwardBf16(acts_.dtmp, qkv, atty, lse, acts_.dqkv,
-                                           att_bf16_scratch_.data(),
-                                           static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_,
-                                           c_.n_head, c_.head_dim());
+      kernels::CausalAttentionBackwardBf16(
+          acts_.dtmp, qkv, atty, lse, acts_.dqkv, att_bf16_scratch_.data(),
+          static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_, c_.n_head, c_.head_dim());
     } else {
       kernels::CausalAttentionBackward(acts_.dtmp, qkv, atty, lse, acts_.dqkv, acts_.att_scratch,
                                        B_, T_, c_.n_head, c_.head_dim());
@@ -597,11 +599,10 @@ double Gpt::FlopsPerToken() const {
 }
 
 int64_t Gpt::ActivationBytes() const {
-  return static_cast<int64_t>(
-      (arena_.size() + table_scratch_.size() + gain_scratch_.size() + dgain_scratch_.size() +
-       att_bf16_scratch_.size()) *
-          sizeof(float) +
-      (x_bf16_.size() + dy_bf16_.size()) * sizeof(bf16));
+  return static_cast<int64_t>((arena_.size() + table_scratch_.size() + gain_scratch_.size() +
+                               dgain_scratch_.size() + att_bf16_scratch_.size()) *
+                                  sizeof(float) +
+                              (x_bf16_.size() + dy_bf16_.size()) * sizeof(bf16));
 }
 
 }  // namespace sshsdp

@@ -163,8 +163,8 @@ class Gpt final : public Model {
   struct Bf16Inputs {
     bool ln1 = false, ln2 = false, fch_gelu = false, lnf = false;
     bool attention = false;  // attention on bf16 operands (GptConfig::bf16_attention)
-    bool some_qkv = false;  // a QKV part is bf16 (ln1 rounded for it, stored or not)
-    bool any = false;       // some product of the group is bf16 (its gradients use DyBf16)
+    bool some_qkv = false;   // a QKV part is bf16 (ln1 rounded for it, stored or not)
+    bool any = false;        // some product of the group is bf16 (its gradients use DyBf16)
     uint8_t Bits() const {
       return static_cast<uint8_t>(ln1 | ln2 << 1 | fch_gelu << 2 | lnf << 3 | attention << 4);
     }

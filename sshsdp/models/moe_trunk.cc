@@ -131,8 +131,7 @@ void MoeGpt::AttentionBackward(const TensorRef& qkv_weight, const BlockActs& A) 
   SSHSDP_CHECK(!att_bf16_scratch_.empty(), PlanError,
                "MoE GPT Backward: its QKV weight is bf16 but Forward ran fp32 attention; run "
                "Backward with the views of the Forward");
-  kernels::CausalAttentionBackwardBf16(dtmp_, A.qkv, A.atty, A.lse, dqkv_,
-                                       att_bf16_scratch_.data(),
+  kernels::CausalAttentionBackwardBf16(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_bf16_scratch_.data(),
                                        static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_, H,
                                        dh);
 }
