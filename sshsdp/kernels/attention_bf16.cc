@@ -13,11 +13,17 @@
 // One tile function C (+)= α·A·B (up to 6 rows × 64 columns in registers) does all eight
 // products; the softmax and score-gradient rows are attention.cc's. The backward keeps
 // dK and dV in the worker's fp32 accumulators across query blocks and writes them once.
+// GCC 12's AVX-512 headers pass _mm512_undefined_*() as the pass-through operand of the
+// unmasked intrinsics (and the reductions) and then warn that it is or may be
+// uninitialized (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <utility>
 
 #include "sshsdp/base/error.h"
@@ -25,6 +31,7 @@
 #include "sshsdp/kernels/attention_internal.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
+#include "sshsdp/kernels/vec_math.h"
 #include "sshsdp/numerics/dtype.h"
 
 namespace sshsdp::kernels {
@@ -42,8 +49,7 @@ int64_t Half(int64_t x) { return (x + 1) / 2; }
 // ---- Packing: rounding as numerics' FloatToBf16 (nearest even, NaN stays a quiet NaN), 16
 // floats at a time. ----
 
-// x >> 16 per lane (masked forms here and below: GCC 12 warns that the unmasked ones' pass-through
-// operand may be uninitialized).
+// x >> 16 per lane.
 SSHSDP_BF16_TARGET inline __m512i Shr16(__m512i x) {
   return _mm512_maskz_srli_epi32(static_cast<__mmask16>(0xFFFF), x, 16);
 }
@@ -118,6 +124,96 @@ void TransposeWords(const Pair* src, int64_t rows, int64_t cols, Pair* dst, int6
     Pair* o = dst + c * ldd;
     for (int64_t r = 0; r < rows; ++r) o[r] = src[r * cols + c];
     std::fill(o + rows, o + ldd, Pair{0});
+  }
+}
+
+// ---- The softmax rows fused with the packing of their bf16 results: whole vectors to the
+// row's end, lanes past a row's valid keys masked to 0 (no scalar tails). ----
+
+// Lanes [0, n) of a vector (none for n <= 0).
+SSHSDP_BF16_TARGET inline __mmask16 LanesUpTo(int64_t n) {
+  return n <= 0 ? static_cast<__mmask16>(0) : Lanes(n);
+}
+
+// e^x as vec_math.h's ExpVec, 16 lanes (x clamped to [-87, 88], 2^n · degree-6 polynomial).
+SSHSDP_BF16_TARGET inline __m512 Exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  const __m512 magic = _mm512_set1_ps(12582912.0f);
+  const __m512 fn =
+      _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);
+  const __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(1.428606765330187e-06f),
+                                    _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693145751953125f), x));
+  __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i n = _mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127));
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(n, 23)));
+}
+
+// Forward: row [0, valid) of scores → probabilities, rounded to bf16 into out[0, Up16(e))
+// (0 from valid on); returns lse. `row` holds Up16(e) floats, 1 <= valid <= e.
+SSHSDP_BF16_TARGET float SoftmaxRowToBf16(float* row, int64_t valid, int64_t e, uint16_t* out) {
+  __m512 mv = _mm512_set1_ps(row[0]);
+  for (int64_t u0 = 0; u0 < valid; u0 += 16) {
+    mv = _mm512_max_ps(_mm512_mask_loadu_ps(mv, LanesUpTo(valid - u0), row + u0), mv);
+  }
+  const float mx = _mm512_reduce_max_ps(mv);
+  const __m512 mxv = _mm512_set1_ps(mx);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t u0 = 0; u0 < valid; u0 += 16) {
+    const __mmask16 m = LanesUpTo(valid - u0);
+    const __m512 x = _mm512_maskz_mov_ps(m, Exp16(_mm512_sub_ps(_mm512_loadu_ps(row + u0), mxv)));
+    _mm512_storeu_ps(row + u0, x);
+    acc = _mm512_add_ps(acc, x);
+  }
+  const float sum = _mm512_reduce_add_ps(acc);
+  const __m512 inv = _mm512_set1_ps(1.0f / sum);
+  for (int64_t u0 = 0; u0 < e; u0 += 16) {
+    const __m512 x = _mm512_maskz_loadu_ps(LanesUpTo(valid - u0), row + u0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + u0), Bf16Of(_mm512_mul_ps(x, inv)));
+  }
+  return mx + std::log(sum);
+}
+
+// Backward, rows r and r + 1 of a block, columns [0, Up16(e)): P = e^(S − lse) on each row's
+// valid keys, dS = P ⊙ (dP − D)·scale there, both 0 elsewhere; written rounded as P and dS
+// paired by rows (pb, sb) and as dS's rows (sa0, sa1). No fp32 P or dS is kept. Without a
+// second row the caller passes valid1 = 0 and a throwaway sa1.
+struct RowPair {
+  const float *s0, *s1, *dp0, *dp1;
+  int64_t valid0, valid1;
+  float lse0, lse1, D0, D1;
+};
+
+SSHSDP_BF16_TARGET void GradientRowsToBf16(const RowPair& r, int64_t e, float scale, Pair* pb,
+                                           Pair* sb, uint16_t* sa0, uint16_t* sa1) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512 sc = _mm512_set1_ps(scale);
+  const __m512 lse0 = _mm512_set1_ps(r.lse0), lse1 = _mm512_set1_ps(r.lse1);
+  const __m512 D0 = _mm512_set1_ps(r.D0), D1 = _mm512_set1_ps(r.D1);
+  for (int64_t u0 = 0; u0 < e; u0 += 16) {
+    const __mmask16 m0 = LanesUpTo(r.valid0 - u0), m1 = LanesUpTo(r.valid1 - u0);
+    const __m512 p0 =
+        _mm512_maskz_mov_ps(m0, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m0, r.s0 + u0), lse0)));
+    const __m512 p1 =
+        _mm512_maskz_mov_ps(m1, Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m1, r.s1 + u0), lse1)));
+    const __m512 d0 = _mm512_mul_ps(
+        _mm512_mul_ps(p0, _mm512_sub_ps(_mm512_maskz_loadu_ps(m0, r.dp0 + u0), D0)), sc);
+    const __m512 d1 = _mm512_mul_ps(
+        _mm512_mul_ps(p1, _mm512_sub_ps(_mm512_maskz_loadu_ps(m1, r.dp1 + u0), D1)), sc);
+    const __m512i bd0 = RoundedBits(d0), bd1 = RoundedBits(d1);
+    _mm512_storeu_si512(
+        pb + u0, _mm512_or_si512(Shr16(RoundedBits(p0)), _mm512_and_si512(RoundedBits(p1), high)));
+    _mm512_storeu_si512(sb + u0, _mm512_or_si512(Shr16(bd0), _mm512_and_si512(bd1, high)));
+    const auto whole = static_cast<__mmask16>(0xFFFF);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sa0 + u0),
+                        _mm512_maskz_cvtepi32_epi16(whole, Shr16(bd0)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(sa1 + u0),
+                        _mm512_maskz_cvtepi32_epi16(whole, Shr16(bd1)));
   }
 }
 
@@ -212,7 +308,7 @@ struct Plane {
   }
   int64_t BackwardFloats() const {
     return 2 * T * dh2 + 2 * dh2 * T16 + T2 * dhv + 2 * dh * T2 + 2 * block * T16 +
-           2 * Half(block) * T16 + block * Half(T16) + 2 * dh * T16 + T + Words();
+           2 * Half(block) * T16 + (block + 1) * Half(T16) + 2 * dh * T16 + T + Words();
   }
 };
 
@@ -258,12 +354,34 @@ void ForwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* q
   for (int64_t q0 = 0; q0 < T; q0 += L.block) {
     const int64_t nr = std::min<int64_t>(L.block, T - q0), e = q0 + nr;
     GemmPairs(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, s, P.T16, L.scale, false);
+    const int64_t lda = P.T16 / 2;  // pa's rows: Up16(e) bf16 written, Half(e) pairs read
     for (int64_t r = 0; r < nr; ++r) {
-      lse[plane * T + q0 + r] = ai::SoftmaxRow(s + r * P.T16, q0 + r + 1, e);
+      lse[plane * T + q0 + r] =
+          SoftmaxRowToBf16(s + r * P.T16, q0 + r + 1, e, reinterpret_cast<uint16_t*>(pa + r * lda));
     }
-    PackRows(s, P.T16, nr, e, pa);
-    GemmPairs(nr, L.dh, Half(e), pa, Half(e), vb, P.dhv, out + (b * T + q0) * L.d + h * L.dh, L.d,
-              1.0f, false);
+    GemmPairs(nr, L.dh, Half(e), pa, lda, vb, P.dhv, out + (b * T + q0) * L.d + h * L.dh, L.d, 1.0f,
+              false);
+  }
+}
+
+// dk[t][c] = dkt[c][t] and dv[t][c] = dvt[c][t] (dv at dk + dv_offset) for t < T, c < dh,
+// rows of dk ld apart: gathered 16 columns at a time, written as vectors.
+SSHSDP_BF16_TARGET void WriteTransposed(const float* dkt, const float* dvt, const Plane& P,
+                                        float* dk, int64_t dv_offset, int64_t ld) {
+  const __m512i lanes =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(P.T16)));
+  for (int64_t t = 0; t < P.T; ++t) {
+    float* row = dk + t * ld;
+    for (int64_t c = 0; c < P.dh; c += 16) {
+      const __mmask16 m = Lanes(P.dh - c);
+      const __m512i at =
+          _mm512_add_epi32(lanes, _mm512_set1_epi32(static_cast<int>(c * P.T16 + t)));
+      _mm512_mask_storeu_ps(row + c, m,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, dkt, 4));
+      _mm512_mask_storeu_ps(row + dv_offset + c, m,
+                            _mm512_mask_i32gather_ps(_mm512_setzero_ps(), m, at, dvt, 4));
+    }
   }
 }
 
@@ -286,9 +404,9 @@ void BackwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* 
   Pair* gt = cv.pairs(P.dh * P.T2);    // dOᵀ (dVᵀ)
   float* p = cv.floats(P.block * P.T16);
   float* dp = cv.floats(P.block * P.T16);
-  Pair* pb = cv.pairs(Half(P.block) * P.T16);  // P paired by rows (dVᵀ)
-  Pair* sb = cv.pairs(Half(P.block) * P.T16);  // dS paired by rows (dKᵀ)
-  Pair* sa = cv.pairs(P.block * Half(P.T16));  // dS rows (dQ)
+  Pair* pb = cv.pairs(Half(P.block) * P.T16);        // P paired by rows (dVᵀ)
+  Pair* sb = cv.pairs(Half(P.block) * P.T16);        // dS paired by rows (dKᵀ)
+  Pair* sa = cv.pairs((P.block + 1) * Half(P.T16));  // dS rows (dQ); one spare row
   float* dkt = cv.floats(P.dh * P.T16);
   float* dvt = cv.floats(P.dh * P.T16);
   float* D = cv.floats(T);
@@ -310,24 +428,29 @@ void BackwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* 
     const bool acc = q0 != last_q0;
     GemmPairs(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, p, P.T16, L.scale, false);
     GemmPairs(nr, e, P.dh2, ga + q0 * P.dh2, P.dh2, vt, P.T16, dp, P.T16, 1.0f, false);
-    for (int64_t r = 0; r < nr; ++r) {
-      float* pr = p + r * P.T16;
-      ai::ProbabilitiesRow(pr, q0 + r + 1, e, lse[plane * T + q0 + r]);
-      ai::ScoreGradientRow(pr, dp + r * P.T16, e, D[q0 + r], L.scale);
+    const int64_t lda = P.T16 / 2;  // sa's rows: Up16(e) bf16 written, Half(e) pairs read
+    auto* sa16 = reinterpret_cast<uint16_t*>(sa);
+    for (int64_t r = 0; r < nr; r += 2) {
+      const bool two = r + 1 < nr;
+      const int64_t r1 = two ? r + 1 : r;
+      const RowPair rows{p + r * P.T16,
+                         p + r1 * P.T16,
+                         dp + r * P.T16,
+                         dp + r1 * P.T16,
+                         q0 + r + 1,
+                         two ? q0 + r + 2 : 0,
+                         lse[plane * T + q0 + r],
+                         lse[plane * T + q0 + r1],
+                         D[q0 + r],
+                         D[q0 + r1]};
+      GradientRowsToBf16(rows, e, L.scale, pb + r / 2 * P.T16, sb + r / 2 * P.T16, sa16 + r * P.T16,
+                         sa16 + (r + 1) * P.T16);
     }
-    PackRowPairs(p, P.T16, nr, e, pb, P.T16);
-    PackRowPairs(dp, P.T16, nr, e, sb, P.T16);
-    PackRows(dp, P.T16, nr, e, sa);
     GemmPairs(L.dh, e, kr, gt + q0 / 2, P.T2, pb, P.T16, dvt, P.T16, 1.0f, acc);
     GemmPairs(L.dh, e, kr, qt + q0 / 2, P.T2, sb, P.T16, dkt, P.T16, 1.0f, acc);
-    GemmPairs(nr, L.dh, Half(e), sa, Half(e), kb, P.dhv, dq + q0 * L.d3, L.d3, 1.0f, false);
+    GemmPairs(nr, L.dh, Half(e), sa, lda, kb, P.dhv, dq + q0 * L.d3, L.d3, 1.0f, false);
   }
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t c = 0; c < L.dh; ++c) {
-      dq[t * L.d3 + L.d + c] = dkt[c * P.T16 + t];
-      dq[t * L.d3 + 2 * L.d + c] = dvt[c * P.T16 + t];
-    }
-  }
+  WriteTransposed(dkt, dvt, P, dq + L.d, L.d, L.d3);
 }
 
 void CheckBf16Shape(const char* what, int B, int T, int H, int dh, int block) {
