@@ -26,8 +26,8 @@
 // fp32. On CPUs with AVX512-BF16 (and the native bf16 GEMM path) it runs its own kernel
 // (attention_bf16.cc: per (sequence, head) plane, operands packed in pairs, VDPBF16PS tiles);
 // elsewhere, or with SSHSDP_BF16_GEMM=widened, the kernel above on the rounded operands (same
-// values, fp32 sums in another order). Tested against a double-precision oracle of the same
-// roundings (kernels_attention_bf16_test).
+// values, fp32 sums in another order; VDPBF16PS also flushes subnormal bf16 values to zero). Tested
+// against a double-precision oracle of the same roundings (kernels_attention_bf16_test).
 //
 //   std::vector<float> scratch(AttentionBf16ScratchFloats(B, T, H, dh));
 //   CausalAttentionForwardBf16(qkv, out, lse, scratch.data(), scratch.size(), B, T, H, dh);

@@ -7,12 +7,18 @@
 // lane — runs at twice the fp32 FMA rate on the CPUs that have it. So each (sequence, head)
 // plane is packed once into the layouts the products read, in one worker's scratch:
 //   Pair = two bf16 in one 32-bit word, the lower index in the low half (VDPBF16PS's order);
-//   A operands row-major in pairs along the reduction (Q, dO, P, dS, and Pᵀ, dSᵀ);
-//   B operands as [reduction / 2][columns] pairs (Kᵀ, Vᵀ for the score-shaped products; K,
-//   V, Q, dO paired by rows for the rest), columns zero-padded to whole 16-lane vectors.
-// One tile function C (+)= α·A·B (up to 6 rows × 64 columns in registers) does all eight
-// products; the softmax and score-gradient rows are attention.cc's. The backward keeps
-// dK and dV in the worker's fp32 accumulators across query blocks and writes them once.
+//   A operands row-major in pairs along the reduction (Q, dO, P, dS; Qᵀ and dOᵀ paired by
+//   rows for dKᵀ and dVᵀ);
+//   B operands as [reduction / 2][columns] pairs (Kᵀ, Vᵀ for the score-shaped products; V,
+//   K, P, dS paired by rows for the rest), columns zero-padded to whole 16-lane vectors.
+// One tile function C (+)= α·A·B (up to 6 rows × 64 columns in registers) does all seven
+// products (two forward, five backward). The softmax rows write their probabilities straight
+// into the packed operand, and the backward's rows compute P and dS and write only their
+// packed forms (SoftmaxRowToBf16, GradientRowsToBf16). The backward accumulates dKᵀ and dVᵀ
+// in the worker's fp32 scratch across query blocks and writes them once.
+// VDPBF16PS treats subnormal bf16 inputs and results as zero, so tiny P and dS values may
+// differ from the widened path's (which keeps them); nothing else differs but the order of
+// the fp32 sums.
 // GCC 12's AVX-512 headers pass _mm512_undefined_*() as the pass-through operand of the
 // unmasked intrinsics (and the reductions) and then warn that it is or may be
 // uninitialized (GCC bug 105593).
@@ -135,9 +141,10 @@ SSHSDP_BF16_TARGET inline __mmask16 LanesUpTo(int64_t n) {
   return n <= 0 ? static_cast<__mmask16>(0) : Lanes(n);
 }
 
-// e^x as vec_math.h's ExpVec, 16 lanes (x clamped to [-87, 88], 2^n · degree-6 polynomial).
+// e^x as vec_math.h's ExpVec, 16 lanes (x clamped to [-87, 88], 2^n · degree-6 polynomial;
+// NaN stays NaN: VMAXPS / VMINPS return their second operand when one is NaN).
 SSHSDP_BF16_TARGET inline __m512 Exp16(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+  x = _mm512_min_ps(_mm512_set1_ps(88.0f), _mm512_max_ps(_mm512_set1_ps(-87.0f), x));
   const __m512 magic = _mm512_set1_ps(12582912.0f);
   const __m512 fn =
       _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), magic), magic);

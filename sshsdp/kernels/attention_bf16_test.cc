@@ -278,6 +278,33 @@ TEST(AttentionBf16, RefusesOddBlocksAndShortScratch) {
     EXPECT_THROW(CausalAttentionForwardBf16(qkv.data(), out.data(), lse.data(), scratch.data(),
                                             static_cast<int64_t>(scratch.size()), 1, 8, 1, 4, 3),
                  NumericsError);
+    std::vector<float> dqkv(qkv.size());
+    EXPECT_THROW(CausalAttentionBackwardBf16(out.data(), qkv.data(), out.data(), lse.data(),
+                                             dqkv.data(), scratch.data(),
+                                             static_cast<int64_t>(scratch.size()), 1, 8, 1, 4),
+                 NumericsError);
+  }
+}
+
+// A NaN in one key reaches every query that sees it, on both paths, as it does in fp32: the
+// rows before it stay finite, the rows from it on are NaN (not a finite e^-87 weight).
+TEST(AttentionBf16, NanKeyReachesTheRowsThatSeeIt) {
+  const Shape s{1, 40, 2, 16, 16};
+  const int64_t d = int64_t{s.H} * s.dh, BT = int64_t{s.B} * s.T, key = 17;
+  std::vector<float> qkv = Inputs(BT * 3 * d, 51, 1.0f);
+  qkv[key * 3 * d + d + 3] = std::numeric_limits<float>::quiet_NaN();  // K[key], head 0
+  const std::vector<float> dout = Inputs(BT * d, 52, 1.0f);
+  for (const Path path : {Path::kNative, Path::kWidened}) {
+    if (path == Path::kNative && !NativeAvailable()) continue;
+    PathScope scope(path);
+    const Outputs r = RunBf16(s, qkv, dout);
+    for (int64_t t = 0; t < s.T; ++t) {
+      for (int64_t c = 0; c < s.dh; ++c) {
+        EXPECT_EQ(std::isnan(r.out[t * d + c]), t >= key)
+            << (path == Path::kNative ? "native" : "widened") << " row " << t;
+        EXPECT_TRUE(std::isfinite(r.out[t * d + s.dh + c]));  // head 1 untouched
+      }
+    }
   }
 }
 

@@ -40,7 +40,8 @@ inline float ExpVec(float x) {
 
 // max of x[0, n), n >= 1, in 16 running maxima a vector each (GCC leaves an `omp simd
 // reduction(max)` over std::max a scalar chain, 3 cycles per element). NaN only where x[0]
-// is NaN, as a running std::max from x[0] gives; max is exact, so the order changes no bits.
+// is NaN, as a running std::max from x[0] gives; max is exact, so the order changes no result
+// (only which of +0 and -0 wins a tie).
 inline float MaxVec(const float* x, int64_t n) {
   float m[16];
   for (int j = 0; j < 16; ++j) m[j] = x[0];

@@ -469,6 +469,10 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   {
     OpScope s(profile_, OpCategory::kAttention);
     if (in.attention) {
+      // Nothing carries over from Forward in the scratch: sized again in case the path or
+      // the thread count changed since.
+      const int64_t n = kernels::AttentionBf16ScratchFloats(B_, T_, c_.n_head, c_.head_dim());
+      if (static_cast<int64_t>(att_bf16_scratch_.size()) < n) att_bf16_scratch_.resize(n);
       kernels::CausalAttentionBackwardBf16(
           acts_.dtmp, qkv, atty, lse, acts_.dqkv, att_bf16_scratch_.data(),
           static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_, c_.n_head, c_.head_dim());

@@ -247,8 +247,9 @@ class MoeGpt final : public Model {
   // The bf16 attention's scratch (trunk.bf16_attention with a bf16 QKV weight), sized by the
   // first Forward that runs it.
   std::vector<float> att_bf16_scratch_;
-  void AttentionForward(const TensorRef& qkv_weight, BlockActs& A);
-  void AttentionBackward(const TensorRef& qkv_weight, const BlockActs& A);
+  std::vector<uint8_t> bf16_attention_;  // per block: its last Forward ran bf16 attention
+  void AttentionForward(int l, const TensorRef& qkv_weight, BlockActs& A);
+  void AttentionBackward(int l, const TensorRef& qkv_weight, const BlockActs& A);
   // f() timed in category c of the profile (SetOpProfile), when there is one.
   template <typename F>
   void Op(OpCategory c, F&& f) {

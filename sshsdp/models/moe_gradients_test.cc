@@ -136,6 +136,21 @@ void ExpectBf16TracksFp32(bool bf16_attention, double min_cos) {
 TEST(Moe, Bf16WeightsAndGradientsTrackFp32) { ExpectBf16TracksFp32(false, 0.98); }
 TEST(Moe, Bf16AttentionTracksFp32) { ExpectBf16TracksFp32(true, 0.9); }
 
+// A Backward whose QKV views would run the other attention than Forward ran is refused (its
+// saved log-sum-exp belongs to the other).
+TEST(Moe, BackwardRefusesAnotherAttentionThanForward) {
+  MoeGpt m(TinyConfig());
+  DenseParams p16(m, DType::kBF16, DType::kF32), p32(m);
+  RunForward(m, p16, RandomBatch(2, 8, 32, 6));
+  EXPECT_THROW(
+      {
+        for (int g = m.num_groups() - 1; g >= 0; --g) {
+          m.Backward(g, p32.Weights(g), p32.Grads(g), GradWrite::kOverwrite);
+        }
+      },
+      PlanError);
+}
+
 TEST(Moe, SgdLowersLossOnSyntheticData) {
   MoeConfig c = TinyConfig();
   c.trunk.seq_len = 16;

@@ -107,10 +107,14 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
 }
 
 // Attention on bf16 operands when the QKV weight is bf16 and the trunk config allows it
-// (GptConfig::bf16_attention), fp32 otherwise — as the dense GPT.
-void MoeGpt::AttentionForward(const TensorRef& qkv_weight, BlockActs& A) {
+// (GptConfig::bf16_attention), fp32 otherwise — as the dense GPT. Forward records the choice
+// per block; Backward refuses views that would make the other one (its lse would not match).
+void MoeGpt::AttentionForward(int l, const TensorRef& qkv_weight, BlockActs& A) {
   const int H = c_.trunk.n_head, dh = c_.trunk.head_dim();
-  if (qkv_weight.dtype != DType::kBF16 || !c_.trunk.bf16_attention) {
+  const bool bf16 = qkv_weight.dtype == DType::kBF16 && c_.trunk.bf16_attention;
+  bf16_attention_.resize(static_cast<size_t>(c_.trunk.n_layer));
+  bf16_attention_[static_cast<size_t>(l)] = bf16;
+  if (!bf16) {
     kernels::CausalAttentionForward(A.qkv, A.atty, A.lse, att_scratch_, B_, T_, H, dh);
     return;
   }
@@ -121,16 +125,24 @@ void MoeGpt::AttentionForward(const TensorRef& qkv_weight, BlockActs& A) {
                                       dh);
 }
 
-void MoeGpt::AttentionBackward(const TensorRef& qkv_weight, const BlockActs& A) {
+void MoeGpt::AttentionBackward(int l, const TensorRef& qkv_weight, const BlockActs& A) {
   const int H = c_.trunk.n_head, dh = c_.trunk.head_dim();
-  if (qkv_weight.dtype != DType::kBF16 || !c_.trunk.bf16_attention) {
+  const bool bf16 = qkv_weight.dtype == DType::kBF16 && c_.trunk.bf16_attention;
+  SSHSDP_CHECK(static_cast<size_t>(l) < bf16_attention_.size() &&
+                   bf16_attention_[static_cast<size_t>(l)] == bf16,
+               PlanError,
+               "MoE GPT Backward (block {}): its QKV weight view's dtype would run {} attention "
+               "where Forward ran the other; run Backward with the views of the Forward",
+               l, bf16 ? "bf16" : "fp32");
+  if (!bf16) {
     kernels::CausalAttentionBackward(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_scratch_, B_, T_, H,
                                      dh);
     return;
   }
-  SSHSDP_CHECK(!att_bf16_scratch_.empty(), PlanError,
-               "MoE GPT Backward: its QKV weight is bf16 but Forward ran fp32 attention; run "
-               "Backward with the views of the Forward");
+  // Nothing in the scratch carries over from Forward: sized again in case the path or the
+  // thread count changed since.
+  const int64_t n = kernels::AttentionBf16ScratchFloats(B_, T_, H, dh);
+  if (static_cast<int64_t>(att_bf16_scratch_.size()) < n) att_bf16_scratch_.resize(n);
   kernels::CausalAttentionBackwardBf16(dtmp_, A.qkv, A.atty, A.lse, dqkv_, att_bf16_scratch_.data(),
                                        static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_, H,
                                        dh);
@@ -142,7 +154,7 @@ void MoeGpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
   const float* x = res_[l];
   Op(OpCategory::kNorm, [&] { RmsNormForward(x, Gain(w[0]), A.ln1, A.ln1_rstd, N, d); });
   Op(OpCategory::kGemm, [&] { LinearForward(A.ln1, w[1].data, w[1].dtype, A.qkv, N, 3 * d, d); });
-  Op(OpCategory::kAttention, [&] { AttentionForward(w[1], A); });
+  Op(OpCategory::kAttention, [&] { AttentionForward(l, w[1], A); });
   Op(OpCategory::kGemm, [&] { LinearForward(A.atty, w[2].data, w[2].dtype, A.res_mid, N, d, d); });
   Op(OpCategory::kElementwise, [&] { kernels::AddThreaded(x, A.res_mid, A.res_mid, N * d); });
   Op(OpCategory::kNorm, [&] { RmsNormForward(A.res_mid, Gain(w[3]), A.ln2, A.ln2_rstd, N, d); });
@@ -239,7 +251,7 @@ void MoeGpt::BackwardAttention(int l, const std::vector<TensorRef>& w,
     LinearBackwardWeight(dres, A.atty, w[2].dtype, grad[2].data, grad[2].dtype, N, d, d, acc);
     LinearBackwardData(dres, w[2].data, w[2].dtype, dtmp_, N, d, d, false);
   });
-  Op(OpCategory::kAttention, [&] { AttentionBackward(w[1], A); });
+  Op(OpCategory::kAttention, [&] { AttentionBackward(l, w[1], A); });
   Op(OpCategory::kGemm, [&] {
     LinearBackwardWeight(dqkv_, A.ln1, w[1].dtype, grad[1].data, grad[1].dtype, N, 3 * d, d, acc);
     LinearBackwardData(dqkv_, w[1].data, w[1].dtype, dtmp_, N, 3 * d, d, false);
