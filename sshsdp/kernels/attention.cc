@@ -42,9 +42,12 @@ void CheckShape(const char* what, int B, int T, int H, int dh, int block) {
 
 #define SSHSDP_ATT_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-// Row softmax over the first `valid` of `width` scores, in place; the rest become exactly 0.
-// Returns the log of the denominator relative to the row's scores: lse = max + log Σ e^(s−max).
-SSHSDP_ATT_CLONES float SoftmaxRow(float* row, int64_t valid, int64_t width) {
+namespace {
+
+// Row softmax over the first `valid` of `width` scores, in place (rounded through bf16 when
+// round_bf16); the rest become exactly 0. Returns the log of the denominator relative to the
+// row's scores: lse = max + log Σ e^(s−max).
+SSHSDP_ATT_CLONES float SoftmaxRow(float* row, int64_t valid, int64_t width, bool round_bf16) {
   const float mx = MaxVec(row, valid);
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
@@ -54,8 +57,13 @@ SSHSDP_ATT_CLONES float SoftmaxRow(float* row, int64_t valid, int64_t width) {
     sum += e;
   }
   const float inv = 1.0f / sum;
+  if (round_bf16) {
 #pragma omp simd
-  for (int64_t u = 0; u < valid; ++u) row[u] *= inv;
+    for (int64_t u = 0; u < valid; ++u) row[u] = RoundBf16Vec(row[u] * inv);
+  } else {
+#pragma omp simd
+    for (int64_t u = 0; u < valid; ++u) row[u] *= inv;
+  }
   for (int64_t u = valid; u < width; ++u) row[u] = 0.0f;
   return mx + std::log(sum);
 }
@@ -68,12 +76,23 @@ SSHSDP_ATT_CLONES void ProbabilitiesRow(float* row, int64_t valid, int64_t width
   for (int64_t u = valid; u < width; ++u) row[u] = 0.0f;
 }
 
-// dS = P ⊙ (dP − D) · scale, in place on dP (0 wherever P is 0).
-SSHSDP_ATT_CLONES void ScoreGradientRow(const float* p, float* dp, int64_t width, float D,
-                                        float scale) {
+// dS = P ⊙ (dP − D) · scale, in place on dP (0 wherever P is 0); with round_bf16 dS and then
+// P are rounded through bf16 in place, for the products that read them.
+SSHSDP_ATT_CLONES void ScoreGradientRow(float* p, float* dp, int64_t width, float D, float scale,
+                                        bool round_bf16) {
+  if (round_bf16) {
+#pragma omp simd
+    for (int64_t u = 0; u < width; ++u) {
+      dp[u] = RoundBf16Vec(p[u] * (dp[u] - D) * scale);
+      p[u] = RoundBf16Vec(p[u]);
+    }
+    return;
+  }
 #pragma omp simd
   for (int64_t u = 0; u < width; ++u) dp[u] = p[u] * (dp[u] - D) * scale;
 }
+
+}  // namespace
 
 SSHSDP_ATT_CLONES float Dot(const float* a, const float* b, int64_t n) {
   float s = 0.0f;
@@ -147,8 +166,7 @@ void ChunkedForward(const float* qkv, float* out, float* lse, float* scratch, in
       ForPlanes(k, H, [&](int64_t plane) {
         for (int64_t r = 0; r < nr; ++r) {
           float* row = s + (plane * nr + r) * k.e;
-          lse[(b0 * H + plane) * T + q0 + r] = SoftmaxRow(row, q0 + r + 1, k.e);
-          if (round_bf16) RoundThroughBf16(row, row, q0 + r + 1);
+          lse[(b0 * H + plane) * T + q0 + r] = SoftmaxRow(row, q0 + r + 1, k.e, round_bf16);
         }
       });
       GemmBatchedStrided(false, false, k.nb, H, nr, dh, k.e, s, k.e, {H * nr * k.e, nr * k.e},
@@ -207,11 +225,8 @@ void ChunkedBackward(const float* dout, const float* qkv, const float* out, cons
       ForPlanes(k, H, [&](int64_t plane) {
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t at = (plane * nr + r) * k.e;
-          ScoreGradientRow(p + at, dp + at, k.e, D[(b0 * H + plane) * T + q0 + r], scale);
-          if (round_bf16) {
-            RoundThroughBf16(p + at, p + at, k.e);
-            RoundThroughBf16(dp + at, dp + at, k.e);
-          }
+          ScoreGradientRow(p + at, dp + at, k.e, D[(b0 * H + plane) * T + q0 + r], scale,
+                           round_bf16);
         }
       });
       // dV[0:e] (+)= Pᵀ · dO, dQ[q0:q0+nr] = dS · K[0:e], dK[0:e] (+)= dSᵀ · Q[q0:q0+nr].

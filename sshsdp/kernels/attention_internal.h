@@ -1,6 +1,6 @@
-// Pieces attention.cc and attention_bf16.cc share (not a public header): the row loops of
-// the softmax and its gradient, the shape check, and the chunked oneDNN kernel with its
-// bf16 rounding switch — the fp32 attention, and the bf16 attention's widened path.
+// Pieces attention.cc and attention_bf16.cc share (not a public header): the shape check, a
+// row dot product, and the chunked oneDNN kernel with its bf16 rounding switch — the fp32
+// attention, and the bf16 attention's widened path.
 #pragma once
 
 #include <cstdint>
@@ -8,16 +8,6 @@
 namespace sshsdp::kernels::attention_internal {
 
 void CheckShape(const char* what, int B, int T, int H, int dh, int block);
-
-// Row softmax over the first `valid` of `width` scores, in place; the rest become exactly 0.
-// Returns lse = max + log Σ e^(s−max).
-float SoftmaxRow(float* row, int64_t valid, int64_t width);
-
-// p = e^(s − lse) on the first `valid` entries, exactly 0 on the rest of `width`.
-void ProbabilitiesRow(float* row, int64_t valid, int64_t width, float lse);
-
-// dS = P ⊙ (dP − D) · scale, in place on dP.
-void ScoreGradientRow(const float* p, float* dp, int64_t width, float D, float scale);
 
 float Dot(const float* a, const float* b, int64_t n);
 

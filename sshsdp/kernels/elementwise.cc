@@ -9,6 +9,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/parallel.h"
+#include "sshsdp/kernels/vec_math.h"
 
 namespace sshsdp::kernels {
 
@@ -147,14 +148,7 @@ SSHSDP_CAST_CLONES void WidenBf16(const bf16* src, float* dst, int64_t n) {
 
 SSHSDP_CAST_CLONES void RoundThroughBf16(const float* src, float* dst, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t x;
-    std::memcpy(&x, src + i, 4);
-    const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) & 0xFFFF0000u;
-    const uint32_t quiet_nan = (x & 0xFFFF0000u) | 0x400000u;
-    const uint32_t y = (x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded;
-    std::memcpy(dst + i, &y, 4);
-  }
+  for (int64_t i = 0; i < n; ++i) dst[i] = RoundBf16Vec(src[i]);
 }
 
 void ToFloat(const void* src, DType src_dtype, float* dst, int64_t n) {

@@ -38,6 +38,19 @@ inline float ExpVec(float x) {
   return p * scale;
 }
 
+// x rounded to bf16 (nearest even; NaN stays a quiet NaN) and kept in fp32, as numerics'
+// RoundToBf16, branch-free for vectorised loops.
+inline float RoundBf16Vec(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t rounded = (x + 0x7FFFu + ((x >> 16) & 1u)) & 0xFFFF0000u;
+  const uint32_t quiet_nan = (x & 0xFFFF0000u) | 0x400000u;
+  const uint32_t y = (x & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded;
+  float r;
+  std::memcpy(&r, &y, 4);
+  return r;
+}
+
 // max of x[0, n), n >= 1, in 16 running maxima a vector each (GCC leaves an `omp simd
 // reduction(max)` over std::max a scalar chain, 3 cycles per element). NaN only where x[0]
 // is NaN, as a running std::max from x[0] gives; max is exact, so the order changes no result
