@@ -26,6 +26,7 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/presets.h"
+#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/models/data.h"
@@ -239,11 +240,13 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       fmt::print(
           "sshsdp bench: {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
           "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
-          "timed, slowest rank) | optimizer {}\nGEMM: {} | {} | CPU ISA {}\n",
+          "timed, slowest rank) | optimizer {}\nGEMM: {} | {} | CPU ISA {} | attention {}\n",
           IsMoePreset(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           probe->NumParams() / 1e6, check.ToString(), o.weight_dtype, o.microbatches, o.warmup,
           o.steps, muon ? "muon per " + o.muon_unit : o.optimizer, gemm_peak.path,
-          gemm_peak.ToString(), kernels::CpuIsaName());
+          gemm_peak.ToString(), kernels::CpuIsaName(),
+          kernels::AttentionPathDescription(
+              RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)));
     }
 
     nlohmann::json out = nlohmann::json::array();

@@ -43,6 +43,8 @@ expect_error "unknown weight dtype is refused" "weight-dtype must be bf16, fp32 
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --weight-dtype fp16 --steps 1
 expect_error "a raw element type is not a weight dtype" "weight-dtype must be bf16, fp32 or mxfp8, got 'e4m3'" \
   "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --weight-dtype e4m3 --steps 1
+expect_error "an unknown attention dtype is refused" "attention-dtype must be auto" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --attention-dtype bf16 --steps 1
 expect_error "MoE options on a dense preset are refused" "apply to MoE presets" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --experts 4 --steps 1
 expect_error "an explicit --top-k 0 reaches validation (not the preset's default)" "top_k (0)" \
@@ -111,6 +113,12 @@ want_path="bf16 native"
 grep -q "^GEMM: bf16 \(native\|widened to fp32\) .*peak [0-9.]* GFLOP/s/rank (measured on 2 ranks at once" \
   "$tmp/train.out" && { [ "${SSHSDP_BF16_GEMM:-auto}" != widened ] || grep -q "^GEMM: $want_path" "$tmp/train.out"; }
 check "header names the GEMM path and the all-ranks peak" $?
+# bf16 weights run bf16 attention by default, on the kernel this CPU has; fp32 on request.
+grep -q "| attention bf16 " "$tmp/train.out"
+check "header names bf16 attention for bf16 weights" $?
+timeout 120 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1 --attention-dtype fp32 \
+  2>&1 | grep -q "| attention fp32 (oneDNN)"
+check "--attention-dtype fp32 keeps attention fp32 (header)" $?
 [ -s "$tmp/w.safetensors" ]
 check "final weights written as safetensors" $?
 # Tensor bytes of a safetensors file: everything after the 8-byte length and the JSON header

@@ -79,6 +79,12 @@ bool Bf16Attention(const std::string& attention_dtype) {
   return attention_dtype == "auto";
 }
 
+bool RunsBf16Attention(const std::string& model, const std::string& weight_dtype,
+                       const std::string& attention_dtype) {
+  if (!Bf16Attention(attention_dtype)) return false;
+  return weight_dtype == "bf16" || (weight_dtype == "mxfp8" && IsMoePreset(model));
+}
+
 GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
   GptConfig c = PresetTrunk(o.model);
   c.vocab = vocab;

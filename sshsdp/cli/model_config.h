@@ -27,6 +27,12 @@ GptConfig MakeGptConfig(const TrainOptions& o, int vocab);
 // GptConfig::bf16_attention of an --attention-dtype value ("auto" -> true, "fp32" -> false);
 // ConfigError naming the values otherwise.
 bool Bf16Attention(const std::string& attention_dtype);
+
+// Whether the model of `model` (a preset) with `weight_dtype` runs bf16 attention on the host
+// engine: --attention-dtype auto and bf16 QKV weights (bf16 weights; mxfp8 keeps the MoE
+// presets' attention weights bf16 and quantizes the dense GPT's QKV).
+bool RunsBf16Attention(const std::string& model, const std::string& weight_dtype,
+                       const std::string& attention_dtype);
 // The MoE configuration of an MoE preset: its trunk, then the MoE flags. ConfigError for MoE
 // flags on a dense preset.
 MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk);

@@ -33,6 +33,7 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/plan.h"
+#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/models/data.h"
@@ -318,7 +319,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       fmt::print(
           "sshsdp train: {} | {} d={} L={} H={} T={} V={}{} params={:.2f}M | {} | weights {} | "
           "batch {}x{}x{} per rank{}{}\n"
-          "GEMM: {} | {} | CPU ISA {}\n",
+          "GEMM: {} | {} | CPU ISA {} | attention {}\n",
           o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           gc.padded_vocab() != gc.vocab ? fmt::format(" (tables padded to {})", gc.padded_vocab())
                                         : "",
@@ -331,7 +332,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
           syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
               : fmt::format(" | data: {}", o.data),
           dev.backend ? fmt::format(" | backend {}", dev.backend->name()) : "", gemm_peak.path,
-          gemm_peak.ToString(), kernels::CpuIsaName());
+          gemm_peak.ToString(), kernels::CpuIsaName(),
+          kernels::AttentionPathDescription(
+              !dev.backend && RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)));
       for (const std::string& n : dev.notes) fmt::print("note: {}\n", n);
       std::fflush(stdout);
     }

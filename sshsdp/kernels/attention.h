@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace sshsdp::kernels {
 
@@ -55,6 +56,10 @@ void CausalAttentionForward(const float* qkv, float* out, float* lse, float* scr
 void CausalAttentionBackward(const float* dout, const float* qkv, const float* out,
                              const float* lse, float* dqkv, float* scratch, int B, int T, int H,
                              int dh, int block = kAttentionQueryBlock);
+
+// What attention runs in this process, for progress headers: "fp32 (oneDNN)" when !bf16, else
+// "bf16 (AVX512-BF16 kernel)" or "bf16 widened (fp32 oneDNN on rounded operands)".
+std::string AttentionPathDescription(bool bf16);
 
 // True where the bf16 attention runs its AVX512-BF16 kernel: the CPU has AVX512-BF16 and
 // ActiveBf16GemmPath() is native (so SSHSDP_BF16_GEMM=widened forces the other path).

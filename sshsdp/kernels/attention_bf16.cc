@@ -501,6 +501,12 @@ bool NativeBf16AttentionActive() {
   return cpu && ActiveBf16GemmPath() == Bf16GemmPath::kNative;
 }
 
+std::string AttentionPathDescription(bool bf16) {
+  if (!bf16) return "fp32 (oneDNN)";
+  return NativeBf16AttentionActive() ? "bf16 (AVX512-BF16 kernel)"
+                                     : "bf16 widened (fp32 oneDNN on rounded operands)";
+}
+
 int64_t AttentionBf16ScratchFloats(int B, int T, int H, int dh, int block, int threads) {
   CheckBf16Shape("AttentionBf16ScratchFloats", B, T, H, dh, block);
   if (!NativeBf16AttentionActive()) return ai::ChunkedScratchFloats(B, T, H, dh, block, true);
