@@ -35,6 +35,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/attention_internal.h"
+#include "sshsdp/kernels/bf16_avx512.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/kernels/vec_math.h"
@@ -52,21 +53,12 @@ int64_t Half(int64_t x) { return (x + 1) / 2; }
 
 #define SSHSDP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
-// ---- Packing: rounding as numerics' FloatToBf16 (nearest even, NaN stays a quiet NaN), 16
-// floats at a time. ----
+// ---- Packing: rounding as numerics' FloatToBf16, 16 floats at a time (bf16_avx512.h's
+// RoundedBits / Bf16Of). ----
 
 // x >> 16 per lane.
 SSHSDP_BF16_TARGET inline __m512i Shr16(__m512i x) {
   return _mm512_maskz_srli_epi32(static_cast<__mmask16>(0xFFFF), x, 16);
-}
-
-// The bf16 of each lane in its upper 16 bits.
-SSHSDP_BF16_TARGET inline __m512i RoundedBits(__m512 x) {
-  const __m512i u = _mm512_castps_si512(x);
-  const __m512i lsb = _mm512_and_si512(Shr16(u), _mm512_set1_epi32(1));
-  const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-  return _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
 }
 
 SSHSDP_BF16_TARGET inline __mmask16 Lanes(int64_t n) {
@@ -77,11 +69,6 @@ SSHSDP_BF16_TARGET inline __mmask16 Lanes(int64_t n) {
 // AMD's Zen 4/5.
 SSHSDP_BF16_TARGET inline __m512 Load(const float* x, int64_t left) {
   return left >= 16 ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(Lanes(left), x);
-}
-
-// 16 rounded floats as bf16 (the upper halves of RoundedBits).
-SSHSDP_BF16_TARGET inline __m256i Bf16Of(__m512 x) {
-  return _mm512_maskz_cvtepi32_epi16(static_cast<__mmask16>(0xFFFF), Shr16(RoundedBits(x)));
 }
 
 // dst[r][p] = (src[r][2p], src[r][2p+1]) for r < rows, p < ⌈cols/2⌉ (a missing odd column 0):
@@ -515,44 +502,50 @@ int64_t AttentionBf16ScratchFloats(int B, int T, int H, int dh, int block, int t
   return workers * Plane(T, dh, block).BackwardFloats();
 }
 
-void CausalAttentionForwardBf16(const float* qkv, float* out, float* lse, float* scratch,
-                                int64_t scratch_floats, int B, int T, int H, int dh, int block) {
-  const char* what = "CausalAttentionForwardBf16";
+namespace {
+
+// The widened path (`chunked`, on the chunked kernel's scratch) or the native kernel
+// (`per_plane`, each worker `per_worker` floats of the scratch), after the checks both share.
+template <typename Chunked, typename PerPlane>
+void RunBf16(const char* what, int64_t scratch_floats, int B, int T, int H, int dh, int block,
+             bool backward, float* scratch, Chunked&& chunked, PerPlane&& per_plane) {
   CheckBf16Shape(what, B, T, H, dh, block);
   if (!NativeBf16AttentionActive()) {
     const int64_t need = ai::ChunkedScratchFloats(B, T, H, dh, block, true);
     SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed", what,
                  scratch_floats, need);
-    ai::ChunkedForward(qkv, out, lse, scratch, B, T, H, dh, block, true);
+    chunked();
     return;
   }
   if (T == 0) return;
   const Plane P(T, dh, block);
   const Layout L = MakeLayout(B, T, H, dh, block);
-  const int64_t planes = int64_t{B} * H, per = P.ForwardFloats();
+  const int64_t planes = int64_t{B} * H, per = backward ? P.BackwardFloats() : P.ForwardFloats();
   ForWorkers(planes, Workers(what, planes, per, scratch_floats), per, scratch,
-             [&](int64_t plane, float* s) { ForwardPlane(L, P, plane, qkv, out, lse, s); });
+             [&](int64_t plane, float* s) { per_plane(L, P, plane, s); });
+}
+
+}  // namespace
+
+void CausalAttentionForwardBf16(const float* qkv, float* out, float* lse, float* scratch,
+                                int64_t scratch_floats, int B, int T, int H, int dh, int block) {
+  RunBf16(
+      "CausalAttentionForwardBf16", scratch_floats, B, T, H, dh, block, false, scratch,
+      [&] { ai::ChunkedForward(qkv, out, lse, scratch, B, T, H, dh, block, true); },
+      [&](const Layout& L, const Plane& P, int64_t plane, float* s) {
+        ForwardPlane(L, P, plane, qkv, out, lse, s);
+      });
 }
 
 void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const float* out,
                                  const float* lse, float* dqkv, float* scratch,
                                  int64_t scratch_floats, int B, int T, int H, int dh, int block) {
-  const char* what = "CausalAttentionBackwardBf16";
-  CheckBf16Shape(what, B, T, H, dh, block);
-  if (!NativeBf16AttentionActive()) {
-    const int64_t need = ai::ChunkedScratchFloats(B, T, H, dh, block, true);
-    SSHSDP_CHECK(scratch_floats >= need, NumericsError, "{}: scratch of {} floats, {} needed", what,
-                 scratch_floats, need);
-    ai::ChunkedBackward(dout, qkv, out, lse, dqkv, scratch, B, T, H, dh, block, true);
-    return;
-  }
-  if (T == 0) return;
-  const Plane P(T, dh, block);
-  const Layout L = MakeLayout(B, T, H, dh, block);
-  const int64_t planes = int64_t{B} * H, per = P.BackwardFloats();
-  ForWorkers(
-      planes, Workers(what, planes, per, scratch_floats), per, scratch,
-      [&](int64_t plane, float* s) { BackwardPlane(L, P, plane, dout, qkv, out, lse, dqkv, s); });
+  RunBf16(
+      "CausalAttentionBackwardBf16", scratch_floats, B, T, H, dh, block, true, scratch,
+      [&] { ai::ChunkedBackward(dout, qkv, out, lse, dqkv, scratch, B, T, H, dh, block, true); },
+      [&](const Layout& L, const Plane& P, int64_t plane, float* s) {
+        BackwardPlane(L, P, plane, dout, qkv, out, lse, dqkv, s);
+      });
 }
 
 }  // namespace sshsdp::kernels

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/bf16_avx512.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/kernels/vec_math.h"
 
@@ -88,35 +89,19 @@ namespace {
 // 256-bit vectors and a pack/permute/blend sequence (~35 instructions per 16 floats); here
 // it is ~11, the tail a masked load and store. Not a hardware conversion (VCVTNEPS2BF16
 // flushes subnormal inputs to zero, which FloatToBf16 does not).
-#define SSHSDP_AVX512BW __attribute__((target("avx512f,avx512bw,avx512vl")))
 // GCC 12's own AVX-512 headers trip -Wmaybe-uninitialized (their _mm512_undefined_*
 // placeholders are self-initialised); nothing here reads an undefined value.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
-// 16 floats (as bits) to their bf16 bits.
-SSHSDP_AVX512BW inline __m256i RoundToBf16Avx512(__m512i x) {
-  const __m512i high = _mm512_srli_epi32(x, 16);
-  const __m512i rounded =
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(x, _mm512_set1_epi32(0x7FFF)),
-                                         _mm512_and_si512(high, _mm512_set1_epi32(1))),
-                        16);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(x, _mm512_set1_epi32(0x7FFFFFFF)),
-                                                _mm512_set1_epi32(0x7F800000));
-  const __m512i quiet_nan = _mm512_or_si512(high, _mm512_set1_epi32(0x40));
-  return _mm512_cvtepi32_epi16(_mm512_mask_mov_epi32(rounded, nan, quiet_nan));
-}
-
 SSHSDP_AVX512BW void CastToBf16Avx512(const float* src, bf16* dst, int64_t n) {
   int64_t i = 0;
   for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i),
-                        RoundToBf16Avx512(_mm512_loadu_si512(src + i)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), Bf16Of(_mm512_loadu_ps(src + i)));
   }
   if (i < n) {
     const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    _mm256_mask_storeu_epi16(dst + i, tail,
-                             RoundToBf16Avx512(_mm512_maskz_loadu_epi32(tail, src + i)));
+    _mm256_mask_storeu_epi16(dst + i, tail, Bf16Of(_mm512_maskz_loadu_ps(tail, src + i)));
   }
 }
 
