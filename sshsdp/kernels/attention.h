@@ -24,7 +24,8 @@
 // attention computes): Q, K, V, dO, P and dS are rounded to bf16 (nearest even) as the
 // products' operands; scores, softmax, lse, D = rowsum(dO ⊙ O), dP, dS and every sum stay
 // fp32. On CPUs with AVX512-BF16 (and the native bf16 GEMM path) it runs its own kernel
-// (attention_bf16.cc: per (sequence, head) plane, operands packed in pairs, VDPBF16PS tiles);
+// (attention_bf16.cc: per (sequence, head) plane, operands packed in pairs, VDPBF16PS tiles,
+// or AMX tiles where the CPU has them);
 // elsewhere, or with SSHSDP_BF16_GEMM=widened, the kernel above on the rounded operands (same
 // values, fp32 sums in another order; VDPBF16PS also flushes subnormal bf16 values to zero). Tested
 // against a double-precision oracle of the same roundings (kernels_attention_bf16_test).
@@ -58,12 +59,21 @@ void CausalAttentionBackward(const float* dout, const float* qkv, const float* o
                              int dh, int block = kAttentionQueryBlock);
 
 // What attention runs in this process, for progress headers: "fp32 (oneDNN)" when !bf16, else
-// "bf16 (AVX512-BF16 kernel)" or "bf16 widened (fp32 oneDNN on rounded operands)".
+// "bf16 (AMX kernel)", "bf16 (AVX512-BF16 kernel)" or "bf16 widened (fp32 oneDNN on rounded
+// operands)".
 std::string AttentionPathDescription(bool bf16);
 
 // True where the bf16 attention runs its AVX512-BF16 kernel: the CPU has AVX512-BF16 and
 // ActiveBf16GemmPath() is native (so SSHSDP_BF16_GEMM=widened forces the other path).
 bool NativeBf16AttentionActive();
+
+// What runs the native kernel's products: AMX tiles (amx_pairs.h) where the CPU has AMX-BF16,
+// else VDPBF16PS. SSHSDP_BF16_ATTENTION_PRODUCTS=auto|amx|avx512bf16 (read on first use) or
+// SetBf16AttentionProducts forces one, so both are tested on an AMX CPU; forcing amx where
+// it is unavailable throws NumericsError. Same math either way: fp32 sums in another order.
+enum class Bf16AttentionProducts { kAvx512Bf16, kAmx };
+Bf16AttentionProducts ActiveBf16AttentionProducts();
+void SetBf16AttentionProducts(Bf16AttentionProducts products);
 
 // fp32 elements of scratch the bf16 functions need for this shape on the path active now
 // (the native kernel: per worker, `threads` of them; the widened path: the chunked kernel's

@@ -63,14 +63,28 @@ int main(int argc, char** argv) {
   fmt::print("reference / fused, median of rounds: forward {:.2f}x, backward {:.2f}x\n",
              sshsdp::Median(fwd), sshsdp::Median(bwd));
 
-  // bf16: each path's time ÷ the fp32 kernel's, per round.
-  std::vector<k::Bf16GemmPath> paths{k::Bf16GemmPath::kWidened};
-  if (__builtin_cpu_supports("avx512bf16") && k::NativeBf16GemmSupported()) {
-    paths.insert(paths.begin(), k::Bf16GemmPath::kNative);
+  // bf16: each path's time ÷ the fp32 kernel's, per round (the native kernel with each
+  // products engine the CPU has).
+  struct Variant {
+    const char* name;
+    k::Bf16GemmPath path;
+    k::Bf16AttentionProducts products;
+  };
+  std::vector<Variant> variants;
+  const bool native = __builtin_cpu_supports("avx512bf16") && k::NativeBf16GemmSupported();
+  const k::Bf16AttentionProducts saved_products = k::ActiveBf16AttentionProducts();
+  if (native && saved_products == k::Bf16AttentionProducts::kAmx) {
+    variants.push_back({"native amx", k::Bf16GemmPath::kNative, k::Bf16AttentionProducts::kAmx});
   }
+  if (native) {
+    variants.push_back(
+        {"native avx512bf16", k::Bf16GemmPath::kNative, k::Bf16AttentionProducts::kAvx512Bf16});
+  }
+  variants.push_back({"widened", k::Bf16GemmPath::kWidened, saved_products});
   const k::Bf16GemmPath saved = k::ActiveBf16GemmPath();
-  for (const k::Bf16GemmPath path : paths) {
-    k::SetBf16GemmPath(path);
+  for (const Variant& v : variants) {
+    k::SetBf16GemmPath(v.path);
+    k::SetBf16AttentionProducts(v.products);
     std::vector<float> bscratch(k::AttentionBf16ScratchFloats(B, T, H, dh));
     const auto n = static_cast<int64_t>(bscratch.size());
     std::vector<double> rf_bf16, rb_bf16;
@@ -94,11 +108,12 @@ int main(int argc, char** argv) {
       rb_bf16.push_back(bb / fb);
       fmt::print(
           "bf16 {} round {}: forward {:.2f} ms (fp32 {:.2f}), backward {:.2f} ms (fp32 {:.2f})\n",
-          k::Bf16GemmPathName(path), round, bf * 1e3, ff * 1e3, bb * 1e3, fb * 1e3);
+          v.name, round, bf * 1e3, ff * 1e3, bb * 1e3, fb * 1e3);
     }
-    fmt::print("bf16 {} / fp32 time, median of rounds: forward {:.2f}, backward {:.2f}\n",
-               k::Bf16GemmPathName(path), sshsdp::Median(rf_bf16), sshsdp::Median(rb_bf16));
+    fmt::print("bf16 {} / fp32 time, median of rounds: forward {:.2f}, backward {:.2f}\n", v.name,
+               sshsdp::Median(rf_bf16), sshsdp::Median(rb_bf16));
   }
   k::SetBf16GemmPath(saved);
+  k::SetBf16AttentionProducts(saved_products);
   return 0;
 }

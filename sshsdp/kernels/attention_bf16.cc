@@ -12,27 +12,31 @@
 //   B operands as [reduction / 2][columns] pairs (Kᵀ, Vᵀ for the score-shaped products; V,
 //   K, P, dS paired by rows for the rest), columns zero-padded to whole 16-lane vectors.
 // One tile function C (+)= α·A·B (up to 6 rows × 64 columns in registers) does all seven
-// products (two forward, five backward). The softmax rows write their probabilities straight
-// into the packed operand, and the backward's rows compute P and dS and write only their
-// packed forms (SoftmaxRowToBf16, GradientRowsToBf16). The backward accumulates dKᵀ and dVᵀ
-// in the worker's fp32 scratch across query blocks and writes them once.
-// VDPBF16PS treats subnormal bf16 inputs and results as zero, so tiny P and dS values may
-// differ from the widened path's (which keeps them); nothing else differs but the order of
-// the fp32 sums.
-// GCC 12's AVX-512 headers pass _mm512_undefined_*() as the pass-through operand of the
-// unmasked intrinsics (and the reductions) and then warn that it is or may be
-// uninitialized (GCC bug 105593).
+// products (two forward, five backward); on CPUs with AMX-BF16 (Sapphire Rapids on), where
+// VDPBF16PS runs no faster than fp32 FMAs, AMX tiles do them instead (amx_pairs.h: the pairs
+// layouts are AMX's own, so the same packed operands load as tiles). The softmax rows write their
+// probabilities straight into the packed operand, and the backward's rows compute P and dS and
+// write only their packed forms (SoftmaxRowToBf16, GradientRowsToBf16). The backward accumulates
+// dKᵀ and dVᵀ in the worker's fp32 scratch across query blocks and writes them once. VDPBF16PS
+// treats subnormal bf16 inputs and results as zero, so tiny P and dS values may differ from the
+// widened path's (which keeps them); nothing else differs but the order of the fp32 sums. GCC 12's
+// AVX-512 headers pass _mm512_undefined_*() as the pass-through operand of the unmasked intrinsics
+// (and the reductions) and then warn that it is or may be uninitialized (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <utility>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/amx_pairs.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/attention_internal.h"
 #include "sshsdp/kernels/bf16_avx512.h"
@@ -313,10 +317,14 @@ struct Carver {
   float* floats(int64_t n) { return std::exchange(at, at + n); }
 };
 
+using GemmFn = void (*)(int64_t, int64_t, int64_t, const Pair*, int64_t, const Pair*, int64_t,
+                        float*, int64_t, float, bool);
+
 struct Layout {
   int B, T, H, dh, block;
   int64_t d, d3;
   float scale;
+  GemmFn gemm;  // GemmPairs or amx::GemmPairs
 };
 
 // The transpose of a [T, dh] operand (row stride ld) as a B operand [⌈dh/2⌉][T16]: Kᵀ, Vᵀ.
@@ -347,14 +355,14 @@ void ForwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* q
   PackRowPairs(q + 2 * L.d, L.d3, T, L.dh, vb, P.dhv);
   for (int64_t q0 = 0; q0 < T; q0 += L.block) {
     const int64_t nr = std::min<int64_t>(L.block, T - q0), e = q0 + nr;
-    GemmPairs(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, s, P.T16, L.scale, false);
+    L.gemm(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, s, P.T16, L.scale, false);
     const int64_t lda = P.T16 / 2;  // pa's rows: Up16(e) bf16 written, Half(e) pairs read
     for (int64_t r = 0; r < nr; ++r) {
       lse[plane * T + q0 + r] =
           SoftmaxRowToBf16(s + r * P.T16, q0 + r + 1, e, reinterpret_cast<uint16_t*>(pa + r * lda));
     }
-    GemmPairs(nr, L.dh, Half(e), pa, lda, vb, P.dhv, out + (b * T + q0) * L.d + h * L.dh, L.d, 1.0f,
-              false);
+    L.gemm(nr, L.dh, Half(e), pa, lda, vb, P.dhv, out + (b * T + q0) * L.d + h * L.dh, L.d, 1.0f,
+           false);
   }
 }
 
@@ -420,8 +428,8 @@ void BackwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* 
   for (int64_t q0 = last_q0; q0 >= 0; q0 -= L.block) {
     const int64_t nr = std::min<int64_t>(L.block, T - q0), e = q0 + nr, kr = Half(nr);
     const bool acc = q0 != last_q0;
-    GemmPairs(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, p, P.T16, L.scale, false);
-    GemmPairs(nr, e, P.dh2, ga + q0 * P.dh2, P.dh2, vt, P.T16, dp, P.T16, 1.0f, false);
+    L.gemm(nr, e, P.dh2, qa + q0 * P.dh2, P.dh2, kt, P.T16, p, P.T16, L.scale, false);
+    L.gemm(nr, e, P.dh2, ga + q0 * P.dh2, P.dh2, vt, P.T16, dp, P.T16, 1.0f, false);
     const int64_t lda = P.T16 / 2;  // sa's rows: Up16(e) bf16 written, Half(e) pairs read
     auto* sa16 = reinterpret_cast<uint16_t*>(sa);
     for (int64_t r = 0; r < nr; r += 2) {
@@ -440,9 +448,9 @@ void BackwardPlane(const Layout& L, const Plane& P, int64_t plane, const float* 
       GradientRowsToBf16(rows, e, L.scale, pb + r / 2 * P.T16, sb + r / 2 * P.T16, sa16 + r * P.T16,
                          sa16 + (r + 1) * P.T16);
     }
-    GemmPairs(L.dh, e, kr, gt + q0 / 2, P.T2, pb, P.T16, dvt, P.T16, 1.0f, acc);
-    GemmPairs(L.dh, e, kr, qt + q0 / 2, P.T2, sb, P.T16, dkt, P.T16, 1.0f, acc);
-    GemmPairs(nr, L.dh, Half(e), sa, lda, kb, P.dhv, dq + q0 * L.d3, L.d3, 1.0f, false);
+    L.gemm(L.dh, e, kr, gt + q0 / 2, P.T2, pb, P.T16, dvt, P.T16, 1.0f, acc);
+    L.gemm(L.dh, e, kr, qt + q0 / 2, P.T2, sb, P.T16, dkt, P.T16, 1.0f, acc);
+    L.gemm(nr, L.dh, Half(e), sa, lda, kb, P.dhv, dq + q0 * L.d3, L.d3, 1.0f, false);
   }
   WriteTransposed(dkt, dvt, P, dq + L.d, L.d, L.d3);
 }
@@ -476,12 +484,50 @@ void ForWorkers(int64_t planes, int64_t workers, int64_t per_worker, float* scra
   });
 }
 
+// The products' engine: unresolved (-1), else a Bf16AttentionProducts value.
+std::atomic<int> g_products{-1};
+
+Bf16AttentionProducts ParseProducts(std::string_view name) {
+  if (name == "auto") {
+    return amx::Available() ? Bf16AttentionProducts::kAmx : Bf16AttentionProducts::kAvx512Bf16;
+  }
+  if (name == "avx512bf16") return Bf16AttentionProducts::kAvx512Bf16;
+  SSHSDP_CHECK(name == "amx", NumericsError,
+               "bf16 attention products '{}' are not one of auto, amx, avx512bf16", name);
+  SSHSDP_CHECK(amx::Available(), NumericsError,
+               "bf16 attention products 'amx' requested, but this CPU has no AMX-BF16 (or the "
+               "kernel refused its tile state); use 'auto' or 'avx512bf16'");
+  return Bf16AttentionProducts::kAmx;
+}
+
 Layout MakeLayout(int B, int T, int H, int dh, int block) {
   const int64_t d = static_cast<int64_t>(H) * dh;
-  return {B, T, H, dh, block, d, 3 * d, dh > 0 ? 1.0f / std::sqrt(static_cast<float>(dh)) : 1.0f};
+  const GemmFn gemm =
+      ActiveBf16AttentionProducts() == Bf16AttentionProducts::kAmx ? &amx::GemmPairs : &GemmPairs;
+  return {B,   T, H, dh, block, d, 3 * d, dh > 0 ? 1.0f / std::sqrt(static_cast<float>(dh)) : 1.0f,
+          gemm};
 }
 
 }  // namespace
+
+Bf16AttentionProducts ActiveBf16AttentionProducts() {
+  int v = g_products.load();
+  if (v < 0) {
+    const char* env = std::getenv("SSHSDP_BF16_ATTENTION_PRODUCTS");
+    try {
+      v = static_cast<int>(ParseProducts(env && *env ? env : "auto"));
+    } catch (const NumericsError& e) {
+      throw NumericsError(fmt::format("SSHSDP_BF16_ATTENTION_PRODUCTS={}: {}", env, e.what()));
+    }
+    g_products.store(v);
+  }
+  return static_cast<Bf16AttentionProducts>(v);
+}
+
+void SetBf16AttentionProducts(Bf16AttentionProducts products) {
+  g_products.store(static_cast<int>(
+      ParseProducts(products == Bf16AttentionProducts::kAmx ? "amx" : "avx512bf16")));
+}
 
 bool NativeBf16AttentionActive() {
   static const bool cpu = __builtin_cpu_supports("avx512bf16") != 0;
@@ -490,8 +536,9 @@ bool NativeBf16AttentionActive() {
 
 std::string AttentionPathDescription(bool bf16) {
   if (!bf16) return "fp32 (oneDNN)";
-  return NativeBf16AttentionActive() ? "bf16 (AVX512-BF16 kernel)"
-                                     : "bf16 widened (fp32 oneDNN on rounded operands)";
+  if (!NativeBf16AttentionActive()) return "bf16 widened (fp32 oneDNN on rounded operands)";
+  return ActiveBf16AttentionProducts() == Bf16AttentionProducts::kAmx ? "bf16 (AMX kernel)"
+                                                                      : "bf16 (AVX512-BF16 kernel)";
 }
 
 int64_t AttentionBf16ScratchFloats(int B, int T, int H, int dh, int block, int threads) {

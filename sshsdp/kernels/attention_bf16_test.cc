@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/amx_pairs.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
@@ -158,24 +159,40 @@ double ShareOutside(const std::vector<float>& got, const std::vector<double>& wa
   return got.empty() ? 0.0 : static_cast<double>(bad) / static_cast<double>(got.size());
 }
 
-enum class Path { kNative, kWidened };
+// The native kernel with VDPBF16PS products (kNative) or AMX tiles (kAmx), or the widened path.
+enum class Path { kNative, kAmx, kWidened };
 
-bool NativeAvailable() {
-  return __builtin_cpu_supports("avx512bf16") != 0 && NativeBf16GemmSupported();
+bool Available(Path p) {
+  if (p == Path::kWidened) return true;
+  const bool native = __builtin_cpu_supports("avx512bf16") != 0 && NativeBf16GemmSupported();
+  return native && (p == Path::kNative || amx::Available());
+}
+
+std::string PathName(Path p) {
+  return p == Path::kNative ? "native" : p == Path::kAmx ? "amx" : "widened";
 }
 
 // Forces the path for one test, restoring the process's on exit.
 class PathScope {
  public:
-  explicit PathScope(Path p) : saved_(ActiveBf16GemmPath()) {
-    SetBf16GemmPath(p == Path::kNative ? Bf16GemmPath::kNative : Bf16GemmPath::kWidened);
+  explicit PathScope(Path p)
+      : saved_(ActiveBf16GemmPath()), products_(ActiveBf16AttentionProducts()) {
+    SetBf16GemmPath(p == Path::kWidened ? Bf16GemmPath::kWidened : Bf16GemmPath::kNative);
+    if (p != Path::kWidened) {
+      SetBf16AttentionProducts(p == Path::kAmx ? Bf16AttentionProducts::kAmx
+                                               : Bf16AttentionProducts::kAvx512Bf16);
+    }
   }
-  ~PathScope() { SetBf16GemmPath(saved_); }
+  ~PathScope() {
+    SetBf16GemmPath(saved_);
+    SetBf16AttentionProducts(products_);
+  }
   PathScope(const PathScope&) = delete;
   PathScope& operator=(const PathScope&) = delete;
 
  private:
   Bf16GemmPath saved_;
+  Bf16AttentionProducts products_;
 };
 
 struct Outputs {
@@ -207,8 +224,9 @@ std::vector<float> Inputs(size_t n, uint64_t seed, float scale) {
 class AttentionBf16Test : public ::testing::TestWithParam<std::tuple<Path, Shape>> {
  protected:
   void SetUp() override {
-    if (std::get<0>(GetParam()) == Path::kNative && !NativeAvailable()) {
-      GTEST_SKIP() << "this CPU has no AVX512-BF16 (the widened path is tested instead)";
+    if (!Available(std::get<0>(GetParam()))) {
+      GTEST_SKIP() << "this CPU has no AVX512-BF16 or AMX-BF16 for this path (the others are "
+                      "tested instead)";
     }
   }
 };
@@ -216,7 +234,7 @@ class AttentionBf16Test : public ::testing::TestWithParam<std::tuple<Path, Shape
 TEST_P(AttentionBf16Test, MatchesRoundedOracle) {
   const auto [path, s] = GetParam();
   PathScope scope(path);
-  ASSERT_EQ(NativeBf16AttentionActive(), path == Path::kNative);
+  ASSERT_EQ(NativeBf16AttentionActive(), path != Path::kWidened);
   const int64_t d = int64_t{s.H} * s.dh, BT = int64_t{s.B} * s.T;
   const std::vector<float> qkv = Inputs(BT * 3 * d, 21, 1.5f);  // sharper rows than N(0, 1)
   const std::vector<float> dout = Inputs(BT * d, 22, 1.0f);
@@ -232,44 +250,66 @@ TEST_P(AttentionBf16Test, MatchesRoundedOracle) {
 
 INSTANTIATE_TEST_SUITE_P(
     OddShapes, AttentionBf16Test,
-    ::testing::Combine(::testing::Values(Path::kNative, Path::kWidened),
+    ::testing::Combine(::testing::Values(Path::kNative, Path::kAmx, Path::kWidened),
                        ::testing::Values(Shape{1, 1, 1, 1, 64}, Shape{2, 5, 3, 7, 64},
                                          Shape{1, 67, 2, 33, 16}, Shape{3, 40, 4, 32, 8},
                                          Shape{1, 64, 2, 64, 64}, Shape{2, 19, 1, 16, 4},
                                          Shape{1, 90, 1, 8, 2}, Shape{2, 3, 2, 0, 64})),
     [](const auto& info) {
       const Shape s = std::get<1>(info.param);
-      return std::string(std::get<0>(info.param) == Path::kNative ? "native" : "widened") + "_B" +
-             std::to_string(s.B) + "_T" + std::to_string(s.T) + "_H" + std::to_string(s.H) + "_dh" +
-             std::to_string(s.dh) + "_block" + std::to_string(s.block);
+      return PathName(std::get<0>(info.param)) + "_B" + std::to_string(s.B) + "_T" +
+             std::to_string(s.T) + "_H" + std::to_string(s.H) + "_dh" + std::to_string(s.dh) +
+             "_block" + std::to_string(s.block);
     });
 
 // The native kernel computes each (sequence, head) plane whole on one worker: any thread
 // count, and scratch sized for fewer threads than run, give the same bits.
 TEST(AttentionBf16, NativeThreadCountsGiveSameBits) {
-  if (!NativeAvailable()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  PathScope scope(Path::kNative);
+  if (!Available(Path::kNative)) GTEST_SKIP() << "this CPU has no AVX512-BF16";
   const Shape s{3, 50, 3, 24, 16};
   const int64_t d = int64_t{s.H} * s.dh, BT = int64_t{s.B} * s.T;
   const std::vector<float> qkv = Inputs(BT * 3 * d, 31, 1.5f), dout = Inputs(BT * d, 32, 1.0f);
-  const int saved = KernelThreads();
-  SetKernelThreads(1);
-  const Outputs one = RunBf16(s, qkv, dout);
-  SetKernelThreads(3);
-  const Outputs three = RunBf16(s, qkv, dout);
-  const Outputs narrow = RunBf16(s, qkv, dout, /*scratch_threads=*/1);
-  SetKernelThreads(saved);
-  EXPECT_EQ(one.out, three.out);
-  EXPECT_EQ(one.dqkv, three.dqkv);
-  EXPECT_EQ(one.lse, three.lse);
-  EXPECT_EQ(one.out, narrow.out);
-  EXPECT_EQ(one.dqkv, narrow.dqkv);
+  for (const Path path : {Path::kNative, Path::kAmx}) {
+    if (!Available(path)) continue;
+    PathScope scope(path);
+    const int saved = KernelThreads();
+    SetKernelThreads(1);
+    const Outputs one = RunBf16(s, qkv, dout);
+    SetKernelThreads(3);
+    const Outputs three = RunBf16(s, qkv, dout);
+    const Outputs narrow = RunBf16(s, qkv, dout, /*scratch_threads=*/1);
+    SetKernelThreads(saved);
+    EXPECT_EQ(one.out, three.out) << PathName(path);
+    EXPECT_EQ(one.dqkv, three.dqkv) << PathName(path);
+    EXPECT_EQ(one.lse, three.lse) << PathName(path);
+    EXPECT_EQ(one.out, narrow.out) << PathName(path);
+    EXPECT_EQ(one.dqkv, narrow.dqkv) << PathName(path);
+  }
+}
+
+// The products engine is chosen by the CPU, forced by the setter (amx refused where the CPU
+// has none), and named in the header line.
+TEST(AttentionBf16, ProductsEngineIsChosenAndNamed) {
+  const Bf16AttentionProducts saved = ActiveBf16AttentionProducts();
+  if (amx::Available()) {
+    EXPECT_EQ(saved, Bf16AttentionProducts::kAmx);  // SSHSDP_BF16_ATTENTION_PRODUCTS unset
+  } else {
+    EXPECT_EQ(saved, Bf16AttentionProducts::kAvx512Bf16);
+    EXPECT_THROW(SetBf16AttentionProducts(Bf16AttentionProducts::kAmx), NumericsError);
+  }
+  for (const Path path : {Path::kNative, Path::kAmx}) {
+    if (!Available(path)) continue;
+    PathScope scope(path);
+    EXPECT_EQ(AttentionPathDescription(true),
+              path == Path::kAmx ? "bf16 (AMX kernel)" : "bf16 (AVX512-BF16 kernel)");
+  }
+  EXPECT_EQ(ActiveBf16AttentionProducts(), saved);
 }
 
 TEST(AttentionBf16, RefusesOddBlocksAndShortScratch) {
   EXPECT_THROW(AttentionBf16ScratchFloats(1, 8, 1, 4, 3), NumericsError);
-  for (const Path path : {Path::kNative, Path::kWidened}) {
-    if (path == Path::kNative && !NativeAvailable()) continue;
+  for (const Path path : {Path::kNative, Path::kAmx, Path::kWidened}) {
+    if (!Available(path)) continue;
     PathScope scope(path);
     std::vector<float> qkv(8 * 12, 0.5f), out(8 * 4), lse(8), scratch(16);
     EXPECT_THROW(CausalAttentionForwardBf16(qkv.data(), out.data(), lse.data(), scratch.data(),
@@ -294,14 +334,13 @@ TEST(AttentionBf16, NanKeyReachesTheRowsThatSeeIt) {
   std::vector<float> qkv = Inputs(BT * 3 * d, 51, 1.0f);
   qkv[key * 3 * d + d + 3] = std::numeric_limits<float>::quiet_NaN();  // K[key], head 0
   const std::vector<float> dout = Inputs(BT * d, 52, 1.0f);
-  for (const Path path : {Path::kNative, Path::kWidened}) {
-    if (path == Path::kNative && !NativeAvailable()) continue;
+  for (const Path path : {Path::kNative, Path::kAmx, Path::kWidened}) {
+    if (!Available(path)) continue;
     PathScope scope(path);
     const Outputs r = RunBf16(s, qkv, dout);
     for (int64_t t = 0; t < s.T; ++t) {
       for (int64_t c = 0; c < s.dh; ++c) {
-        EXPECT_EQ(std::isnan(r.out[t * d + c]), t >= key)
-            << (path == Path::kNative ? "native" : "widened") << " row " << t;
+        EXPECT_EQ(std::isnan(r.out[t * d + c]), t >= key) << PathName(path) << " row " << t;
         EXPECT_TRUE(std::isfinite(r.out[t * d + s.dh + c]));  // head 1 untouched
       }
     }
