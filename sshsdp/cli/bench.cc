@@ -209,8 +209,12 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  o.gemm_peak);
     ValidateEngineConfig(base);  // hyperparameter ranges, before any collective
     SetCommTimeout(o.comm_timeout);
-    // A bad SSHSDP_BF16_GEMM fails here, before any collective (bf16 weights only).
-    if (base.weight_dtype == DType::kBF16) kernels::ActiveBf16GemmPath();
+    // A bad SSHSDP_BF16_GEMM or SSHSDP_BF16_ATTENTION_PRODUCTS fails here, before any
+    // collective (bf16 weights only).
+    if (base.weight_dtype == DType::kBF16) {
+      kernels::ActiveBf16GemmPath();
+      kernels::ActiveBf16AttentionProducts();
+    }
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};
     base.clip_norm = o.clip;
     base.optimizer = muon ? OptimizerKind::kMuon : OptimizerKind::kAdamW;

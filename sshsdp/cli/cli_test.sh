@@ -78,6 +78,8 @@ expect_error "a negative --gemm-peak is refused" "gemm-peak must be a GFLOP/s fi
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --gemm-peak -5 --steps 1
 expect_error "an unknown SSHSDP_BF16_GEMM is refused, naming the choices" "SSHSDP_BF16_GEMM=amx: bf16 GEMM path 'amx' is not one of auto, native, widened" \
   env SSHSDP_BF16_GEMM=amx "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1
+expect_error "an unknown SSHSDP_BF16_ATTENTION_PRODUCTS is refused, naming the choices" "SSHSDP_BF16_ATTENTION_PRODUCTS=vnni: bf16 attention products 'vnni' are not one of auto, amx, avx512bf16" \
+  env SSHSDP_BF16_ATTENTION_PRODUCTS=vnni "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1
 
 timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --sw 2 --sg 2 --so 2 --microbatches 2 \
   --steps 40 --lr 1e-2 --log-every 10 --metrics "$tmp/m.jsonl" \

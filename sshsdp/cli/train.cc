@@ -128,9 +128,13 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
-    // bf16 GEMMs run for bf16 weights and the bf16 parts of mxfp8 runs: a bad
-    // SSHSDP_BF16_GEMM fails here, before any collective.
-    if (o.weight_dtype != "fp32") kernels::ActiveBf16GemmPath();
+    // bf16 GEMMs and the bf16 attention run for bf16 weights and the bf16 parts of mxfp8
+    // runs: a bad SSHSDP_BF16_GEMM or SSHSDP_BF16_ATTENTION_PRODUCTS fails here, before any
+    // collective.
+    if (o.weight_dtype != "fp32") {
+      kernels::ActiveBf16GemmPath();
+      kernels::ActiveBf16AttentionProducts();
+    }
     EngineConfig cfg = EngineConfigOf(o, WorldSize(), T);
     if (!o.trace.empty()) cfg.tracer = &tracer;
     ValidateEngineConfig(cfg);  // hyperparameter ranges, before any collective
