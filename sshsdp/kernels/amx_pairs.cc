@@ -20,12 +20,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 namespace sshsdp::kernels::amx {
 namespace {
 
 using Pair = uint32_t;
+
+std::atomic<int64_t> g_calls{0};  // Calls()
 
 #define SSHSDP_AMX_TARGET \
   __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
@@ -209,6 +212,8 @@ SSHSDP_AMX_TARGET void Block(int64_t kp, const Pair* a, int64_t lda, const Pair*
 
 }  // namespace
 
+int64_t Calls() { return g_calls.load(std::memory_order_relaxed); }
+
 bool Available() {
   static const bool ok = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -225,6 +230,7 @@ SSHSDP_AMX_TARGET void GemmPairs(int64_t M, int64_t N, int64_t kp, const uint32_
                                  const uint32_t* b, int64_t ldb, float* c, int64_t ldc, float alpha,
                                  bool acc) {
   if (M <= 0 || N <= 0) return;
+  g_calls.fetch_add(1, std::memory_order_relaxed);
   Configure();
   Stage st;
   for (int64_t n0 = 0; n0 < N; n0 += 2 * kTile) {

@@ -9,8 +9,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sshsdp/base/error.h"
@@ -287,21 +289,33 @@ TEST(AttentionBf16, NativeThreadCountsGiveSameBits) {
   }
 }
 
-// The products engine is chosen by the CPU, forced by the setter (amx refused where the CPU
-// has none), and named in the header line.
+// The products engine is chosen by the CPU (unless SSHSDP_BF16_ATTENTION_PRODUCTS says
+// otherwise), forced by the setter (amx refused where the CPU has none), named in the header
+// line, and is the one that runs: AMX products are counted (amx::Calls), VDPBF16PS ones not.
 TEST(AttentionBf16, ProductsEngineIsChosenAndNamed) {
   const Bf16AttentionProducts saved = ActiveBf16AttentionProducts();
-  if (amx::Available()) {
-    EXPECT_EQ(saved, Bf16AttentionProducts::kAmx);  // SSHSDP_BF16_ATTENTION_PRODUCTS unset
-  } else {
-    EXPECT_EQ(saved, Bf16AttentionProducts::kAvx512Bf16);
+  const char* env = std::getenv("SSHSDP_BF16_ATTENTION_PRODUCTS");
+  if (env == nullptr || std::string_view(env) == "auto") {
+    EXPECT_EQ(saved,
+              amx::Available() ? Bf16AttentionProducts::kAmx : Bf16AttentionProducts::kAvx512Bf16);
+  }
+  if (!amx::Available()) {
     EXPECT_THROW(SetBf16AttentionProducts(Bf16AttentionProducts::kAmx), NumericsError);
   }
+  const Shape s{2, 40, 2, 16, 16};
+  const int64_t d = int64_t{s.H} * s.dh, BT = int64_t{s.B} * s.T;
+  const std::vector<float> qkv = Inputs(BT * 3 * d, 41, 1.0f), dout = Inputs(BT * d, 42, 1.0f);
   for (const Path path : {Path::kNative, Path::kAmx}) {
     if (!Available(path)) continue;
     PathScope scope(path);
     EXPECT_EQ(AttentionPathDescription(true),
               path == Path::kAmx ? "bf16 (AMX kernel)" : "bf16 (AVX512-BF16 kernel)");
+    const int64_t before = amx::Calls();
+    RunBf16(s, qkv, dout);
+    // Per plane: 2 products per query block forward, 5 backward; 40 rows in blocks of 16.
+    const int64_t planes = int64_t{s.B} * s.H, blocks = 3;
+    EXPECT_EQ(amx::Calls() - before, path == Path::kAmx ? planes * blocks * 7 : 0)
+        << PathName(path);
   }
   EXPECT_EQ(ActiveBf16AttentionProducts(), saved);
 }
