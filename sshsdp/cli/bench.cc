@@ -26,6 +26,7 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/presets.h"
+#include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
@@ -209,10 +210,11 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  o.gemm_peak);
     ValidateEngineConfig(base);  // hyperparameter ranges, before any collective
     SetCommTimeout(o.comm_timeout);
-    // A bad SSHSDP_BF16_GEMM or SSHSDP_BF16_ATTENTION_PRODUCTS fails here, before any
-    // collective (bf16 weights only).
+    // A bad SSHSDP_BF16_GEMM, SSHSDP_BF16_GEMM_KERNEL or SSHSDP_BF16_ATTENTION_PRODUCTS fails here,
+    // before any collective (bf16 weights only).
     if (base.weight_dtype == DType::kBF16) {
       kernels::ActiveBf16GemmPath();
+      kernels::ActiveBf16GemmKernel();
       kernels::ActiveBf16AttentionProducts();
     }
     base.adamw = {o.lr, o.beta1, o.beta2, o.eps, o.weight_decay};

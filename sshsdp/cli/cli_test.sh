@@ -80,6 +80,8 @@ expect_error "an unknown SSHSDP_BF16_GEMM is refused, naming the choices" "SSHSD
   env SSHSDP_BF16_GEMM=amx "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1
 expect_error "an unknown SSHSDP_BF16_ATTENTION_PRODUCTS is refused, naming the choices" "SSHSDP_BF16_ATTENTION_PRODUCTS=vnni: bf16 attention products 'vnni' are not one of auto, amx, avx512bf16" \
   env SSHSDP_BF16_ATTENTION_PRODUCTS=vnni "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1
+expect_error "an unknown SSHSDP_BF16_GEMM_KERNEL is refused, naming the choices" "SSHSDP_BF16_GEMM_KERNEL=mkl: bf16 GEMM kernel 'mkl' is not one of auto, amx, onednn" \
+  env SSHSDP_BF16_GEMM_KERNEL=mkl "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1
 
 timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --sw 2 --sg 2 --so 2 --microbatches 2 \
   --steps 40 --lr 1e-2 --log-every 10 --metrics "$tmp/m.jsonl" \

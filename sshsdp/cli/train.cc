@@ -33,6 +33,7 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/plan.h"
+#include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
@@ -129,10 +130,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
     // bf16 GEMMs and the bf16 attention run for bf16 weights and the bf16 parts of mxfp8
-    // runs: a bad SSHSDP_BF16_GEMM or SSHSDP_BF16_ATTENTION_PRODUCTS fails here, before any
-    // collective.
+    // runs: a bad SSHSDP_BF16_GEMM, SSHSDP_BF16_GEMM_KERNEL or SSHSDP_BF16_ATTENTION_PRODUCTS fails
+    // here, before any collective.
     if (o.weight_dtype != "fp32") {
       kernels::ActiveBf16GemmPath();
+      kernels::ActiveBf16GemmKernel();
       kernels::ActiveBf16AttentionProducts();
     }
     EngineConfig cfg = EngineConfigOf(o, WorldSize(), T);

@@ -40,14 +40,18 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-SSHSDP_AMX_TARGET void Configure() {
+// Eight 16-row × 64-byte tiles. A constant: GCC 12 does not see that ldtilecfg reads its
+// operand, and dropped the stores that filled a local configuration where the function was
+// not inlined.
+constexpr TileConfig MakeConfig() {
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
     cfg.colsb[t] = 64;
     cfg.rows[t] = 16;
   }
-  _tile_loadconfig(&cfg);
+  return cfg;
 }
+constexpr TileConfig kConfig = MakeConfig();
 
 // Strides in bytes.
 SSHSDP_AMX_TARGET inline void ZeroC(int t) {
@@ -214,6 +218,10 @@ SSHSDP_AMX_TARGET void Block(int64_t kp, const Pair* a, int64_t lda, const Pair*
 
 int64_t Calls() { return g_calls.load(std::memory_order_relaxed); }
 
+SSHSDP_AMX_TARGET void ConfigureTiles() { _tile_loadconfig(&kConfig); }
+
+SSHSDP_AMX_TARGET void ReleaseTiles() { _tile_release(); }
+
 bool Available() {
   static const bool ok = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
@@ -231,7 +239,7 @@ SSHSDP_AMX_TARGET void GemmPairs(int64_t M, int64_t N, int64_t kp, const uint32_
                                  bool acc) {
   if (M <= 0 || N <= 0) return;
   g_calls.fetch_add(1, std::memory_order_relaxed);
-  Configure();
+  ConfigureTiles();
   Stage st;
   for (int64_t n0 = 0; n0 < N; n0 += 2 * kTile) {
     const int64_t nc = std::min(2 * kTile, N - n0);
@@ -253,7 +261,7 @@ SSHSDP_AMX_TARGET void GemmPairs(int64_t M, int64_t N, int64_t kp, const uint32_
       }
     }
   }
-  _tile_release();
+  ReleaseTiles();
 }
 
 }  // namespace sshsdp::kernels::amx

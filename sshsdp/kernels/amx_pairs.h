@@ -31,6 +31,11 @@ bool Available();
 void GemmPairs(int64_t M, int64_t N, int64_t kp, const uint32_t* a, int64_t lda, const uint32_t* b,
                int64_t ldb, float* c, int64_t ldc, float alpha, bool acc);
 
+// Loads the tile configuration both AMX kernels use — eight tiles of 16 rows × 64 bytes — on
+// the calling thread, and releases it. Require Available().
+void ConfigureTiles();
+void ReleaseTiles();
+
 // GemmPairs calls with M, N > 0 in this process so far (a deterministic count: tests assert
 // which products engine a kernel dispatched to).
 int64_t Calls();

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/elementwise.h"
 
 namespace sshsdp::kernels {
@@ -319,22 +320,35 @@ void GemmLocked(State& s, Key key, const void* a, const void* b, void* c) {
     }
     return;
   }
-  if (key.c == DType::kBF16 && key.ab == DType::kF32) {
-    // oneDNN has no f32 x f32 -> bf16 matmul: compute in fp32 and round once.
+  const bool amx =
+      key.ab == DType::kBF16 && key.batch == 1 && ActiveBf16GemmKernel() == Bf16GemmKernel::kAmx;
+  if (amx && key.c == DType::kF32) {
+    amx::GemmBf16(key.trans_a, key.trans_b, key.m, key.n, key.k, static_cast<const bf16*>(a),
+                  key.lda, static_cast<const bf16*>(b), key.ldb, static_cast<float*>(c), key.ldc,
+                  key.alpha, key.accumulate);
+    return;
+  }
+  if (key.c == DType::kBF16 && (amx || key.ab == DType::kF32)) {
+    // oneDNN has no f32 x f32 -> bf16 matmul, the AMX kernel sums in fp32: compute in fp32 and
+    // round once.
     const int64_t rows = key.batch * key.m;
     const size_t count = static_cast<size_t>(rows * key.n);
     if (s.scratch_c.size() < count) s.scratch_c.resize(count);
     float* tmp = s.scratch_c.data();
-    const bool accumulate = key.accumulate;
-    const int64_t ldc = key.ldc;
-    key.c = DType::kF32;
-    key.accumulate = false;
-    key.ldc = key.n;
-    Execute(s, key, a, b, tmp);
+    if (amx) {
+      amx::GemmBf16(key.trans_a, key.trans_b, key.m, key.n, key.k, static_cast<const bf16*>(a),
+                    key.lda, static_cast<const bf16*>(b), key.ldb, tmp, key.n, key.alpha, false);
+    } else {
+      Key f32 = key;
+      f32.c = DType::kF32;
+      f32.accumulate = false;
+      f32.ldc = key.n;
+      Execute(s, f32, a, b, tmp);
+    }
     for (int64_t r = 0; r < rows; ++r) {
-      bf16* out = static_cast<bf16*>(c) + r * ldc;
+      bf16* out = static_cast<bf16*>(c) + r * key.ldc;
       const float* in = tmp + r * key.n;
-      if (accumulate) {
+      if (key.accumulate) {
         for (int64_t j = 0; j < key.n; ++j) out[j] = FloatToBf16(Bf16ToFloat(out[j]) + in[j]);
       } else {
         CastToBf16(in, out, key.n);
@@ -561,8 +575,13 @@ std::string GemmPathDescription(DType dtype) {
       GemmImplementation(false, true, 1024, 1024, 1024, DType::kF32, DType::kF32);
   if (dtype != DType::kBF16) return fmt::format("{} (oneDNN {})", DTypeName(dtype), fp32);
   if (ActiveBf16GemmPath() == Bf16GemmPath::kNative) {
-    return fmt::format("bf16 native (oneDNN {})",
-                       GemmImplementation(false, true, 1024, 1024, 1024, dtype, DType::kF32));
+    const std::string onednn =
+        GemmImplementation(false, true, 1024, 1024, 1024, dtype, DType::kF32);
+    if (ActiveBf16GemmKernel() == Bf16GemmKernel::kAmx) {
+      return fmt::format("bf16 native (AMX tiles, sshsdp's kernel; oneDNN {} for batched products)",
+                         onednn);
+    }
+    return fmt::format("bf16 native (oneDNN {})", onednn);
   }
   State& s = GetState();
   std::lock_guard<std::mutex> lock(s.mu);

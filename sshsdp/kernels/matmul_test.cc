@@ -9,12 +9,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/amx_gemm.h"
+#include "sshsdp/kernels/amx_pairs.h"
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/testing/gemm_data.h"
 
@@ -359,6 +364,41 @@ TEST(Matmul, PeakIsPositiveAndImplementationNamed) {
   EXPECT_GT(fp32, 1e8);
   EXPECT_GT(b16, 1e8);
   EXPECT_FALSE(GemmImplementation(false, true, 64, 64, 64, DType::kBF16, DType::kF32).empty());
+}
+
+// The native path's single products run on the kernel ActiveBf16GemmKernel names (this binary
+// runs once as it is — AMX where the CPU has it — and once with SSHSDP_BF16_GEMM_KERNEL=onednn):
+// the AMX kernel's call count moves with bf16 products exactly when it is the kernel, fp32
+// and batched products never move it, the header line names it, and 'amx' is refused where
+// the CPU has no AMX-BF16.
+TEST(Matmul, Bf16ProductsRunOnTheNamedKernel) {
+  const bool amx = ActiveBf16GemmPath() == Bf16GemmPath::kNative &&
+                   ActiveBf16GemmKernel() == Bf16GemmKernel::kAmx;
+  const char* env = std::getenv("SSHSDP_BF16_GEMM_KERNEL");
+  if (amx::Available() && ActiveBf16GemmPath() == Bf16GemmPath::kNative) {
+    EXPECT_EQ(amx, !(env && std::string_view(env) == "onednn"));
+  }
+  auto x = Random(40 * 24, 1);
+  auto w = ToBf16(Random(16 * 24, 2));
+  std::vector<float> y(40 * 16), y32(40 * 16), wf(16 * 24, 0.5f);
+  int64_t before = amx::GemmBf16Calls();
+  LinearForward(x.data(), w.data(), DType::kBF16, y.data(), 40, 16, 24);
+  LinearBackwardData(y.data(), w.data(), DType::kBF16, x.data(), 40, 16, 24, true);
+  EXPECT_EQ(amx::GemmBf16Calls() - before, amx ? 2 : 0);
+  before = amx::GemmBf16Calls();
+  LinearForward(x.data(), wf.data(), DType::kF32, y32.data(), 40, 16, 24);
+  Gemm(false, false, 4, 4, 4, w.data(), w.data(), DType::kBF16, y.data(), DType::kF32, false, 2);
+  EXPECT_EQ(amx::GemmBf16Calls(), before);
+  const std::string desc = GemmPathDescription(DType::kBF16);
+  EXPECT_EQ(desc.find("AMX tiles") != std::string::npos, amx) << desc;
+  if (!amx::Available()) {
+    try {
+      SetBf16GemmKernel(Bf16GemmKernel::kAmx);
+      ADD_FAILURE() << "'amx' accepted on a CPU without AMX-BF16";
+    } catch (const NumericsError& e) {
+      EXPECT_NE(std::string(e.what()).find("no AMX-BF16"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,353 @@
+// bf16 GEMMs on AMX tiles (amx_gemm.h).
+//
+// A "word" is two bf16 of consecutive k, the lower k in the low half. Packed per call:
+//   A, one 32-row block at a time (in each worker's scratch): [k tile][row tile 0..1]
+//     [16 rows][16 words] — tile rows are op(A)'s rows;
+//   B, 512 columns at a time: per 32 columns [k tile][column tile 0..1][16 words of k]
+//     [16 columns] — AMX's VNNI layout.
+// Rows, columns and k past the matrix are packed as zeros, so every tile is whole and only
+// the stores are masked. Each packed tile is 1 KiB contiguous. Stored rows become tile rows
+// by one masked load (A not transposed) or two loads and an interleave (B not transposed);
+// a transposed operand is gathered 16 words per vector and transposed 16 × 16 words.
+//
+// Tiles: C in tmm0-3 (2i + j: rows 16i.., columns 16j..), A in tmm4-5, B in tmm6-7. A block
+// of 32 × 32 results is summed over at most kKcWords words of k; with more, the partial sums
+// wait in an fp32 scratch of whole tiles and the last k block finishes into C.
+// GCC 12's AVX-512 intrinsics (the masked zero loads) trip its own uninitialized warnings.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#include "sshsdp/kernels/amx_gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/kernels/amx_pairs.h"
+#include "sshsdp/kernels/parallel.h"
+
+namespace sshsdp::kernels {
+namespace {
+
+struct KernelChoice {
+  std::mutex mu;
+  std::optional<Bf16GemmKernel> kernel;
+};
+
+KernelChoice& Choice() {
+  static KernelChoice* choice = new KernelChoice();  // never destroyed
+  return *choice;
+}
+
+Bf16GemmKernel Parse(std::string_view name) {
+  if (name == "auto") return amx::Available() ? Bf16GemmKernel::kAmx : Bf16GemmKernel::kOneDnn;
+  if (name == "onednn") return Bf16GemmKernel::kOneDnn;
+  SSHSDP_CHECK(name == "amx", NumericsError,
+               "bf16 GEMM kernel '{}' is not one of auto, amx, onednn", name);
+  SSHSDP_CHECK(amx::Available(), NumericsError,
+               "bf16 GEMM kernel 'amx' requested, but this CPU has no AMX-BF16 (or the kernel "
+               "refused this process its tile state): use 'auto' or 'onednn'");
+  return Bf16GemmKernel::kAmx;
+}
+
+}  // namespace
+
+Bf16GemmKernel ActiveBf16GemmKernel() {
+  KernelChoice& ch = Choice();
+  std::lock_guard<std::mutex> lock(ch.mu);
+  if (!ch.kernel) {
+    const char* env = std::getenv("SSHSDP_BF16_GEMM_KERNEL");
+    try {
+      ch.kernel = Parse(env && *env ? env : "auto");
+    } catch (const NumericsError& e) {
+      throw NumericsError(fmt::format("SSHSDP_BF16_GEMM_KERNEL={}: {}", env, e.what()));
+    }
+  }
+  return *ch.kernel;
+}
+
+void SetBf16GemmKernel(Bf16GemmKernel kernel) {
+  const Bf16GemmKernel k = Parse(Bf16GemmKernelName(kernel));
+  KernelChoice& ch = Choice();
+  std::lock_guard<std::mutex> lock(ch.mu);
+  ch.kernel = k;
+}
+
+std::string_view Bf16GemmKernelName(Bf16GemmKernel kernel) {
+  return kernel == Bf16GemmKernel::kAmx ? "amx" : "onednn";
+}
+
+}  // namespace sshsdp::kernels
+
+namespace sshsdp::kernels::amx {
+namespace {
+
+#define SSHSDP_AMX_GEMM_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq")))
+
+using Word = uint32_t;
+
+constexpr int64_t kT = 16;                       // tile rows; words (or floats) per tile row
+constexpr int64_t kTileWords = kT * kT;          // one 1 KiB tile
+constexpr int64_t kBlock = 2 * kT;               // result rows and columns of a block
+constexpr int64_t kKcWords = 256;                // k words per block (512 bf16): A's block in L1
+constexpr int64_t kNc = 512;                     // columns of B packed at once
+constexpr int64_t kKtileWords = 2 * kTileWords;  // one k tile of a block's two A (or B) tiles
+
+std::atomic<int64_t> g_calls{0};
+
+int64_t Clamp(int64_t v, int64_t hi) { return std::max<int64_t>(0, std::min(v, hi)); }
+
+// 32 bf16 from p, the first `valid` of them (0..32; p is not read when 0), zeros after.
+SSHSDP_AMX_GEMM_TARGET inline __m512i Load32(const bf16* p, int64_t valid) {
+  if (valid <= 0) return _mm512_setzero_si512();
+  const __mmask32 mask = valid >= 32 ? ~__mmask32{0} : (__mmask32{1} << valid) - 1;
+  return _mm512_maskz_loadu_epi16(mask, p);
+}
+
+// 16 words (lo[i], hi[i]) from the first `valid` bf16 of two rows (nullptr: zeros).
+SSHSDP_AMX_GEMM_TARGET inline __m512i Words16(const bf16* lo, const bf16* hi, int64_t valid) {
+  if (valid <= 0) return _mm512_setzero_si512();
+  const __mmask16 mask =
+      valid >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << valid) - 1);
+  const __m512i l =
+      lo ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lo)) : _mm512_setzero_si512();
+  const __m512i h =
+      hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, hi)) : _mm512_setzero_si512();
+  return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+}
+
+// v[i] word j -> v[j] word i.
+SSHSDP_AMX_GEMM_TARGET inline void Transpose16(__m512i v[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {  // 128-bit lane l of t[2i]: v2i[4l], v2i+1[4l], v2i[4l+1], ...
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int g = 0; g < 4; ++g) {  // lane l of u[4g + c]: rows 4g..4g+3 of column 4l + c
+    u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+    u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+    u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // column 4l + c: lane l of u[c], u[4 + c], u[8 + c], u[12 + c]
+    const __m512i v0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x88);
+    const __m512i v1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xDD);
+    const __m512i w0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x88);
+    const __m512i w1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xDD);
+    v[c] = _mm512_shuffle_i32x4(v0, w0, 0x88);
+    v[4 + c] = _mm512_shuffle_i32x4(v1, w1, 0x88);
+    v[8 + c] = _mm512_shuffle_i32x4(v0, w0, 0xDD);
+    v[12 + c] = _mm512_shuffle_i32x4(v1, w1, 0xDD);
+  }
+}
+
+SSHSDP_AMX_GEMM_TARGET inline void StoreTile(const __m512i v[16], Word* dst) {
+  for (int r = 0; r < kT; ++r) _mm512_store_si512(dst + r * kT, v[r]);
+}
+
+// One operand's view: op(X) is [rows, k]; X stored [rows, k] (straight) or [k, rows].
+struct Operand {
+  const bf16* p;
+  int64_t ld, rows, k;
+  bool straight;  // rows of the stored matrix are op(X)'s rows
+};
+
+// The tile of op(X) rows r0..r0+15, words w..w+15, as tile rows (A's layout).
+SSHSDP_AMX_GEMM_TARGET void PackRowsTile(const Operand& x, int64_t r0, int64_t w, Word* dst) {
+  __m512i v[16];
+  const int64_t e = 2 * w, vrows = Clamp(x.rows - r0, kT);
+  if (x.straight) {
+    for (int r = 0; r < kT; ++r) {
+      v[r] = r < vrows ? Load32(x.p + (r0 + r) * x.ld + e, x.k - e) : _mm512_setzero_si512();
+    }
+  } else {  // column q of the tile = words q from stored rows e + 2q, e + 2q + 1
+    for (int q = 0; q < kT; ++q) {
+      const int64_t k0 = e + 2 * q;
+      v[q] = Words16(k0 < x.k ? x.p + k0 * x.ld + r0 : nullptr,
+                     k0 + 1 < x.k ? x.p + (k0 + 1) * x.ld + r0 : nullptr, vrows);
+    }
+    Transpose16(v);
+  }
+  StoreTile(v, dst);
+}
+
+// The VNNI tile of op(Y) = Yᵀ-view: words w..w+15 of k by columns c0..c0+15, where op(Y) is
+// [k, cols] and y describes Y as an Operand over its columns (straight: stored [cols, k]).
+SSHSDP_AMX_GEMM_TARGET void PackVnniTile(const Operand& y, int64_t c0, int64_t w, Word* dst) {
+  __m512i v[16];
+  const int64_t e = 2 * w, vcols = Clamp(y.rows - c0, kT);
+  if (y.straight) {  // column c of the tile = the words of stored row c0 + c
+    for (int c = 0; c < kT; ++c) {
+      v[c] = c < vcols ? Load32(y.p + (c0 + c) * y.ld + e, y.k - e) : _mm512_setzero_si512();
+    }
+    Transpose16(v);
+  } else {  // row q of the tile = stored rows e + 2q, e + 2q + 1 interleaved
+    for (int q = 0; q < kT; ++q) {
+      const int64_t k0 = e + 2 * q;
+      v[q] = Words16(k0 < y.k ? y.p + k0 * y.ld + c0 : nullptr,
+                     k0 + 1 < y.k ? y.p + (k0 + 1) * y.ld + c0 : nullptr, vcols);
+    }
+  }
+  StoreTile(v, dst);
+}
+
+// C[rows, cols] (+)= alpha · t (a 16 × 16 tile in memory), rows and cols ≤ 16.
+SSHSDP_AMX_GEMM_TARGET void Finish(const float* t, float* c, int64_t ldc, int64_t rows,
+                                   int64_t cols, float alpha, bool acc) {
+  const auto mask = static_cast<__mmask16>((uint32_t{1} << cols) - 1);
+  const __m512 al = _mm512_set1_ps(alpha);
+  for (int64_t r = 0; r < rows; ++r) {
+    __m512 v = _mm512_load_ps(t + r * kT);
+    if (alpha != 1.0f) v = _mm512_mul_ps(v, al);
+    if (acc) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, c + r * ldc));
+    _mm512_mask_storeu_ps(c + r * ldc, mask, v);
+  }
+}
+
+struct Out {       // where a block's sums go
+  float* partial;  // whole-tile partial sums between k blocks ([m_pad, n_pad]), or nullptr
+  int64_t ldp;
+  bool load, store;  // load partial sums first; store them (not the last k block)
+  float* c;
+  int64_t ldc, m, n;
+  float alpha;
+  bool acc;
+};
+
+// The 32 × 32 block at (i0, j0) over ktiles k tiles of packed A (ap) and B (bp).
+SSHSDP_AMX_GEMM_TARGET void Block(int64_t ktiles, const Word* ap, const Word* bp, const Out& o,
+                                  int64_t i0, int64_t j0) {
+  float* p = o.partial ? o.partial + i0 * o.ldp + j0 : nullptr;
+  const int64_t sp = o.ldp * 4;
+  if (o.load) {
+    _tile_loadd(0, p, sp);
+    _tile_loadd(1, p + kT, sp);
+    _tile_loadd(2, p + kT * o.ldp, sp);
+    _tile_loadd(3, p + kT * o.ldp + kT, sp);
+  } else {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  for (int64_t kt = 0; kt < ktiles; ++kt) {
+    _tile_loadd(4, ap + kt * kKtileWords, 64);
+    _tile_loadd(5, ap + kt * kKtileWords + kTileWords, 64);
+    _tile_loadd(6, bp + kt * kKtileWords, 64);
+    _tile_loadd(7, bp + kt * kKtileWords + kTileWords, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  if (o.store) {
+    _tile_stored(0, p, sp);
+    _tile_stored(1, p + kT, sp);
+    _tile_stored(2, p + kT * o.ldp, sp);
+    _tile_stored(3, p + kT * o.ldp + kT, sp);
+    return;
+  }
+  float* c = o.c + i0 * o.ldc + j0;
+  const int64_t sc = o.ldc * 4;
+  if (!o.acc && o.alpha == 1.0f && o.m - i0 >= kBlock && o.n - j0 >= kBlock) {
+    _tile_stored(0, c, sc);
+    _tile_stored(1, c + kT, sc);
+    _tile_stored(2, c + kT * o.ldc, sc);
+    _tile_stored(3, c + kT * o.ldc + kT, sc);
+    return;
+  }
+  alignas(64) float stage[4][kTileWords];
+  _tile_stored(0, stage[0], 64);
+  _tile_stored(1, stage[1], 64);
+  _tile_stored(2, stage[2], 64);
+  _tile_stored(3, stage[3], 64);
+  for (int t = 0; t < 4; ++t) {
+    const int64_t r = i0 + kT * (t / 2), col = j0 + kT * (t % 2);
+    const int64_t rows = Clamp(o.m - r, kT), cols = Clamp(o.n - col, kT);
+    if (rows > 0 && cols > 0)
+      Finish(stage[t], o.c + r * o.ldc + col, o.ldc, rows, cols, o.alpha, o.acc);
+  }
+}
+
+}  // namespace
+
+int64_t GemmBf16Calls() { return g_calls.load(std::memory_order_relaxed); }
+
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
+              int64_t lda, const bf16* b, int64_t ldb, float* c, int64_t ldc, float alpha,
+              bool accumulate) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (!accumulate) {
+      for (int64_t r = 0; r < m; ++r) std::fill_n(c + r * ldc, n, 0.0f);
+    }
+    return;
+  }
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  const Operand A{a, lda, m, k, !trans_a};
+  const Operand B{b, ldb, n, k, trans_b};  // B as its columns: stored [n, k] when transposed
+  const int64_t kw = (k + 1) / 2, nkb = (kw + kKcWords - 1) / kKcWords;
+  const int64_t mblocks = (m + kBlock - 1) / kBlock;
+  const int64_t n_pad = (n + kBlock - 1) / kBlock * kBlock;
+  std::vector<float> partial;
+  if (nkb > 1) partial.resize(static_cast<size_t>(mblocks * kBlock * n_pad));
+  thread_local std::vector<Word, std::allocator<Word>> bpack_store;
+  for (int64_t j0c = 0; j0c < n; j0c += kNc) {
+    const int64_t nblocks = (std::min(kNc, n - j0c) + kBlock - 1) / kBlock;
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      const int64_t w0 = kb * kKcWords, ktiles = (std::min(kKcWords, kw - w0) + kT - 1) / kT;
+      const int64_t block_words = ktiles * kKtileWords;
+      bpack_store.resize(static_cast<size_t>(nblocks * block_words + 16));
+      Word* bpack = reinterpret_cast<Word*>((reinterpret_cast<uintptr_t>(bpack_store.data()) + 63) &
+                                            ~uintptr_t{63});
+      ParallelFor(nblocks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t nb = begin; nb < end; ++nb) {
+          for (int64_t kt = 0; kt < ktiles; ++kt) {
+            for (int64_t t = 0; t < 2; ++t) {
+              PackVnniTile(B, j0c + nb * kBlock + t * kT, w0 + kt * kT,
+                           bpack + nb * block_words + kt * kKtileWords + t * kTileWords);
+            }
+          }
+        }
+      });
+      const Out out{nkb > 1 ? partial.data() : nullptr,
+                    n_pad,
+                    kb > 0,
+                    kb + 1 < nkb,
+                    c,
+                    ldc,
+                    m,
+                    n,
+                    alpha,
+                    accumulate};
+      ParallelFor(mblocks, 1, [&](int64_t begin, int64_t end) {
+        thread_local std::vector<Word> apack_store;
+        apack_store.resize(static_cast<size_t>(block_words + 16));
+        Word* apack = reinterpret_cast<Word*>(
+            (reinterpret_cast<uintptr_t>(apack_store.data()) + 63) & ~uintptr_t{63});
+        ConfigureTiles();
+        for (int64_t ib = begin; ib < end; ++ib) {
+          for (int64_t kt = 0; kt < ktiles; ++kt) {
+            for (int64_t t = 0; t < 2; ++t) {
+              PackRowsTile(A, ib * kBlock + t * kT, w0 + kt * kT,
+                           apack + kt * kKtileWords + t * kTileWords);
+            }
+          }
+          for (int64_t nb = 0; nb < nblocks; ++nb) {
+            Block(ktiles, apack, bpack + nb * block_words, out, ib * kBlock, j0c + nb * kBlock);
+          }
+        }
+        ReleaseTiles();
+      });
+    }
+  }
+}
+
+}  // namespace sshsdp::kernels::amx
