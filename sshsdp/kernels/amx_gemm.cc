@@ -2,7 +2,9 @@
 //
 // A "word" is two bf16 of consecutive k, the lower k in the low half. Packed per call:
 //   A, one 32-row block at a time (in each worker's scratch): [k tile][row tile 0..1]
-//     [16 rows][16 words] — tile rows are op(A)'s rows;
+//     [16 rows][16 words] — tile rows are op(A)'s rows; an A stored untransposed loads its
+//     tiles from its own rows instead where a block is whole (rows and k) and its row
+//     stride is not a multiple of 2 KiB;
 //   B, 512 columns at a time: per 32 columns [k tile][column tile 0..1][16 words of k]
 //     [16 columns] — AMX's VNNI layout.
 // Rows, columns and k past the matrix are packed as zeros, so every tile is whole and only
@@ -35,17 +37,17 @@
 namespace sshsdp::kernels {
 namespace {
 
-struct KernelChoice {
+struct Bf16KernelChoice {
   std::mutex mu;
   std::optional<Bf16GemmKernel> kernel;
 };
 
-KernelChoice& Choice() {
-  static KernelChoice* choice = new KernelChoice();  // never destroyed
+Bf16KernelChoice& GetBf16KernelChoice() {
+  static Bf16KernelChoice* choice = new Bf16KernelChoice();  // never destroyed
   return *choice;
 }
 
-Bf16GemmKernel Parse(std::string_view name) {
+Bf16GemmKernel ParseBf16GemmKernel(std::string_view name) {
   if (name == "auto") return amx::Available() ? Bf16GemmKernel::kAmx : Bf16GemmKernel::kOneDnn;
   if (name == "onednn") return Bf16GemmKernel::kOneDnn;
   SSHSDP_CHECK(name == "amx", NumericsError,
@@ -59,12 +61,12 @@ Bf16GemmKernel Parse(std::string_view name) {
 }  // namespace
 
 Bf16GemmKernel ActiveBf16GemmKernel() {
-  KernelChoice& ch = Choice();
+  Bf16KernelChoice& ch = GetBf16KernelChoice();
   std::lock_guard<std::mutex> lock(ch.mu);
   if (!ch.kernel) {
     const char* env = std::getenv("SSHSDP_BF16_GEMM_KERNEL");
     try {
-      ch.kernel = Parse(env && *env ? env : "auto");
+      ch.kernel = ParseBf16GemmKernel(env && *env ? env : "auto");
     } catch (const NumericsError& e) {
       throw NumericsError(fmt::format("SSHSDP_BF16_GEMM_KERNEL={}: {}", env, e.what()));
     }
@@ -73,8 +75,8 @@ Bf16GemmKernel ActiveBf16GemmKernel() {
 }
 
 void SetBf16GemmKernel(Bf16GemmKernel kernel) {
-  const Bf16GemmKernel k = Parse(Bf16GemmKernelName(kernel));
-  KernelChoice& ch = Choice();
+  const Bf16GemmKernel k = ParseBf16GemmKernel(Bf16GemmKernelName(kernel));
+  Bf16KernelChoice& ch = GetBf16KernelChoice();
   std::lock_guard<std::mutex> lock(ch.mu);
   ch.kernel = k;
 }
@@ -85,7 +87,9 @@ std::string_view Bf16GemmKernelName(Bf16GemmKernel kernel) {
 
 }  // namespace sshsdp::kernels
 
-namespace sshsdp::kernels::amx {
+// The GEMM's internals live in their own namespace: a unity build (the library built as a
+// subdirectory of a user's project) merges this file's anonymous namespace with amx_pairs.cc's.
+namespace sshsdp::kernels::amx::gemm_tiles {
 namespace {
 
 #define SSHSDP_AMX_GEMM_TARGET \
@@ -221,8 +225,15 @@ struct Out {       // where a block's sums go
   bool acc;
 };
 
-// The 32 × 32 block at (i0, j0) over ktiles k tiles of packed A (ap) and B (bp).
-SSHSDP_AMX_GEMM_TARGET void Block(int64_t ktiles, const Word* ap, const Word* bp, const Out& o,
+// A block's two row tiles per k tile, in bytes: packed (1 KiB tiles, 64-byte rows), or
+// straight from op(A)'s stored rows.
+struct ATiles {
+  const char* base;
+  int64_t kt_step, tile_step, stride;
+};
+
+// The 32 × 32 block at (i0, j0) over ktiles k tiles of A and packed B (bp).
+SSHSDP_AMX_GEMM_TARGET void Block(int64_t ktiles, const ATiles& at, const Word* bp, const Out& o,
                                   int64_t i0, int64_t j0) {
   float* p = o.partial ? o.partial + i0 * o.ldp + j0 : nullptr;
   const int64_t sp = o.ldp * 4;
@@ -238,8 +249,8 @@ SSHSDP_AMX_GEMM_TARGET void Block(int64_t ktiles, const Word* ap, const Word* bp
     _tile_zero(3);
   }
   for (int64_t kt = 0; kt < ktiles; ++kt) {
-    _tile_loadd(4, ap + kt * kKtileWords, 64);
-    _tile_loadd(5, ap + kt * kKtileWords + kTileWords, 64);
+    _tile_loadd(4, at.base + kt * at.kt_step, at.stride);
+    _tile_loadd(5, at.base + kt * at.kt_step + at.tile_step, at.stride);
     _tile_loadd(6, bp + kt * kKtileWords, 64);
     _tile_loadd(7, bp + kt * kKtileWords + kTileWords, 64);
     _tile_dpbf16ps(0, 4, 6);
@@ -278,11 +289,8 @@ SSHSDP_AMX_GEMM_TARGET void Block(int64_t ktiles, const Word* ap, const Word* bp
 
 }  // namespace
 
-int64_t GemmBf16Calls() { return g_calls.load(std::memory_order_relaxed); }
-
-void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
-              int64_t lda, const bf16* b, int64_t ldb, float* c, int64_t ldc, float alpha,
-              bool accumulate) {
+void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda,
+         const bf16* b, int64_t ldb, float* c, int64_t ldc, float alpha, bool accumulate) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     if (!accumulate) {
@@ -317,6 +325,9 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
           }
         }
       });
+      // op(A)'s stored rows load as tiles themselves when whole in k and not 2 KiB-strided
+      // (16 rows 2 KiB apart fall into two L1 sets, which a block's reuse would thrash).
+      const bool direct_a = !trans_a && 2 * (w0 + ktiles * kT) <= k && (lda * 2) % 2048 != 0;
       const Out out{nkb > 1 ? partial.data() : nullptr,
                     n_pad,
                     kb > 0,
@@ -334,20 +345,38 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
             (reinterpret_cast<uintptr_t>(apack_store.data()) + 63) & ~uintptr_t{63});
         ConfigureTiles();
         for (int64_t ib = begin; ib < end; ++ib) {
-          for (int64_t kt = 0; kt < ktiles; ++kt) {
-            for (int64_t t = 0; t < 2; ++t) {
-              PackRowsTile(A, ib * kBlock + t * kT, w0 + kt * kT,
-                           apack + kt * kKtileWords + t * kTileWords);
+          ATiles at{reinterpret_cast<const char*>(apack), kKtileWords * 4, kTileWords * 4, 64};
+          if (direct_a && (ib + 1) * kBlock <= m) {
+            at = {reinterpret_cast<const char*>(a + ib * kBlock * lda + 2 * w0), 64, kT * lda * 2,
+                  lda * 2};
+          } else {
+            for (int64_t kt = 0; kt < ktiles; ++kt) {
+              for (int64_t t = 0; t < 2; ++t) {
+                PackRowsTile(A, ib * kBlock + t * kT, w0 + kt * kT,
+                             apack + kt * kKtileWords + t * kTileWords);
+              }
             }
           }
           for (int64_t nb = 0; nb < nblocks; ++nb) {
-            Block(ktiles, apack, bpack + nb * block_words, out, ib * kBlock, j0c + nb * kBlock);
+            Block(ktiles, at, bpack + nb * block_words, out, ib * kBlock, j0c + nb * kBlock);
           }
         }
         ReleaseTiles();
       });
     }
   }
+}
+
+}  // namespace sshsdp::kernels::amx::gemm_tiles
+
+namespace sshsdp::kernels::amx {
+
+int64_t GemmBf16Calls() { return gemm_tiles::g_calls.load(std::memory_order_relaxed); }
+
+void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
+              int64_t lda, const bf16* b, int64_t ldb, float* c, int64_t ldc, float alpha,
+              bool accumulate) {
+  gemm_tiles::Run(trans_a, trans_b, m, n, k, a, lda, b, ldb, c, ldc, alpha, accumulate);
 }
 
 }  // namespace sshsdp::kernels::amx
