@@ -30,9 +30,11 @@
 
 namespace sshsdp::kernels {
 
-// The kernel that runs the native bf16 path's products of one matrix (Gemm, GemmStrided and
-// the linear layers' products; matmul.h): this file's AMX GEMM where the CPU has AMX-BF16,
-// oneDNN's matmul elsewhere and for batched products. SSHSDP_BF16_GEMM_KERNEL=auto|amx|onednn
+// The kernel that runs the native bf16 path's products of one matrix with a transposed B
+// (Gemm, GemmStrided; a linear layer's forward x·wᵀ, matmul.h): this file's AMX GEMM where the
+// CPU has AMX-BF16, oneDNN's matmul elsewhere, and for the other products (oneDNN 2.6 was
+// level or faster on the backward ones, 1.3-2.4× slower on most forward ones:
+// kernels_amx_gemm_bench). SSHSDP_BF16_GEMM_KERNEL=auto|amx|onednn
 // (read on first use) or SetBf16GemmKernel forces one, so both run on an AMX CPU; 'amx'
 // where the CPU has no AMX-BF16 is refused (NumericsError naming the reason).
 enum class Bf16GemmKernel { kOneDnn, kAmx };
