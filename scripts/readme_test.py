@@ -78,6 +78,7 @@ def transform(text, mpirun, build):
         code = re.sub(r"\bmodels_gpt_bench small 4 15\b", "models_gpt_bench tiny 1 2", code)
         code = re.sub(r"\bmodels_layers_bench\b(.*)$", r"models_layers_bench 4096", code)
         code = re.sub(r"\bkernels_attention_bench\b(.*)$", r"kernels_attention_bench 1 64 2 16", code)
+        code = re.sub(r"\bkernels_amx_gemm_bench\b(.*)$", r"kernels_amx_gemm_bench 64", code)
         code = re.sub(r"\bmx_bench\b", "mx_bench --d 32 --layers 1 --steps 2 --warmup 1", code)
         code = re.sub(r"\bupdate_bench\b", "update_bench --layers 1 --seq-len 16 --warmup 1", code)
         code = re.sub(r"\bcomm_bench\b(?!_)", "comm_bench --max-bytes 65536 --iters 2 --warmup 1",

@@ -100,7 +100,7 @@ using Word = uint32_t;
 constexpr int64_t kT = 16;                       // tile rows; words (or floats) per tile row
 constexpr int64_t kTileWords = kT * kT;          // one 1 KiB tile
 constexpr int64_t kBlock = 2 * kT;               // result rows and columns of a block
-constexpr int64_t kKcWords = 256;                // k words per block (512 bf16): A's block in L1
+constexpr int64_t kKcWords = 512;                // k words per block (1,024 bf16)
 constexpr int64_t kNc = 512;                     // columns of B packed at once
 constexpr int64_t kKtileWords = 2 * kTileWords;  // one k tile of a block's two A (or B) tiles
 

@@ -7,8 +7,9 @@
 // rows, B as VNNI tiles ([pair of k][column]) — so every tile load is 1 KiB contiguous
 // instead of 16 rows 2-4 KiB apart (which fall into a few L1 sets and thrash); transposed
 // operands (W in the forward, dyᵀ in the weight gradient) are transposed 16×16 words at a time
-// in the packing. Blocks of 32×32 results (four tiles) are summed over 256 pairs (512 bf16)
-// of k at a time, the A block in L1, B streaming from L2.
+// in the packing. Blocks of 32×32 results (four tiles) are summed over 512 pairs (1,024 bf16)
+// of k at a time (256 measured 5-10 % slower in all: partial sums went through memory on
+// base's 768- and 1,024-deep products).
 //
 // Results do not depend on how the work is split: each element is Σ over k in tile order,
 // the same for any M, N, offset or thread count (the threads split the rows); with
@@ -30,11 +31,9 @@
 
 namespace sshsdp::kernels {
 
-// The kernel that runs the native bf16 path's products of one matrix with a transposed B
-// (Gemm, GemmStrided; a linear layer's forward x·wᵀ, matmul.h): this file's AMX GEMM where the
-// CPU has AMX-BF16, oneDNN's matmul elsewhere, and for the other products (oneDNN 2.6 was
-// level or faster on the backward ones, 1.3-2.4× slower on most forward ones:
-// kernels_amx_gemm_bench). SSHSDP_BF16_GEMM_KERNEL=auto|amx|onednn
+// The kernel that runs the native bf16 path's products of one matrix (Gemm, GemmStrided and
+// the linear layers' products; matmul.h): this file's AMX GEMM where the CPU has AMX-BF16,
+// oneDNN's matmul elsewhere and for batched products. SSHSDP_BF16_GEMM_KERNEL=auto|amx|onednn
 // (read on first use) or SetBf16GemmKernel forces one, so both run on an AMX CPU; 'amx'
 // where the CPU has no AMX-BF16 is refused (NumericsError naming the reason).
 enum class Bf16GemmKernel { kOneDnn, kAmx };

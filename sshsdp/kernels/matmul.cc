@@ -320,11 +320,8 @@ void GemmLocked(State& s, Key key, const void* a, const void* b, void* c) {
     }
     return;
   }
-  // The AMX kernel takes the products with a transposed B — a linear layer's forward x·wᵀ —
-  // where oneDNN 2.6 was slowest (290-450 GFLOP/s against 590-680 on base's shapes); on the
-  // backward products oneDNN measured level or faster (kernels_amx_gemm_bench).
-  const bool amx = key.ab == DType::kBF16 && key.batch == 1 && key.trans_b &&
-                   ActiveBf16GemmKernel() == Bf16GemmKernel::kAmx;
+  const bool amx =
+      key.ab == DType::kBF16 && key.batch == 1 && ActiveBf16GemmKernel() == Bf16GemmKernel::kAmx;
   if (amx && key.c == DType::kF32) {
     amx::GemmBf16(key.trans_a, key.trans_b, key.m, key.n, key.k, static_cast<const bf16*>(a),
                   key.lda, static_cast<const bf16*>(b), key.ldb, static_cast<float*>(c), key.ldc,
@@ -581,8 +578,8 @@ std::string GemmPathDescription(DType dtype) {
     const std::string onednn =
         GemmImplementation(false, true, 1024, 1024, 1024, dtype, DType::kF32);
     if (ActiveBf16GemmKernel() == Bf16GemmKernel::kAmx) {
-      return fmt::format(
-          "bf16 native (AMX tiles, sshsdp's kernel, for x·wᵀ; oneDNN {} for the rest)", onednn);
+      return fmt::format("bf16 native (AMX tiles, sshsdp's kernel; oneDNN {} for batched products)",
+                         onednn);
     }
     return fmt::format("bf16 native (oneDNN {})", onednn);
   }

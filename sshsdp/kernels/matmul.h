@@ -9,10 +9,9 @@
 // covering it exactly), accumulate=true adds into it.
 //
 // bf16 products take one of two paths, probed once per process (Bf16GemmPath):
-//   native   operands stay bf16: on AMX CPUs the products of one matrix with a transposed B
-//            (the linear forward) run on sshsdp's AMX kernel (amx_gemm.h;
-//            SSHSDP_BF16_GEMM_KERNEL=onednn keeps oneDNN), the others on oneDNN's bf16 matmul
-//            (AVX512-BF16, AMX);
+//   native   operands stay bf16: on AMX CPUs the products of one matrix run on sshsdp's AMX
+//            kernel (amx_gemm.h; SSHSDP_BF16_GEMM_KERNEL=onednn keeps oneDNN), otherwise, and
+//            for batched products, oneDNN's bf16 matmul (AVX512-BF16, AMX);
 //   widened  CPUs whose oneDNN has no bf16 matmul (AVX2 and older): the bf16 operands are
 //            widened to fp32 into per-call scratch and multiplied in fp32. A bf16×bf16
 //            product is exact in fp32, so the two paths differ only in accumulation order;
