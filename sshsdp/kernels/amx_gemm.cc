@@ -304,9 +304,13 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
   const int64_t kw = (k + 1) / 2, nkb = (kw + kKcWords - 1) / kKcWords;
   const int64_t mblocks = (m + kBlock - 1) / kBlock;
   const int64_t n_pad = (n + kBlock - 1) / kBlock * kBlock;
-  std::vector<float> partial;
-  if (nkb > 1) partial.resize(static_cast<size_t>(mblocks * kBlock * n_pad));
-  thread_local std::vector<Word, std::allocator<Word>> bpack_store;
+  // The calling thread's scratch, kept between calls (no allocation once warm): partial sums
+  // (products deeper than one k block) and the packed B.
+  thread_local std::vector<float> partial;
+  if (nkb > 1 && partial.size() < static_cast<size_t>(mblocks * kBlock * n_pad)) {
+    partial.resize(static_cast<size_t>(mblocks * kBlock * n_pad));
+  }
+  thread_local std::vector<Word> bpack_store;
   for (int64_t j0c = 0; j0c < n; j0c += kNc) {
     const int64_t nblocks = (std::min(kNc, n - j0c) + kBlock - 1) / kBlock;
     for (int64_t kb = 0; kb < nkb; ++kb) {
@@ -340,7 +344,9 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
                     accumulate};
       ParallelFor(mblocks, 1, [&](int64_t begin, int64_t end) {
         thread_local std::vector<Word> apack_store;
-        apack_store.resize(static_cast<size_t>(block_words + 16));
+        if (apack_store.size() < static_cast<size_t>(block_words + 16)) {
+          apack_store.resize(static_cast<size_t>(block_words + 16));
+        }
         Word* apack = reinterpret_cast<Word*>(
             (reinterpret_cast<uintptr_t>(apack_store.data()) + 63) & ~uintptr_t{63});
         ConfigureTiles();
