@@ -15,9 +15,6 @@
 // Tiles: C in tmm0-3 (2i + j: rows 16i.., columns 16j..), A in tmm4-5, B in tmm6-7. A block
 // of 32 × 32 results is summed over at most kKcWords words of k; with more, the partial sums
 // wait in an fp32 scratch of whole tiles and the last k block finishes into C.
-// GCC 12's AVX-512 intrinsics (the masked zero loads) trip its own uninitialized warnings.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
 #include "sshsdp/kernels/amx_gemm.h"
 
 #include <immintrin.h>
@@ -87,6 +84,12 @@ std::string_view Bf16GemmKernelName(Bf16GemmKernel kernel) {
 
 }  // namespace sshsdp::kernels
 
+// GCC 12's AVX-512 intrinsics (the masked zero loads) trip its own uninitialized warnings where
+// they are inlined here.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 // The GEMM's internals live in their own namespace: a unity build (the library built as a
 // subdirectory of a user's project) merges this file's anonymous namespace with amx_pairs.cc's.
 namespace sshsdp::kernels::amx::gemm_tiles {
@@ -108,22 +111,24 @@ std::atomic<int64_t> g_calls{0};
 
 int64_t Clamp(int64_t v, int64_t hi) { return std::max<int64_t>(0, std::min(v, hi)); }
 
-// 32 bf16 from p, the first `valid` of them (0..32; p is not read when 0), zeros after.
-SSHSDP_AMX_GEMM_TARGET inline __m512i Load32(const bf16* p, int64_t valid) {
+// The 32 bf16 of a row at elements e.. (zeros from element k on).
+SSHSDP_AMX_GEMM_TARGET inline __m512i Load32(const bf16* row, int64_t e, int64_t k) {
+  const int64_t valid = k - e;
   if (valid <= 0) return _mm512_setzero_si512();
   const __mmask32 mask = valid >= 32 ? ~__mmask32{0} : (__mmask32{1} << valid) - 1;
-  return _mm512_maskz_loadu_epi16(mask, p);
+  return _mm512_maskz_loadu_epi16(mask, row + e);
 }
 
-// 16 words (lo[i], hi[i]) from the first `valid` bf16 of two rows (nullptr: zeros).
-SSHSDP_AMX_GEMM_TARGET inline __m512i Words16(const bf16* lo, const bf16* hi, int64_t valid) {
-  if (valid <= 0) return _mm512_setzero_si512();
+// 16 words (x[k0][c0 + i], x[k0 + 1][c0 + i]) of a matrix stored [k, ld] for the first `valid`
+// i (zeros past them and from row k on).
+SSHSDP_AMX_GEMM_TARGET inline __m512i Words16(const bf16* x, int64_t ld, int64_t k0, int64_t k,
+                                              int64_t c0, int64_t valid) {
+  if (valid <= 0 || k0 >= k) return _mm512_setzero_si512();
   const __mmask16 mask =
       valid >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << valid) - 1);
-  const __m512i l =
-      lo ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, lo)) : _mm512_setzero_si512();
-  const __m512i h =
-      hi ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, hi)) : _mm512_setzero_si512();
+  const __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x + k0 * ld + c0));
+  if (k0 + 1 >= k) return l;
+  const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x + (k0 + 1) * ld + c0));
   return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
 }
 
@@ -169,14 +174,10 @@ SSHSDP_AMX_GEMM_TARGET void PackRowsTile(const Operand& x, int64_t r0, int64_t w
   const int64_t e = 2 * w, vrows = Clamp(x.rows - r0, kT);
   if (x.straight) {
     for (int r = 0; r < kT; ++r) {
-      v[r] = r < vrows ? Load32(x.p + (r0 + r) * x.ld + e, x.k - e) : _mm512_setzero_si512();
+      v[r] = r < vrows ? Load32(x.p + (r0 + r) * x.ld, e, x.k) : _mm512_setzero_si512();
     }
   } else {  // column q of the tile = words q from stored rows e + 2q, e + 2q + 1
-    for (int q = 0; q < kT; ++q) {
-      const int64_t k0 = e + 2 * q;
-      v[q] = Words16(k0 < x.k ? x.p + k0 * x.ld + r0 : nullptr,
-                     k0 + 1 < x.k ? x.p + (k0 + 1) * x.ld + r0 : nullptr, vrows);
-    }
+    for (int q = 0; q < kT; ++q) v[q] = Words16(x.p, x.ld, e + 2 * q, x.k, r0, vrows);
     Transpose16(v);
   }
   StoreTile(v, dst);
@@ -189,15 +190,11 @@ SSHSDP_AMX_GEMM_TARGET void PackVnniTile(const Operand& y, int64_t c0, int64_t w
   const int64_t e = 2 * w, vcols = Clamp(y.rows - c0, kT);
   if (y.straight) {  // column c of the tile = the words of stored row c0 + c
     for (int c = 0; c < kT; ++c) {
-      v[c] = c < vcols ? Load32(y.p + (c0 + c) * y.ld + e, y.k - e) : _mm512_setzero_si512();
+      v[c] = c < vcols ? Load32(y.p + (c0 + c) * y.ld, e, y.k) : _mm512_setzero_si512();
     }
     Transpose16(v);
   } else {  // row q of the tile = stored rows e + 2q, e + 2q + 1 interleaved
-    for (int q = 0; q < kT; ++q) {
-      const int64_t k0 = e + 2 * q;
-      v[q] = Words16(k0 < y.k ? y.p + k0 * y.ld + c0 : nullptr,
-                     k0 + 1 < y.k ? y.p + (k0 + 1) * y.ld + c0 : nullptr, vcols);
-    }
+    for (int q = 0; q < kT; ++q) v[q] = Words16(y.p, y.ld, e + 2 * q, y.k, c0, vcols);
   }
   StoreTile(v, dst);
 }
@@ -215,9 +212,10 @@ SSHSDP_AMX_GEMM_TARGET void Finish(const float* t, float* c, int64_t ldc, int64_
   }
 }
 
-struct Out {       // where a block's sums go
-  float* partial;  // whole-tile partial sums between k blocks ([m_pad, n_pad]), or nullptr
-  int64_t ldp;
+// Where a block's sums go.
+struct Out {
+  float* partial;    // whole-tile partial sums between k blocks of one panel, or nullptr
+  int64_t ldp, j0c;  // partial's row stride (a panel's columns); the panel's first column
   bool load, store;  // load partial sums first; store them (not the last k block)
   float* c;
   int64_t ldc, m, n;
@@ -235,7 +233,7 @@ struct ATiles {
 // The 32 × 32 block at (i0, j0) over ktiles k tiles of A and packed B (bp).
 SSHSDP_AMX_GEMM_TARGET void Block(int64_t ktiles, const ATiles& at, const Word* bp, const Out& o,
                                   int64_t i0, int64_t j0) {
-  float* p = o.partial ? o.partial + i0 * o.ldp + j0 : nullptr;
+  float* p = o.partial ? o.partial + i0 * o.ldp + (j0 - o.j0c) : nullptr;
   const int64_t sp = o.ldp * 4;
   if (o.load) {
     _tile_loadd(0, p, sp);
@@ -306,9 +304,10 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
   const int64_t n_pad = (n + kBlock - 1) / kBlock * kBlock;
   // The calling thread's scratch, kept between calls (no allocation once warm): partial sums
   // (products deeper than one k block) and the packed B.
+  const int64_t ldp = std::min(n_pad, kNc);  // one panel's columns
   thread_local std::vector<float> partial;
-  if (nkb > 1 && partial.size() < static_cast<size_t>(mblocks * kBlock * n_pad)) {
-    partial.resize(static_cast<size_t>(mblocks * kBlock * n_pad));
+  if (nkb > 1 && partial.size() < static_cast<size_t>(mblocks * kBlock * ldp)) {
+    partial.resize(static_cast<size_t>(mblocks * kBlock * ldp));
   }
   thread_local std::vector<Word> bpack_store;
   for (int64_t j0c = 0; j0c < n; j0c += kNc) {
@@ -333,7 +332,8 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
       // (16 rows 2 KiB apart fall into two L1 sets, which a block's reuse would thrash).
       const bool direct_a = !trans_a && 2 * (w0 + ktiles * kT) <= k && (lda * 2) % 2048 != 0;
       const Out out{nkb > 1 ? partial.data() : nullptr,
-                    n_pad,
+                    ldp,
+                    j0c,
                     kb > 0,
                     kb + 1 < nkb,
                     c,
@@ -343,12 +343,8 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
                     alpha,
                     accumulate};
       ParallelFor(mblocks, 1, [&](int64_t begin, int64_t end) {
-        thread_local std::vector<Word> apack_store;
-        if (apack_store.size() < static_cast<size_t>(block_words + 16)) {
-          apack_store.resize(static_cast<size_t>(block_words + 16));
-        }
-        Word* apack = reinterpret_cast<Word*>(
-            (reinterpret_cast<uintptr_t>(apack_store.data()) + 63) & ~uintptr_t{63});
+        // Each worker's packed A block: at most a k block's tiles, 64 KiB, no allocation.
+        alignas(64) thread_local Word apack[kKcWords / kT * kKtileWords];
         ConfigureTiles();
         for (int64_t ib = begin; ib < end; ++ib) {
           ATiles at{reinterpret_cast<const char*>(apack), kKtileWords * 4, kTileWords * 4, 64};
@@ -386,3 +382,5 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
 }
 
 }  // namespace sshsdp::kernels::amx
+
+#pragma GCC diagnostic pop

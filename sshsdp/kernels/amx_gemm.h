@@ -2,7 +2,8 @@
 // backward-data, backward-weight) with bf16 runtime weights, on CPUs with AMX-BF16.
 //
 // Why: oneDNN 2.6's AMX matmul runs base's linear shapes (M = 1,024, k = 256..1,024) at
-// 160-300 GFLOP/s on one Sapphire Rapids-class core whose TDPBF16PS loop reaches ~900. Both
+// 150-850 GFLOP/s on one Sapphire Rapids-class core (the forward x·wᵀ slowest, 150-450) whose
+// TDPBF16PS loop on tiles in L1 reaches 900-1,500. Both
 // operands are packed per call into AMX's tile layouts — A as 16×16-pair tiles of op(A)'s
 // rows, B as VNNI tiles ([pair of k][column]) — so every tile load is 1 KiB contiguous
 // instead of 16 rows 2-4 KiB apart (which fall into a few L1 sets and thrash); transposed
@@ -14,8 +15,9 @@
 // Results do not depend on how the work is split: each element is Σ over k in tile order,
 // the same for any M, N, offset or thread count (the threads split the rows); with
 // accumulate the whole product is added to C once (C + A·B, as oneDNN's sum post-op), so an
-// accumulated product equals an overwritten one added afterwards, bit for bit. Like every
-// AMX and VDPBF16PS product, subnormal inputs and results are flushed to zero.
+// accumulated product equals an overwritten one added afterwards, bit for bit. As in every
+// TDPBF16PS product, subnormal inputs and sums are flushed to zero (alpha and the add to C
+// then run in ordinary AVX-512 arithmetic).
 //
 //   if (amx::Available())
 //     amx::GemmBf16(false, true, m, n, k, x, k, w, k, y, n, 1.0f, false);  // y = x·wᵀ
@@ -54,7 +56,7 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
               int64_t lda, const bf16* b, int64_t ldb, float* c, int64_t ldc, float alpha,
               bool accumulate);
 
-// GemmBf16 calls with m, n > 0 in this process so far (a deterministic count: tests assert
+// GemmBf16 calls with m, n, k > 0 in this process so far (a deterministic count: tests assert
 // which engine a product ran on).
 int64_t GemmBf16Calls();
 

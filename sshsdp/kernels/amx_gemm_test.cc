@@ -95,7 +95,7 @@ TEST_P(AmxGemmTest, MatchesExactIntegerProducts) {
 INSTANTIATE_TEST_SUITE_P(Shapes, AmxGemmTest,
                          ::testing::Combine(::testing::Values(1, 16, 17, 33, 70),
                                             ::testing::Values(1, 15, 32, 33, 530),
-                                            ::testing::Values(0, 1, 2, 31, 33, 513, 1100),
+                                            ::testing::Values(0, 1, 2, 31, 33, 64, 513, 1024, 1100),
                                             ::testing::Values(0, 1, 2, 3)));
 
 std::vector<bf16> RandomBf16(size_t count, uint32_t seed) {
@@ -106,15 +106,16 @@ std::vector<bf16> RandomBf16(size_t count, uint32_t seed) {
   return v;
 }
 
-// x·wᵀ as the forward runs it, on random values: the same bits at any thread count, for any
-// row range computed alone, and accumulate = overwrite + add.
+// x·wᵀ as the forward runs it, on random values, two k blocks deep (x's rows load as tiles
+// straight from x): the same bits at any thread count, for any row range computed alone, and
+// an accumulating product (alpha 0.5) equal to the overwriting one added afterwards.
 TEST(AmxGemm, ResultsDoNotDependOnTheSplit) {
-  const int64_t m = 100, n = 77, k = 600;
+  const int64_t m = 100, n = 77, k = 1536;
   const auto x = RandomBf16(m * k, 1), w = RandomBf16(n * k, 2);
   auto run = [&](int64_t rows, int64_t row0, int threads, bool acc, std::vector<float> c) {
     const int saved = KernelThreads();
     SetKernelThreads(threads);
-    amx::GemmBf16(false, true, rows, n, k, x.data() + row0 * k, k, w.data(), k, c.data(), n, 1.0f,
+    amx::GemmBf16(false, true, rows, n, k, x.data() + row0 * k, k, w.data(), k, c.data(), n, 0.5f,
                   acc);
     SetKernelThreads(saved);
     return c;
@@ -130,6 +131,35 @@ TEST(AmxGemm, ResultsDoNotDependOnTheSplit) {
   for (size_t i = 0; i < c0.size(); ++i) {
     const float want = c0[i] + one[i];
     ASSERT_EQ(0, std::memcmp(&accumulated[i], &want, 4)) << "element " << i;
+  }
+}
+
+// An A whose row stride is a multiple of 2 KiB is packed, any other loads straight from its
+// rows: both give the exact integer products.
+TEST(AmxGemm, RowStridesOfTwoKibAndOthersAgree) {
+  const int64_t m = 64, n = 40, k = 512;
+  for (const int64_t lda : {int64_t{1024}, int64_t{1000}}) {
+    std::vector<bf16> a(m * lda, kNanBf16), b(k * n);
+    std::vector<int64_t> want(m * n, 0);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t p = 0; p < k; ++p)
+        a[i * lda + p] = FloatToBf16(static_cast<float>((i + 3 * p) % 7 - 3));
+    }
+    for (int64_t p = 0; p < k; ++p) {
+      for (int64_t j = 0; j < n; ++j)
+        b[p * n + j] = FloatToBf16(static_cast<float>((p * j) % 5 - 2));
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t p = 0; p < k; ++p)
+          want[i * n + j] += ((i + 3 * p) % 7 - 3) * ((p * j) % 5 - 2);
+      }
+    }
+    std::vector<float> c(m * n, std::nanf(""));
+    amx::GemmBf16(false, false, m, n, k, a.data(), lda, b.data(), n, c.data(), n, 1.0f, false);
+    for (int64_t i = 0; i < m * n; ++i) {
+      ASSERT_EQ(c[i], static_cast<float>(want[i])) << "lda " << lda << " element " << i;
+    }
   }
 }
 

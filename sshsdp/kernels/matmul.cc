@@ -346,13 +346,8 @@ void GemmLocked(State& s, Key key, const void* a, const void* b, void* c) {
       Execute(s, f32, a, b, tmp);
     }
     for (int64_t r = 0; r < rows; ++r) {
-      bf16* out = static_cast<bf16*>(c) + r * key.ldc;
-      const float* in = tmp + r * key.n;
-      if (key.accumulate) {
-        for (int64_t j = 0; j < key.n; ++j) out[j] = FloatToBf16(Bf16ToFloat(out[j]) + in[j]);
-      } else {
-        CastToBf16(in, out, key.n);
-      }
+      WriteOrAccumulate(tmp + r * key.n, static_cast<bf16*>(c) + r * key.ldc, DType::kBF16, key.n,
+                        key.accumulate);
     }
     return;
   }

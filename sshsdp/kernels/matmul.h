@@ -45,9 +45,10 @@ namespace sshsdp::kernels {
 // General matrix product C[m,n] (=|+=) op(A)[m,k] · op(B)[k,n], all row-major and dense.
 // op(A) = A when A is stored [m,k], or Aᵀ when trans_a and A is stored [k,m]; the same for
 // B ([k,n], or [n,k] with trans_b). A and B are both fp32 or both bf16; C is fp32 or bf16
-// (fp32 operands with a bf16 C go through an fp32 scratch). With batch > 1 the operands
-// hold `batch` matrices back to back and C[i] = op(A[i])·op(B[i]). k == 0 writes zeros
-// (overwrite) or leaves C as it is (accumulate). Throws NumericsError for other dtypes.
+// (fp32 operands with a bf16 C, and bf16 ones on the AMX kernel, go through an fp32 scratch). With
+// batch > 1 the operands hold `batch` matrices back to back and C[i] = op(A[i])·op(B[i]). k == 0
+// writes zeros (overwrite) or leaves C as it is (accumulate). Throws NumericsError for other
+// dtypes.
 void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a, const void* b,
           DType ab_dtype, void* c, DType c_dtype, bool accumulate, int64_t batch = 1);
 
@@ -113,7 +114,7 @@ int64_t LinearRoundedElements();
 
 // How products with bf16 operands run (see the top of this file).
 enum class Bf16GemmPath {
-  kNative,   // oneDNN bf16×bf16 matmul with fp32 accumulation
+  kNative,   // bf16×bf16 products with fp32 accumulation (oneDNN, or the AMX kernel)
   kWidened,  // bf16 operands widened to fp32 in scratch, fp32 matmul
 };
 
