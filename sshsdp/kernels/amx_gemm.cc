@@ -21,28 +21,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <mutex>
-#include <optional>
-#include <string>
 #include <vector>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/amx_pairs.h"
+#include "sshsdp/kernels/env_choice.h"
 #include "sshsdp/kernels/parallel.h"
 
 namespace sshsdp::kernels {
 namespace {
-
-struct Bf16KernelChoice {
-  std::mutex mu;
-  std::optional<Bf16GemmKernel> kernel;
-};
-
-Bf16KernelChoice& GetBf16KernelChoice() {
-  static Bf16KernelChoice* choice = new Bf16KernelChoice();  // never destroyed
-  return *choice;
-}
 
 Bf16GemmKernel ParseBf16GemmKernel(std::string_view name) {
   if (name == "auto") return amx::Available() ? Bf16GemmKernel::kAmx : Bf16GemmKernel::kOneDnn;
@@ -55,27 +42,14 @@ Bf16GemmKernel ParseBf16GemmKernel(std::string_view name) {
   return Bf16GemmKernel::kAmx;
 }
 
+EnvChoice<Bf16GemmKernel> g_kernel("SSHSDP_BF16_GEMM_KERNEL", &ParseBf16GemmKernel);
+
 }  // namespace
 
-Bf16GemmKernel ActiveBf16GemmKernel() {
-  Bf16KernelChoice& ch = GetBf16KernelChoice();
-  std::lock_guard<std::mutex> lock(ch.mu);
-  if (!ch.kernel) {
-    const char* env = std::getenv("SSHSDP_BF16_GEMM_KERNEL");
-    try {
-      ch.kernel = ParseBf16GemmKernel(env && *env ? env : "auto");
-    } catch (const NumericsError& e) {
-      throw NumericsError(fmt::format("SSHSDP_BF16_GEMM_KERNEL={}: {}", env, e.what()));
-    }
-  }
-  return *ch.kernel;
-}
+Bf16GemmKernel ActiveBf16GemmKernel() { return g_kernel.Get(); }
 
 void SetBf16GemmKernel(Bf16GemmKernel kernel) {
-  const Bf16GemmKernel k = ParseBf16GemmKernel(Bf16GemmKernelName(kernel));
-  Bf16KernelChoice& ch = GetBf16KernelChoice();
-  std::lock_guard<std::mutex> lock(ch.mu);
-  ch.kernel = k;
+  g_kernel.Set(ParseBf16GemmKernel(Bf16GemmKernelName(kernel)));
 }
 
 std::string_view Bf16GemmKernelName(Bf16GemmKernel kernel) {

@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -179,12 +178,3 @@ TEST(AmxGemm, CountsCallsThatMultiply) {
 
 }  // namespace
 }  // namespace sshsdp::kernels
-
-int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (!sshsdp::kernels::amx::Available()) {
-    std::printf("skipped: this CPU has no AMX-BF16 (or the kernel refused its tile state)\n");
-    return 77;
-  }
-  return RUN_ALL_TESTS();
-}

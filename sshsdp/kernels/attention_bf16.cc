@@ -28,9 +28,7 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <string_view>
 #include <utility>
@@ -40,6 +38,7 @@
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/attention_internal.h"
 #include "sshsdp/kernels/bf16_avx512.h"
+#include "sshsdp/kernels/env_choice.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/kernels/vec_math.h"
@@ -484,9 +483,6 @@ void ForWorkers(int64_t planes, int64_t workers, int64_t per_worker, float* scra
   });
 }
 
-// The products' engine: unresolved (-1), else a Bf16AttentionProducts value.
-std::atomic<int> g_products{-1};
-
 Bf16AttentionProducts ParseProducts(std::string_view name) {
   if (name == "auto") {
     return amx::Available() ? Bf16AttentionProducts::kAmx : Bf16AttentionProducts::kAvx512Bf16;
@@ -500,6 +496,8 @@ Bf16AttentionProducts ParseProducts(std::string_view name) {
   return Bf16AttentionProducts::kAmx;
 }
 
+EnvChoice<Bf16AttentionProducts> g_products("SSHSDP_BF16_ATTENTION_PRODUCTS", &ParseProducts);
+
 Layout MakeLayout(int B, int T, int H, int dh, int block) {
   const int64_t d = static_cast<int64_t>(H) * dh;
   const GemmFn gemm =
@@ -510,23 +508,10 @@ Layout MakeLayout(int B, int T, int H, int dh, int block) {
 
 }  // namespace
 
-Bf16AttentionProducts ActiveBf16AttentionProducts() {
-  int v = g_products.load();
-  if (v < 0) {
-    const char* env = std::getenv("SSHSDP_BF16_ATTENTION_PRODUCTS");
-    try {
-      v = static_cast<int>(ParseProducts(env && *env ? env : "auto"));
-    } catch (const NumericsError& e) {
-      throw NumericsError(fmt::format("SSHSDP_BF16_ATTENTION_PRODUCTS={}: {}", env, e.what()));
-    }
-    g_products.store(v);
-  }
-  return static_cast<Bf16AttentionProducts>(v);
-}
+Bf16AttentionProducts ActiveBf16AttentionProducts() { return g_products.Get(); }
 
 void SetBf16AttentionProducts(Bf16AttentionProducts products) {
-  g_products.store(static_cast<int>(
-      ParseProducts(products == Bf16AttentionProducts::kAmx ? "amx" : "avx512bf16")));
+  g_products.Set(ParseProducts(products == Bf16AttentionProducts::kAmx ? "amx" : "avx512bf16"));
 }
 
 bool NativeBf16AttentionActive() {

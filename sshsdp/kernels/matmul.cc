@@ -32,6 +32,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/elementwise.h"
+#include "sshsdp/kernels/env_choice.h"
 
 namespace sshsdp::kernels {
 namespace {
@@ -185,12 +186,8 @@ Bf16GemmPath ParseLocked(State& s, std::string_view name) {
 
 Bf16GemmPath PathLocked(State& s) {
   if (!s.path) {
-    const char* env = std::getenv("SSHSDP_BF16_GEMM");
-    try {
-      s.path = ParseLocked(s, env && *env ? env : "auto");
-    } catch (const NumericsError& e) {
-      throw NumericsError(fmt::format("SSHSDP_BF16_GEMM={}: {}", env, e.what()));
-    }
+    s.path =
+        ParseEnvChoice("SSHSDP_BF16_GEMM", [&](std::string_view v) { return ParseLocked(s, v); });
   }
   return *s.path;
 }

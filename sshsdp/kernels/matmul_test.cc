@@ -369,8 +369,8 @@ TEST(Matmul, PeakIsPositiveAndImplementationNamed) {
 // The native path's single products run on the kernel ActiveBf16GemmKernel names (this binary
 // runs once as it is — AMX where the CPU has it — and once with SSHSDP_BF16_GEMM_KERNEL=onednn):
 // the AMX kernel's call count moves with bf16 products exactly when it is the kernel; fp32 and
-// batched products never move it; the header line names
-// it, and 'amx' is refused where the CPU has no AMX-BF16.
+// batched products never move it; the header line names it, and 'amx' is refused where the CPU
+// has no AMX-BF16.
 TEST(Matmul, Bf16ProductsRunOnTheNamedKernel) {
   const bool amx = ActiveBf16GemmPath() == Bf16GemmPath::kNative &&
                    ActiveBf16GemmKernel() == Bf16GemmKernel::kAmx;
