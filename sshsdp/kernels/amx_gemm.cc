@@ -14,7 +14,9 @@
 //
 // Tiles: C in tmm0-3 (2i + j: rows 16i.., columns 16j..), A in tmm4-5, B in tmm6-7. A block
 // of 32 × 32 results is summed over at most kKcWords words of k; with more, the partial sums
-// wait in an fp32 scratch of whole tiles and the last k block finishes into C.
+// wait in an fp32 scratch of whole tiles and the last k block finishes into C. That scratch
+// holds one pass of rows × one 512-column panel, a pass at most kPartialFloats (4 MiB) of
+// sums: the order of the sums is the same whatever the passes, so the bits are too.
 #include "sshsdp/kernels/amx_gemm.h"
 
 #include <immintrin.h>
@@ -74,12 +76,25 @@ namespace {
 
 using Word = uint32_t;
 
-constexpr int64_t kT = 16;                       // tile rows; words (or floats) per tile row
-constexpr int64_t kTileWords = kT * kT;          // one 1 KiB tile
-constexpr int64_t kBlock = 2 * kT;               // result rows and columns of a block
-constexpr int64_t kKcWords = 512;                // k words per block (1,024 bf16)
-constexpr int64_t kNc = 512;                     // columns of B packed at once
-constexpr int64_t kKtileWords = 2 * kTileWords;  // one k tile of a block's two A (or B) tiles
+constexpr int64_t kT = 16;                            // tile rows; words (or floats) per tile row
+constexpr int64_t kTileWords = kT * kT;               // one 1 KiB tile
+constexpr int64_t kBlock = 2 * kT;                    // result rows and columns of a block
+constexpr int64_t kKcWords = 512;                     // k words per block (1,024 bf16)
+constexpr int64_t kNc = 512;                          // columns of B packed at once
+constexpr int64_t kKtileWords = 2 * kTileWords;       // one k tile of a block's two A (or B) tiles
+constexpr int64_t kPartialFloats = int64_t{1} << 20;  // partial sums of one pass: 4 MiB
+
+// A calling thread's scratch, kept for the thread's life: the partial sums of one pass
+// (kPartialFloats at most) and one k block of a panel of packed B (1 MiB at most).
+struct Scratch {
+  std::vector<float> partial;
+  std::vector<Word> bpack;
+};
+
+Scratch& ThreadScratch() {
+  thread_local Scratch s;
+  return s;
+}
 
 std::atomic<int64_t> g_calls{0};
 
@@ -188,9 +203,10 @@ SSHSDP_AMX_GEMM_TARGET void Finish(const float* t, float* c, int64_t ldc, int64_
 
 // Where a block's sums go.
 struct Out {
-  float* partial;    // whole-tile partial sums between k blocks of one panel, or nullptr
-  int64_t ldp, j0c;  // partial's row stride (a panel's columns); the panel's first column
-  bool load, store;  // load partial sums first; store them (not the last k block)
+  float* partial;         // whole-tile partial sums between k blocks of one panel, or nullptr
+  int64_t ldp, i0p, j0c;  // partial's row stride (a panel's columns); its first row (the
+                          // pass's) and column (the panel's)
+  bool load, store;       // load partial sums first; store them (not the last k block)
   float* c;
   int64_t ldc, m, n;
   float alpha;
@@ -207,7 +223,7 @@ struct ATiles {
 // The 32 × 32 block at (i0, j0) over ktiles k tiles of A and packed B (bp).
 SSHSDP_AMX_GEMM_TARGET void Block(int64_t ktiles, const ATiles& at, const Word* bp, const Out& o,
                                   int64_t i0, int64_t j0) {
-  float* p = o.partial ? o.partial + i0 * o.ldp + (j0 - o.j0c) : nullptr;
+  float* p = o.partial ? o.partial + (i0 - o.i0p) * o.ldp + (j0 - o.j0c) : nullptr;
   const int64_t sp = o.ldp * 4;
   if (o.load) {
     _tile_loadd(0, p, sp);
@@ -274,71 +290,81 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
   const Operand A{a, lda, m, k, !trans_a};
   const Operand B{b, ldb, n, k, trans_b};  // B as its columns: stored [n, k] when transposed
   const int64_t kw = (k + 1) / 2, nkb = (kw + kKcWords - 1) / kKcWords;
-  const int64_t mblocks = (m + kBlock - 1) / kBlock;
   const int64_t n_pad = (n + kBlock - 1) / kBlock * kBlock;
-  // The calling thread's scratch, kept between calls (no allocation once warm): partial sums
-  // (products deeper than one k block) and the packed B.
+  // Products deeper than one k block keep partial sums for a pass of rows × one panel's
+  // columns; a pass's rows are capped so those sums stay within kPartialFloats (2,048 rows of
+  // 512 columns). A taller product — the LM head's weight gradient, m = the vocabulary —
+  // takes several passes, each packing B again (k × 512 words per 2,048 × 512 × k products).
   const int64_t ldp = std::min(n_pad, kNc);  // one panel's columns
-  thread_local std::vector<float> partial;
-  if (nkb > 1 && partial.size() < static_cast<size_t>(mblocks * kBlock * ldp)) {
-    partial.resize(static_cast<size_t>(mblocks * kBlock * ldp));
+  const int64_t pass_rows = std::max(kBlock, kPartialFloats / ldp / kBlock * kBlock);
+  // The calling thread's scratch, kept between calls (no allocation once warm).
+  Scratch& s = ThreadScratch();
+  if (nkb > 1) {
+    const int64_t rows = std::min(pass_rows, (m + kBlock - 1) / kBlock * kBlock);
+    if (s.partial.size() < static_cast<size_t>(rows * ldp)) {
+      s.partial.resize(static_cast<size_t>(rows * ldp));
+    }
   }
-  thread_local std::vector<Word> bpack_store;
-  for (int64_t j0c = 0; j0c < n; j0c += kNc) {
-    const int64_t nblocks = (std::min(kNc, n - j0c) + kBlock - 1) / kBlock;
-    for (int64_t kb = 0; kb < nkb; ++kb) {
-      const int64_t w0 = kb * kKcWords, ktiles = (std::min(kKcWords, kw - w0) + kT - 1) / kT;
-      const int64_t block_words = ktiles * kKtileWords;
-      bpack_store.resize(static_cast<size_t>(nblocks * block_words + 16));
-      Word* bpack = reinterpret_cast<Word*>((reinterpret_cast<uintptr_t>(bpack_store.data()) + 63) &
-                                            ~uintptr_t{63});
-      ParallelFor(nblocks, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t nb = begin; nb < end; ++nb) {
-          for (int64_t kt = 0; kt < ktiles; ++kt) {
-            for (int64_t t = 0; t < 2; ++t) {
-              PackVnniTile(B, j0c + nb * kBlock + t * kT, w0 + kt * kT,
-                           bpack + nb * block_words + kt * kKtileWords + t * kTileWords);
-            }
-          }
-        }
-      });
-      // op(A)'s stored rows load as tiles themselves when whole in k and not 2 KiB-strided
-      // (16 rows 2 KiB apart fall into two L1 sets, which a block's reuse would thrash).
-      const bool direct_a = !trans_a && 2 * (w0 + ktiles * kT) <= k && (lda * 2) % 2048 != 0;
-      const Out out{nkb > 1 ? partial.data() : nullptr,
-                    ldp,
-                    j0c,
-                    kb > 0,
-                    kb + 1 < nkb,
-                    c,
-                    ldc,
-                    m,
-                    n,
-                    alpha,
-                    accumulate};
-      ParallelFor(mblocks, 1, [&](int64_t begin, int64_t end) {
-        // Each worker's packed A block: at most a k block's tiles, 64 KiB, no allocation.
-        alignas(64) thread_local Word apack[kKcWords / kT * kKtileWords];
-        ConfigureTiles();
-        for (int64_t ib = begin; ib < end; ++ib) {
-          ATiles at{reinterpret_cast<const char*>(apack), kKtileWords * 4, kTileWords * 4, 64};
-          if (direct_a && (ib + 1) * kBlock <= m) {
-            at = {reinterpret_cast<const char*>(a + ib * kBlock * lda + 2 * w0), 64, kT * lda * 2,
-                  lda * 2};
-          } else {
+  for (int64_t i_lo = 0; i_lo < m; i_lo += pass_rows) {
+    const int64_t ib_lo = i_lo / kBlock,
+                  ib_hi = (std::min(m, i_lo + pass_rows) + kBlock - 1) / kBlock;
+    for (int64_t j0c = 0; j0c < n; j0c += kNc) {
+      const int64_t nblocks = (std::min(kNc, n - j0c) + kBlock - 1) / kBlock;
+      for (int64_t kb = 0; kb < nkb; ++kb) {
+        const int64_t w0 = kb * kKcWords, ktiles = (std::min(kKcWords, kw - w0) + kT - 1) / kT;
+        const int64_t block_words = ktiles * kKtileWords;
+        s.bpack.resize(static_cast<size_t>(nblocks * block_words + 16));
+        Word* bpack = reinterpret_cast<Word*>((reinterpret_cast<uintptr_t>(s.bpack.data()) + 63) &
+                                              ~uintptr_t{63});
+        ParallelFor(nblocks, 1, [&](int64_t begin, int64_t end) {
+          for (int64_t nb = begin; nb < end; ++nb) {
             for (int64_t kt = 0; kt < ktiles; ++kt) {
               for (int64_t t = 0; t < 2; ++t) {
-                PackRowsTile(A, ib * kBlock + t * kT, w0 + kt * kT,
-                             apack + kt * kKtileWords + t * kTileWords);
+                PackVnniTile(B, j0c + nb * kBlock + t * kT, w0 + kt * kT,
+                             bpack + nb * block_words + kt * kKtileWords + t * kTileWords);
               }
             }
           }
-          for (int64_t nb = 0; nb < nblocks; ++nb) {
-            Block(ktiles, at, bpack + nb * block_words, out, ib * kBlock, j0c + nb * kBlock);
+        });
+        // op(A)'s stored rows load as tiles themselves when whole in k and not 2 KiB-strided
+        // (16 rows 2 KiB apart fall into two L1 sets, which a block's reuse would thrash).
+        const bool direct_a = !trans_a && 2 * (w0 + ktiles * kT) <= k && (lda * 2) % 2048 != 0;
+        const Out out{nkb > 1 ? s.partial.data() : nullptr,
+                      ldp,
+                      i_lo,
+                      j0c,
+                      kb > 0,
+                      kb + 1 < nkb,
+                      c,
+                      ldc,
+                      m,
+                      n,
+                      alpha,
+                      accumulate};
+        ParallelFor(ib_hi - ib_lo, 1, [&](int64_t begin, int64_t end) {
+          // Each worker's packed A block: at most a k block's tiles, 64 KiB, no allocation.
+          alignas(64) thread_local Word apack[kKcWords / kT * kKtileWords];
+          ConfigureTiles();
+          for (int64_t ib = ib_lo + begin; ib < ib_lo + end; ++ib) {
+            ATiles at{reinterpret_cast<const char*>(apack), kKtileWords * 4, kTileWords * 4, 64};
+            if (direct_a && (ib + 1) * kBlock <= m) {
+              at = {reinterpret_cast<const char*>(a + ib * kBlock * lda + 2 * w0), 64, kT * lda * 2,
+                    lda * 2};
+            } else {
+              for (int64_t kt = 0; kt < ktiles; ++kt) {
+                for (int64_t t = 0; t < 2; ++t) {
+                  PackRowsTile(A, ib * kBlock + t * kT, w0 + kt * kT,
+                               apack + kt * kKtileWords + t * kTileWords);
+                }
+              }
+            }
+            for (int64_t nb = 0; nb < nblocks; ++nb) {
+              Block(ktiles, at, bpack + nb * block_words, out, ib * kBlock, j0c + nb * kBlock);
+            }
           }
-        }
-        ReleaseTiles();
-      });
+          ReleaseTiles();
+        });
+      }
     }
   }
 }
@@ -348,6 +374,12 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
 namespace sshsdp::kernels::amx {
 
 int64_t GemmBf16Calls() { return gemm_tiles::g_calls.load(std::memory_order_relaxed); }
+
+int64_t GemmBf16ScratchBytes() {
+  const gemm_tiles::Scratch& s = gemm_tiles::ThreadScratch();
+  return static_cast<int64_t>(s.partial.capacity() * sizeof(float) +
+                              s.bpack.capacity() * sizeof(gemm_tiles::Word));
+}
 
 void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
               int64_t lda, const bf16* b, int64_t ldb, float* c, int64_t ldc, float alpha,

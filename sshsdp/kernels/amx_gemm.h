@@ -60,4 +60,9 @@ void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const
 // which engine a product ran on).
 int64_t GemmBf16Calls();
 
+// Bytes of scratch the calling thread's GemmBf16 calls keep (partial sums of products deeper
+// than 1,024, capped at 4 MiB whatever m; one k block of packed B, at most 1 MiB). Each worker
+// thread keeps a further 64 KiB for packed A.
+int64_t GemmBf16ScratchBytes();
+
 }  // namespace sshsdp::kernels::amx

@@ -5,9 +5,11 @@
 // product must not read it), sentinels in C's padding columns (which must stay), alpha and
 // accumulate. Then, on random bf16 data: bit-identical results at 1 and 3 threads and for a
 // row range computed alone, and an accumulated product equal to the overwritten one added
-// afterwards. Reports skipped (77) where the CPU has no AMX-BF16.
+// afterwards; a tall product deeper than one k block keeps bounded scratch and the same bits.
+// Reports skipped (77) where the CPU has no AMX-BF16.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -159,6 +161,26 @@ TEST(AmxGemm, RowStridesOfTwoKibAndOthersAgree) {
     for (int64_t i = 0; i < m * n; ++i) {
       ASSERT_EQ(c[i], static_cast<float>(want[i])) << "lda " << lda << " element " << i;
     }
+  }
+}
+
+// The LM head's weight gradient (dyᵀ·x: m = the vocabulary, k = the tokens) past one k block:
+// the partial sums between k blocks stay within one 4 MiB pass of rows (here three passes and
+// two panels), and the result is the same bits as row ranges computed alone in one pass each.
+TEST(AmxGemm, TallDeepProductsKeepBoundedScratch) {
+  const int64_t m = 4136, n = 520, k = 1100;
+  const auto dy = RandomBf16(k * m, 3), x = RandomBf16(k * n, 4);  // dy stored [k, m]
+  std::vector<float> whole(m * n, std::nanf(""));
+  amx::GemmBf16(true, false, m, n, k, dy.data(), m, x.data(), n, whole.data(), n, 1.0f, false);
+  EXPECT_LE(amx::GemmBf16ScratchBytes(), int64_t{6} << 20)
+      << "partial sums of a tall product must stay within one pass (4 MiB)";
+  for (int64_t row0 = 0; row0 < m; row0 += 517) {
+    const int64_t rows = std::min<int64_t>(517, m - row0);
+    std::vector<float> part(rows * n, std::nanf(""));
+    amx::GemmBf16(true, false, rows, n, k, dy.data() + row0, m, x.data(), n, part.data(), n, 1.0f,
+                  false);
+    ASSERT_EQ(0, std::memcmp(part.data(), whole.data() + row0 * n, part.size() * 4))
+        << "rows " << row0 << ".." << row0 + rows;
   }
 }
 
