@@ -8,9 +8,12 @@
 //   B, 512 columns at a time: per 32 columns [k tile][column tile 0..1][16 words of k]
 //     [16 columns] — AMX's VNNI layout.
 // Rows, columns and k past the matrix are packed as zeros, so every tile is whole and only
-// the stores are masked. Each packed tile is 1 KiB contiguous. Stored rows become tile rows
-// by one masked load (A not transposed) or two loads and an interleave (B not transposed);
-// a transposed operand is gathered 16 words per vector and transposed 16 × 16 words.
+// the stores are masked. Each packed tile is 1 KiB contiguous, and a block's two tiles of a k
+// tile are packed together. A stored row becomes a tile row by one masked load (A not
+// transposed); B not transposed takes two 64-byte rows per tile row pair, interleaved and put
+// back in column order; a transposed A is read the same way and transposed 16 × 16 words
+// (so each 64-byte line of it is read once, not once per tile), a transposed B (w in the
+// forward) as rows of k transposed 16 × 16 words.
 //
 // Tiles: C in tmm0-3 (2i + j: rows 16i.., columns 16j..), A in tmm4-5, B in tmm6-7. A block
 // of 32 × 32 results is summed over at most kKcWords words of k; with more, the partial sums
@@ -108,18 +111,26 @@ SSHSDP_AMX_GEMM_TARGET inline __m512i Load32(const bf16* row, int64_t e, int64_t
   return _mm512_maskz_loadu_epi16(mask, row + e);
 }
 
-// 16 words (x[k0][c0 + i], x[k0 + 1][c0 + i]) of a matrix stored [k, ld] for the first `valid`
-// i (zeros past them and from row k on).
-SSHSDP_AMX_GEMM_TARGET inline __m512i Words16(const bf16* x, int64_t ld, int64_t k0, int64_t k,
-                                              int64_t c0, int64_t valid) {
-  if (valid <= 0 || k0 >= k) return _mm512_setzero_si512();
-  const __mmask16 mask =
-      valid >= 16 ? __mmask16{0xFFFF} : static_cast<__mmask16>((1u << valid) - 1);
-  const __m512i l = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x + k0 * ld + c0));
-  if (k0 + 1 >= k) return l;
-  const __m512i h = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, x + (k0 + 1) * ld + c0));
-  return _mm512_or_si512(l, _mm512_slli_epi32(h, 16));
+// The words (x[k0][c0 + i], x[k0 + 1][c0 + i]) of a matrix stored [k, ld] for i < 32, from one
+// 64-byte load per row (zeros for i ≥ valid and from row k on), as unpacking leaves them:
+// lo holds i = 8⌊j/4⌋ + j mod 4 in word j, hi i + 4 (see kLoColumn).
+SSHSDP_AMX_GEMM_TARGET inline void WordPairs32(const bf16* x, int64_t ld, int64_t k0, int64_t k,
+                                               int64_t c0, int64_t valid, __m512i& lo,
+                                               __m512i& hi) {
+  if (valid <= 0 || k0 >= k) {
+    lo = hi = _mm512_setzero_si512();
+    return;
+  }
+  const __mmask32 mask = valid >= 32 ? ~__mmask32{0} : (__mmask32{1} << valid) - 1;
+  const __m512i l = _mm512_maskz_loadu_epi16(mask, x + k0 * ld + c0);
+  const __m512i h =
+      k0 + 1 < k ? _mm512_maskz_loadu_epi16(mask, x + (k0 + 1) * ld + c0) : _mm512_setzero_si512();
+  lo = _mm512_unpacklo_epi16(l, h);
+  hi = _mm512_unpackhi_epi16(l, h);
 }
+
+// The column (0..31) that word j of WordPairs32's lo holds; hi holds it + 4.
+constexpr int kLoColumn[16] = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
 
 // v[i] word j -> v[j] word i.
 SSHSDP_AMX_GEMM_TARGET inline void Transpose16(__m512i v[16]) {
@@ -157,35 +168,66 @@ struct Operand {
   bool straight;  // rows of the stored matrix are op(X)'s rows
 };
 
-// The tile of op(X) rows r0..r0+15, words w..w+15, as tile rows (A's layout).
-SSHSDP_AMX_GEMM_TARGET void PackRowsTile(const Operand& x, int64_t r0, int64_t w, Word* dst) {
+// A block's two tiles of op(X) rows r0..r0+31, words w..w+15, as tile rows (A's layout):
+// rows r0.. into dst[0], r0 + 16.. into dst[1].
+SSHSDP_AMX_GEMM_TARGET void PackRowsTiles(const Operand& x, int64_t r0, int64_t w,
+                                          Word* const dst[2]) {
   __m512i v[16];
-  const int64_t e = 2 * w, vrows = Clamp(x.rows - r0, kT);
+  const int64_t e = 2 * w;
   if (x.straight) {
-    for (int r = 0; r < kT; ++r) {
-      v[r] = r < vrows ? Load32(x.p + (r0 + r) * x.ld, e, x.k) : _mm512_setzero_si512();
+    for (int t = 0; t < 2; ++t) {
+      const int64_t vrows = Clamp(x.rows - r0 - t * kT, kT);
+      for (int r = 0; r < kT; ++r) {
+        v[r] = r < vrows ? Load32(x.p + (r0 + t * kT + r) * x.ld, e, x.k) : _mm512_setzero_si512();
+      }
+      StoreTile(v, dst[t]);
     }
-  } else {  // column q of the tile = words q from stored rows e + 2q, e + 2q + 1
-    for (int q = 0; q < kT; ++q) v[q] = Words16(x.p, x.ld, e + 2 * q, x.k, r0, vrows);
-    Transpose16(v);
+    return;
   }
-  StoreTile(v, dst);
+  // Stored columns r0.. are the tiles' rows: word q of row i = stored rows e + 2q, e + 2q + 1
+  // at column r0 + i, i.e. the transposes of WordPairs32's lo and hi over q.
+  __m512i hi[16];
+  const int64_t valid = Clamp(x.rows - r0, 2 * kT);
+  for (int q = 0; q < kT; ++q) WordPairs32(x.p, x.ld, e + 2 * q, x.k, r0, valid, v[q], hi[q]);
+  Transpose16(v);
+  Transpose16(hi);
+  for (int j = 0; j < kT; ++j) {
+    const int i = kLoColumn[j];
+    _mm512_store_si512(dst[i / kT] + (i % kT) * kT, v[j]);
+    _mm512_store_si512(dst[(i + 4) / kT] + ((i + 4) % kT) * kT, hi[j]);
+  }
 }
 
-// The VNNI tile of op(Y) = Yᵀ-view: words w..w+15 of k by columns c0..c0+15, where op(Y) is
-// [k, cols] and y describes Y as an Operand over its columns (straight: stored [cols, k]).
-SSHSDP_AMX_GEMM_TARGET void PackVnniTile(const Operand& y, int64_t c0, int64_t w, Word* dst) {
+// A block's two VNNI tiles of op(Y) = Yᵀ-view: words w..w+15 of k by columns c0..c0+31 (c0..
+// into dst[0], c0 + 16.. into dst[1]), where op(Y) is [k, cols] and y describes Y as an
+// Operand over its columns (straight: stored [cols, k]).
+SSHSDP_AMX_GEMM_TARGET void PackVnniTiles(const Operand& y, int64_t c0, int64_t w,
+                                          Word* const dst[2]) {
   __m512i v[16];
-  const int64_t e = 2 * w, vcols = Clamp(y.rows - c0, kT);
-  if (y.straight) {  // column c of the tile = the words of stored row c0 + c
-    for (int c = 0; c < kT; ++c) {
-      v[c] = c < vcols ? Load32(y.p + (c0 + c) * y.ld, e, y.k) : _mm512_setzero_si512();
+  const int64_t e = 2 * w;
+  if (y.straight) {  // column c of a tile = the words of stored row c0 + c
+    for (int t = 0; t < 2; ++t) {
+      const int64_t vcols = Clamp(y.rows - c0 - t * kT, kT);
+      for (int c = 0; c < kT; ++c) {
+        v[c] = c < vcols ? Load32(y.p + (c0 + t * kT + c) * y.ld, e, y.k) : _mm512_setzero_si512();
+      }
+      Transpose16(v);
+      StoreTile(v, dst[t]);
     }
-    Transpose16(v);
-  } else {  // row q of the tile = stored rows e + 2q, e + 2q + 1 interleaved
-    for (int q = 0; q < kT; ++q) v[q] = Words16(y.p, y.ld, e + 2 * q, y.k, c0, vcols);
+    return;
   }
-  StoreTile(v, dst);
+  // Row q of a tile = stored rows e + 2q, e + 2q + 1 interleaved: WordPairs32's words put back
+  // in column order (an index ≥ 16 picks from hi).
+  const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+  const __m512i second =
+      _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+  const int64_t valid = Clamp(y.rows - c0, 2 * kT);
+  for (int q = 0; q < kT; ++q) {
+    __m512i lo, hi;
+    WordPairs32(y.p, y.ld, e + 2 * q, y.k, c0, valid, lo, hi);
+    _mm512_store_si512(dst[0] + q * kT, _mm512_permutex2var_epi32(lo, first, hi));
+    _mm512_store_si512(dst[1] + q * kT, _mm512_permutex2var_epi32(lo, second, hi));
+  }
 }
 
 // C[rows, cols] (+)= alpha · t (a 16 × 16 tile in memory), rows and cols ≤ 16.
@@ -319,10 +361,9 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
         ParallelFor(nblocks, 1, [&](int64_t begin, int64_t end) {
           for (int64_t nb = begin; nb < end; ++nb) {
             for (int64_t kt = 0; kt < ktiles; ++kt) {
-              for (int64_t t = 0; t < 2; ++t) {
-                PackVnniTile(B, j0c + nb * kBlock + t * kT, w0 + kt * kT,
-                             bpack + nb * block_words + kt * kKtileWords + t * kTileWords);
-              }
+              Word* const dst = bpack + nb * block_words + kt * kKtileWords;
+              Word* const tiles[2] = {dst, dst + kTileWords};
+              PackVnniTiles(B, j0c + nb * kBlock, w0 + kt * kT, tiles);
             }
           }
         });
@@ -352,10 +393,9 @@ void Run(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16
                     lda * 2};
             } else {
               for (int64_t kt = 0; kt < ktiles; ++kt) {
-                for (int64_t t = 0; t < 2; ++t) {
-                  PackRowsTile(A, ib * kBlock + t * kT, w0 + kt * kT,
-                               apack + kt * kKtileWords + t * kTileWords);
-                }
+                Word* const tiles[2] = {apack + kt * kKtileWords,
+                                        apack + kt * kKtileWords + kTileWords};
+                PackRowsTiles(A, ib * kBlock, w0 + kt * kT, tiles);
               }
             }
             for (int64_t nb = 0; nb < nblocks; ++nb) {
