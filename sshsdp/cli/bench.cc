@@ -234,25 +234,28 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
 
     auto world = MpiCommunicator::World(rpn);
     const int W = world->size(), rank = world->rank();
+    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(NodeLocalRanks());
     SyntheticTokens data(gc.vocab, o.seed);
     const GemmPeak gemm_peak = MeasureJobGemmPeak(*world, base.weight_dtype, o.gemm_peak);
     const double peak = gemm_peak.per_rank;
     const int total_steps = o.warmup + o.steps;
-    if (const std::string w = kernels::ThreadBindingWarning(); !w.empty()) {
-      fmt::print(stderr, "sshsdp bench: rank {}: warning: {}\n", rank, w);
+    if (!threads.warning.empty()) {
+      fmt::print(stderr, "sshsdp bench: rank {}: warning: {}\n", rank, threads.warning);
     }
     if (rank == 0) {
       auto probe = MakeModel(o, gc, QkvModel::kFused);
       fmt::print(
           "sshsdp bench: {} d={} L={} H={} T={} V={} params={:.2f}M | {} | weights {} | "
           "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
-          "timed, slowest rank) | optimizer {}\nGEMM: {} | {} | CPU ISA {} | attention {}\n",
+          "timed, slowest rank) | optimizer {}\nGEMM: {} | {} | CPU ISA {} | attention {} | "
+          "threads {}\n",
           IsMoePreset(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           probe->NumParams() / 1e6, check.ToString(), o.weight_dtype, o.microbatches, o.warmup,
           o.steps, muon ? "muon per " + o.muon_unit : o.optimizer, gemm_peak.path,
           gemm_peak.ToString(), kernels::CpuIsaName(),
           kernels::AttentionPathDescription(
-              RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)));
+              RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)),
+          threads.description);
     }
 
     nlohmann::json out = nlohmann::json::array();

@@ -128,6 +128,23 @@ if [ "$(getconf _NPROCESSORS_ONLN)" -ge 2 ]; then  # (nproc would honour OMP_NUM
   check "2 threads unbound on 2+ CPUs: no warning" $?
 fi
 
+# Without OMP_NUM_THREADS, unbound ranks share the node's CPUs (OpenMP's default would give
+# each of them every CPU: ~20x slower with 4 ranks on 2 CPUs); with OMP_NUM_THREADS at the
+# CPU count on 2 unbound ranks, the node is oversubscribed and that is warned about.
+cpus=$(getconf _NPROCESSORS_ONLN)
+share=$((cpus / 3 > 0 ? cpus / 3 : 1))
+env -u OMP_NUM_THREADS timeout 120 "${mpirun[@]}" --bind-to none -np 3 "$bin" bench \
+  "${small[@]}" --batch-size 1 --presets sshsdp --steps 1 >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "threads $share per rank (OMP_NUM_THREADS unset: 3 ranks on this node, $cpus CPU" "$tmp/out" &&
+  ! grep -q "warning" "$tmp/out"
+check "OMP_NUM_THREADS unset, 3 unbound ranks: $share thread(s) each, no warning" $?
+OMP_NUM_THREADS=$cpus timeout 120 "${mpirun[@]}" --bind-to none -x OMP_NUM_THREADS -np 2 "$bin" \
+  bench "${small[@]}" --batch-size 1 --presets sshsdp --steps 1 >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "warning: 2 ranks on this node × $cpus kernel threads (OMP_NUM_THREADS) share its $cpus CPU.*take turns" "$tmp/out"
+check "OMP_NUM_THREADS=$cpus on 2 unbound ranks: warned that they take turns" $?
+
 # The outer phase both ways (DDP layout at W = 2: every gradient is all-reduced across the two
 # replicas): overlapped rows count one outer reduction per group, the /outer-sync rows none;
 # same first losses (bench checks that across rows).

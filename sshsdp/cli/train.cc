@@ -223,6 +223,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
 
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
+    // Before any kernel runs (the engine's initialisation casts): threads per rank.
+    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(NodeLocalRanks());
     Engine engine(model, *world, cfg);
     const int M = cfg.microbatches, B = cfg.batch_size;
     if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);
@@ -317,15 +319,15 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       SSHSDP_CHECK(metrics.good(), IoError, "--metrics {}: cannot open for writing: {}", o.metrics,
                    std::strerror(errno));
     }
-    if (const std::string w = kernels::ThreadBindingWarning(); !w.empty()) {
-      fmt::print(stderr, "sshsdp train: rank {}: warning: {}\n", rank, w);
+    if (!threads.warning.empty()) {
+      fmt::print(stderr, "sshsdp train: rank {}: warning: {}\n", rank, threads.warning);
     }
     if (rank == 0) {
       const auto* syn = dynamic_cast<const SyntheticTokens*>(data.get());
       fmt::print(
           "sshsdp train: {} | {} d={} L={} H={} T={} V={}{} params={:.2f}M | {} | weights {} | "
           "batch {}x{}x{} per rank{}{}\n"
-          "GEMM: {} | {} | CPU ISA {} | attention {}\n",
+          "GEMM: {} | {} | CPU ISA {} | attention {} | threads {}\n",
           o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           gc.padded_vocab() != gc.vocab ? fmt::format(" (tables padded to {})", gc.padded_vocab())
                                         : "",
@@ -340,7 +342,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
           dev.backend ? fmt::format(" | backend {}", dev.backend->name()) : "", gemm_peak.path,
           gemm_peak.ToString(), kernels::CpuIsaName(),
           kernels::AttentionPathDescription(
-              !dev.backend && RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)));
+              !dev.backend && RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)),
+          threads.description);
       for (const std::string& n : dev.notes) fmt::print("note: {}\n", n);
       std::fflush(stdout);
     }

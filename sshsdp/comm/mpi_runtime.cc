@@ -61,6 +61,18 @@ int WorldSize() {
   return size;
 }
 
+int NodeLocalRanks() {
+  SSHSDP_CHECK(MpiActive(), CommError, "NodeLocalRanks: MPI is not initialised");
+  MPI_Comm node = MPI_COMM_NULL;
+  CheckMpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
+           "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
+  int size = 0;
+  const int rc = MPI_Comm_size(node, &size);
+  MPI_Comm_free(&node);
+  CheckMpi(rc, "MPI_Comm_size");
+  return size;
+}
+
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int initialized = 0;
   CheckMpi(MPI_Initialized(&initialized), "MPI_Initialized");

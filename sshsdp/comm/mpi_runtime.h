@@ -57,6 +57,9 @@ void CheckMpi(int rc, std::string_view what);
 int WorldRankOrMinusOne();
 // Number of processes in MPI_COMM_WORLD (MPI must be initialised; CommError otherwise).
 int WorldSize();
+// Processes of MPI_COMM_WORLD on this node (sharing its memory), this one included. Collective
+// over MPI_COMM_WORLD.
+int NodeLocalRanks();
 
 // Runs `body` inside an MpiRuntime and returns its result. If body (or the MPI
 // initialisation) throws, prints "sshsdp: rank R: <what>" to stderr and calls

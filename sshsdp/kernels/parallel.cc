@@ -8,10 +8,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <climits>
+#include <cstdlib>
 
 namespace sshsdp::kernels {
+namespace {
 
-int KernelThreads() { return omp_in_parallel() ? 1 : omp_get_max_threads(); }
+// ConfigureKernelThreads' default, a cap for threads that did not inherit the main thread's
+// OpenMP setting (the communication thread's reductions).
+std::atomic<int> g_thread_cap{INT_MAX};
+
+}  // namespace
+
+int KernelThreads() {
+  return omp_in_parallel() ? 1 : std::min(omp_get_max_threads(), g_thread_cap.load());
+}
 
 int AllowedCpus() {
   cpu_set_t set;
@@ -30,6 +42,42 @@ std::string ThreadBindingWarning() {
 }
 
 void SetKernelThreads(int n) { omp_set_num_threads(std::max(n, 1)); }
+
+int OnlineCpus() { return static_cast<int>(std::max(sysconf(_SC_NPROCESSORS_ONLN), 1L)); }
+
+int DefaultKernelThreads(int allowed_cpus, int online_cpus, int local_ranks) {
+  allowed_cpus = std::max(allowed_cpus, 1);
+  local_ranks = std::max(local_ranks, 1);
+  if (int64_t{allowed_cpus} * local_ranks <= online_cpus) return allowed_cpus;
+  return std::clamp(online_cpus / local_ranks, 1, allowed_cpus);
+}
+
+KernelThreadChoice ConfigureKernelThreads(int local_ranks) {
+  KernelThreadChoice c;
+  const int allowed = AllowedCpus(), online = OnlineCpus();
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env != nullptr && *env != '\0') {
+    c.threads = KernelThreads();
+    c.description = fmt::format("{} per rank (OMP_NUM_THREADS={})", c.threads, env);
+    c.warning = ThreadBindingWarning();
+    if (c.warning.empty() && int64_t{c.threads} * local_ranks > online) {
+      c.warning = fmt::format(
+          "{} ranks on this node × {} kernel threads (OMP_NUM_THREADS) share its {} CPU{}: they "
+          "take turns (set OMP_NUM_THREADS={}, or unset it for that default)",
+          local_ranks, c.threads, online, online == 1 ? "" : "s",
+          DefaultKernelThreads(allowed, online, local_ranks));
+    }
+    return c;
+  }
+  c.threads = DefaultKernelThreads(allowed, online, local_ranks);
+  SetKernelThreads(c.threads);
+  g_thread_cap.store(c.threads);
+  c.description = fmt::format(
+      "{} per rank (OMP_NUM_THREADS unset: {} rank{} on this node, {} CPU{} online{})", c.threads,
+      local_ranks, local_ranks == 1 ? "" : "s", online, online == 1 ? "" : "s",
+      allowed < online ? fmt::format(", {} this rank may use", allowed) : "");
+  return c;
+}
 
 void ParallelForChunks(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx) {
   if (n <= 0) return;

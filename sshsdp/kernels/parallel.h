@@ -36,6 +36,27 @@ int AllowedCpus();
 //    --bind-to none, or --map-by slot:PE=2; under Slurm set --cpus-per-task)"
 std::string ThreadBindingWarning();
 
+// CPUs online on this machine (node).
+int OnlineCpus();
+
+// Kernel threads for a rank when OMP_NUM_THREADS is not set: the CPUs it may run on, or —
+// where the node's ranks share those CPUs (unbound: allowed × local ranks > online) — an
+// equal share of the node's CPUs, at least 1. OpenMP's own default (every allowed CPU) would
+// put 4 unbound ranks × 2 threads on a 2-CPU machine, each step ~20× slower.
+//   DefaultKernelThreads(2, 2, 4) == 1, DefaultKernelThreads(1, 2, 2) == 1 (bound),
+//   DefaultKernelThreads(16, 16, 2) == 8, DefaultKernelThreads(2, 2, 1) == 2
+int DefaultKernelThreads(int allowed_cpus, int online_cpus, int local_ranks);
+
+// A rank's kernel threads, chosen once at start-up by ConfigureKernelThreads before any
+// kernel runs: OMP_NUM_THREADS where set, else DefaultKernelThreads (applied to the calling
+// thread and, as a cap, to every thread's ParallelFor).
+struct KernelThreadChoice {
+  int threads = 1;
+  std::string description;  // for the header: "1 per rank (OMP_NUM_THREADS unset; ...)"
+  std::string warning;      // empty, or why the threads oversubscribe the CPUs and the fix
+};
+KernelThreadChoice ConfigureKernelThreads(int local_ranks);
+
 void ParallelForChunks(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
 
 template <typename F>

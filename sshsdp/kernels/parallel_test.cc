@@ -1,5 +1,6 @@
 // ParallelFor: every index in exactly one chunk, chunks contiguous and in order of thread,
-// several threads used when the work allows, the caller's thread alone when it does not.
+// several threads used when the work allows, the caller's thread alone when it does not; the
+// default thread count of a rank without OMP_NUM_THREADS.
 #include "sshsdp/kernels/parallel.h"
 
 #include <gtest/gtest.h>
@@ -65,6 +66,19 @@ TEST(ParallelFor, SmallWorkStaysOnTheCallersThread) {
   });
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(seen, std::this_thread::get_id());
+}
+
+// Without OMP_NUM_THREADS: every allowed CPU while the node's ranks fit, an equal share of the
+// node's CPUs when unbound ranks would share them (never 0, never above what is allowed).
+TEST(DefaultKernelThreads, SharesTheNodeAmongUnboundRanks) {
+  EXPECT_EQ(DefaultKernelThreads(2, 2, 1), 2);    // one process: every CPU
+  EXPECT_EQ(DefaultKernelThreads(2, 2, 4), 1);    // 4 unbound ranks on 2 CPUs
+  EXPECT_EQ(DefaultKernelThreads(16, 16, 2), 8);  // 2 unbound ranks on 16 CPUs
+  EXPECT_EQ(DefaultKernelThreads(16, 16, 3), 5);
+  EXPECT_EQ(DefaultKernelThreads(1, 2, 2), 1);    // bound, one core each
+  EXPECT_EQ(DefaultKernelThreads(4, 16, 4), 4);   // bound, 4 cores each (--map-by slot:PE=4)
+  EXPECT_EQ(DefaultKernelThreads(4, 16, 8), 2);   // 8 ranks sharing 4-CPU masks
+  EXPECT_EQ(DefaultKernelThreads(0, 0, 0), 1);
 }
 
 }  // namespace
