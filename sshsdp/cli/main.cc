@@ -135,6 +135,10 @@ int main(int argc, char** argv) {
         return 1;
       }
     }
+    if (cmd->plan.train.dump_config) {  // the planned run's options, for train --config
+      fmt::print("{}", sshsdp::RecordedConfig(*cmd->p));
+      return 0;
+    }
     return sshsdp::RunPlanCommand(cmd->plan);
   }
   if (cmd->b->parsed()) return sshsdp::RunBench(argc, argv, cmd->bench);

@@ -214,13 +214,16 @@ void PrintText(const RunPlan& p, const std::string& model, int max_columns) {
 }  // namespace
 
 void AddPlanOptions(CLI::App& app, PlanOptions& o) {
+  // plan's own options are not the run's: --dump-config leaves them out.
   app.add_option("-n,--world-size", o.world_size,
                  "ranks the run will have (what mpirun -np would be given)")
-      ->required();
-  app.add_flag("--json", o.json, "print the whole plan as one JSON document");
+      ->required()
+      ->configurable(false);
+  app.add_flag("--json", o.json, "print the whole plan as one JSON document")->configurable(false);
   app.add_option("--rank-columns", o.max_rank_columns,
                  "text output: one column per rank up to this many ranks, else min / mean / max")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->configurable(false);
   AddTrainOptions(app, o.train);
 }
 

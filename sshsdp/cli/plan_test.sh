@@ -3,7 +3,7 @@
 # run on two simulated nodes, computed in one process, equals what that run measured on
 # rank 0 — its per-step runtime and update bytes intra / inter node (--metrics) exactly and
 # its accounted memory by category (the final "memory per rank" line, 0.01 MiB rounding);
-# --config is read; Muon's split units and the owner map are printed; bad layouts and what
+# --config is read and --dump-config writes one; Muon's split units and the owner map are printed; bad layouts and what
 # the plan does not model are refused by name. engine_plan_test checks every rank of many
 # more layouts against the engine's counters.
 # Usage: plan_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
@@ -69,6 +69,13 @@ expect_error "plan: zero ranks" "--world-size must be >= 1" "$bin" plan -n 0
 expect_error "plan: bad layout" "sg=2 must divide so=3" "$bin" plan -n 3 --sw 2
 expect_error "plan: direct path not modelled" "drop --comm-path direct" "$bin" plan -n 2 \
   --comm-path direct
+# --dump-config writes the planned run's options as a file `train --config` reads: the same
+# text train --dump-config writes for those options (plan's -n, --json, --rank-columns left out).
+"$bin" plan -n 4 "${run[@]}" --lr 0.01 --json --dump-config >"$tmp/plan.toml" 2>&1 &&
+  "$bin" train "${run[@]}" --lr 0.01 --dump-config >"$tmp/train.toml" 2>&1 &&
+  cmp -s "$tmp/plan.toml" "$tmp/train.toml" && grep -q '^lr=0.01' "$tmp/plan.toml" &&
+  "$bin" train --config "$tmp/plan.toml" --dump-config | cmp -s - "$tmp/train.toml"
+check "plan --dump-config: the planned run's options, as train --config reads them" $?
 expect_error "plan: bad dtype" "--weight-dtype must be bf16, fp32 or mxfp8" "$bin" plan -n 2 \
   --weight-dtype fp16
 expect_error "plan: a resume is not read" "does not read checkpoints" "$bin" plan -n 2 \
