@@ -22,6 +22,7 @@
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/cli/trace_file.h"
+#include "sshsdp/cli/train.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
@@ -193,9 +194,8 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     const int world_size = WorldSize();
     const int rpn = o.ranks_per_node ? o.ranks_per_node : world_size;
     EngineConfig base;
-    base.sw = o.sw ? o.sw : world_size;
-    base.sg = o.sg ? o.sg : world_size;
-    base.so = o.so ? o.so : world_size;
+    const LayoutDegrees degrees = ResolveLayoutDegrees(o.sw, o.sg, o.so, world_size);
+    base.sw = degrees.sw, base.sg = degrees.sg, base.so = degrees.so;
     base.ranks_per_node = rpn;
     base.microbatches = o.microbatches;
     base.seq_len = T;

@@ -18,9 +18,15 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
       ->capture_default_str();
   app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
       ->capture_default_str();
-  app.add_option("--sw", o.sw, "ZeRO-3 degree (default: world size)");
-  app.add_option("--sg", o.sg, "ZeRO-2 degree (default: world size)");
-  app.add_option("--so", o.so, "ZeRO-1 degree (default: world size)");
+  app.add_option("--sw", o.sw,
+                 "ZeRO-3 (weight) shard degree (default: --sg); without any degree fully "
+                 "sharded, sw = sg = so = world size (as in train)");
+  app.add_option("--sg", o.sg,
+                 "ZeRO-2 (gradient) shard degree, a multiple of sw (default: --sw if given, else "
+                 "--so)");
+  app.add_option("--so", o.so,
+                 "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world (default: "
+                 "world size; less gives HSDP replicas)");
   app.add_option("--ranks-per-node", o.ranks_per_node, "ranks per (simulated) node");
   app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
       ->capture_default_str();

@@ -145,6 +145,10 @@ rc=$?
 [ $rc -eq 0 ] && grep -q "warning: 2 ranks on this node × $cpus kernel threads (OMP_NUM_THREADS) share its $cpus CPU.*take turns" "$tmp/out"
 check "OMP_NUM_THREADS=$cpus on 2 unbound ranks: warned that they take turns" $?
 
+# Unset degrees resolve as in train: --so 1 alone is DDP (sg and sw follow so).
+timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --batch-size 1 --presets sshsdp \
+  --so 1 --steps 1 >"$tmp/out" 2>&1 && grep -q "W=2 nodes=1x2 sw=1 sg=1 so=1 " "$tmp/out"
+check "bench --so 1 on 2 ranks: sw = sg = so = 1, as train resolves it" $?
 # The outer phase both ways (DDP layout at W = 2: every gradient is all-reduced across the two
 # replicas): overlapped rows count one outer reduction per group, the /outer-sync rows none;
 # same first losses (bench checks that across rows).

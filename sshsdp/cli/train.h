@@ -80,6 +80,13 @@ struct TrainOptions {
 
 // train_options.cc.
 void AddTrainOptions(CLI::App& app, TrainOptions& o);
+// The layout degrees of --sw/--sg/--so (0: unset) on `world_size` ranks: so = the world, sg =
+// sw if given else so, sw = sg — fully sharded without any; `train`, `plan` and `bench` alike.
+// ConfigError for a negative degree (the Topology checks the rest).
+struct LayoutDegrees {
+  int sw, sg, so;
+};
+LayoutDegrees ResolveLayoutDegrees(int sw, int sg, int so, int world_size);
 // The engine configuration the options ask for on `world_size` ranks with `seq_len` tokens
 // per sample (unset degrees: fully sharded); ConfigError naming a bad value. `train` and
 // `plan` build theirs with it.

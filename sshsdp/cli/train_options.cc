@@ -255,13 +255,19 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   cfg.muon.weight_decay = o.muon_weight_decay;
   cfg.muon.ns_steps = o.muon_ns_steps;
   cfg.on_nonfinite = ParseNonFinitePolicy(o.on_nonfinite);
-  // Unset degrees: so = W, sg = sw if given else so, sw = sg — fully sharded without any.
-  SSHSDP_CHECK(o.sw >= 0 && o.sg >= 0 && o.so >= 0, ConfigError,
-               "--sw, --sg and --so must be >= 1 (or left out), got {}, {}, {}", o.sw, o.sg, o.so);
-  cfg.so = o.so ? o.so : world_size;
-  cfg.sg = o.sg ? o.sg : o.sw ? o.sw : cfg.so;
-  cfg.sw = o.sw ? o.sw : cfg.sg;
+  const LayoutDegrees d = ResolveLayoutDegrees(o.sw, o.sg, o.so, world_size);
+  cfg.sw = d.sw, cfg.sg = d.sg, cfg.so = d.so;
   return cfg;
+}
+
+LayoutDegrees ResolveLayoutDegrees(int sw, int sg, int so, int world_size) {
+  SSHSDP_CHECK(sw >= 0 && sg >= 0 && so >= 0, ConfigError,
+               "--sw, --sg and --so must be >= 1 (or left out), got {}, {}, {}", sw, sg, so);
+  LayoutDegrees d{};
+  d.so = so ? so : world_size;
+  d.sg = sg ? sg : sw ? sw : d.so;
+  d.sw = sw ? sw : d.sg;
+  return d;
 }
 
 }  // namespace sshsdp
