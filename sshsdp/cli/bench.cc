@@ -18,7 +18,9 @@
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/cli/bench_profile.h"
 #include "sshsdp/cli/gemm_peak.h"
+#include "sshsdp/cli/launcher.h"
 #include "sshsdp/cli/model_config.h"
+#include "sshsdp/cli/option_agreement.h"
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/cli/trace_file.h"
@@ -152,7 +154,9 @@ nlohmann::json PeerModelJson(const std::string& model, const GptConfig& gc) {
 
 int RunBench(int argc, char** argv, const BenchOptions& o) {
   return RunMpiMain(argc, argv, [&]() -> int {
-    // Input checks before any collective.
+    // Input checks before any collective (but this one, which compares the ranks' options).
+    const std::string launch_note = CheckLauncher(WorldSize(), ::getenv);  // torchrun, srun
+    AgreeOnOptions(o.recorded_config, "sshsdp bench");
     const GptConfig gc = MakeConfig(o);
     const int T = o.seq_len ? o.seq_len : gc.seq_len;
     SSHSDP_CHECK(T <= gc.seq_len, ConfigError, "--seq-len {} exceeds the model's {}", T,
@@ -242,6 +246,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     if (!threads.warning.empty()) {
       fmt::print(stderr, "sshsdp bench: rank {}: warning: {}\n", rank, threads.warning);
     }
+    if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);
     if (rank == 0) {
       auto probe = MakeModel(o, gc, QkvModel::kFused);
       fmt::print(

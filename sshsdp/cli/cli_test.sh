@@ -35,6 +35,16 @@ check "generate --help lists every option" $rc
 check "no subcommand is an error" $([ $rc -ne 0 ] && echo 0 || echo 1)
 
 tiny=(train --model tiny --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch-size 2)
+# Ranks started with different options (an MPMD line, a per-node --config) are refused by
+# name before any collective: different --steps hung rank 0 until the watchdog, different
+# models crashed it, a different --lr trained inconsistent shards.
+expect_error "ranks with different --steps: refused, naming the rank and the option" \
+  "rank 1 was started with options that differ from rank 0's (rank 1 vs rank 0: 'steps=2' vs 'steps=3')" \
+  "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" --steps 3 : -np 1 "$bin" "${tiny[@]}" --steps 2
+expect_error "bench ranks with different --lr: refused" \
+  "rank 1 was started with options that differ from rank 0's (rank 1 vs rank 0: 'lr=0.1' vs 'lr=0.003')" \
+  "${mpirun[@]}" -np 1 "$bin" bench --model tiny --layers 1 --steps 1 : -np 1 "$bin" bench \
+  --model tiny --layers 1 --steps 1 --lr 0.1
 expect_error "layout not dividing the world is refused before any collective" "so=3 must divide the world size 2" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --so 3 --steps 1
 expect_error "non-nested degrees are refused" "sw=2 must divide sg=1" \

@@ -141,7 +141,10 @@ int main(int argc, char** argv) {
     }
     return sshsdp::RunPlanCommand(cmd->plan);
   }
-  if (cmd->b->parsed()) return sshsdp::RunBench(argc, argv, cmd->bench);
+  if (cmd->b->parsed()) {
+    cmd->bench.recorded_config = sshsdp::RecordedConfig(*cmd->b);
+    return sshsdp::RunBench(argc, argv, cmd->bench);
+  }
   if (cmd->g->parsed()) return sshsdp::RunGenerate(cmd->generate);
   if (cmd->t->parsed()) {
     CLI::App& t = *cmd->t;

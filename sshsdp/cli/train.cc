@@ -25,6 +25,7 @@
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/cli/launcher.h"
 #include "sshsdp/cli/model_config.h"
+#include "sshsdp/cli/option_agreement.h"
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/cli/trace_file.h"
@@ -80,8 +81,10 @@ std::string FormatDuration(double seconds) {
 
 int RunTrain(int argc, char** argv, const TrainOptions& o) {
   return RunMpiMain(argc, argv, [&]() -> int {
-    // Everything below that can be wrong with the input is checked before any collective.
+    // Everything below that can be wrong with the input is checked before any collective
+    // (but this one, which compares the ranks' options).
     const std::string launch_note = CheckLauncher(WorldSize(), ::getenv);  // torchrun, srun
+    AgreeOnOptions(o.recorded_config, "sshsdp train");
     const int T = o.seq_len ? o.seq_len : MakeGptConfig(o, 256).seq_len;
     SSHSDP_CHECK(o.vocab_size >= 0 && o.vocab_size <= 65536, ConfigError,
                  "--vocab-size must lie in 1..65536 (uint16 token files; 0: from the data), got {}",
