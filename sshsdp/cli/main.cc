@@ -102,12 +102,12 @@ int main(int argc, char** argv) {
         if (!Parse(cmd, app, user, from_config, &rc)) return rc;
       }
       if (!cmd->train.resume.empty()) {
-        const sshsdp::Manifest m =
-            sshsdp::ReadManifest(sshsdp::ResolveCheckpoint(cmd->train.resume));
+        const std::string resumed = sshsdp::ResolveCheckpoint(cmd->train.resume);
+        const sshsdp::Manifest m = sshsdp::ReadManifest(resumed);
         const auto it = m.meta.run.find("config");
         std::vector<std::string> restored;
         if (it != m.meta.run.end() && it->is_string())
-          restored = sshsdp::RestoredArgs(*cmd->t, it->get<std::string>());
+          restored = sshsdp::RestoredArgs(*cmd->t, it->get<std::string>(), resumed);
         std::vector<std::string> prefix = restored;
         prefix.insert(prefix.end(), from_config.begin(), from_config.end());
         if (!Parse(cmd, app, user, prefix, &rc)) return rc;

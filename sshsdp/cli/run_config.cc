@@ -66,7 +66,8 @@ std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string
       });
 }
 
-std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml) {
+std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml,
+                                      const std::string& resumed_checkpoint) {
   static const std::set<std::string> kLaunchOnly = {
       "resume",      "config", "dump-config", "init-weights",   "fault", "ckpt-fault",
       "sw",          "sg",     "so",          "ranks-per-node", "help",  "trace",
@@ -81,13 +82,28 @@ std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& 
     throw ConfigError(
         fmt::format("the checkpoint's recorded options are not readable: {}", e.what()));
   }
-  return ItemArgs(
+  std::vector<std::string> args = ItemArgs(
       train, items,
       [&](const CLI::ConfigItem& item) {
-        // Given now (command line or --config): the user's value wins.
-        return !kLaunchOnly.count(item.name) && train.get_option("--" + item.name)->count() == 0;
+        // Given now (command line or --config): the user's value wins. The checkpoint
+        // directory is where the resumed checkpoint lies (below), not the recorded one.
+        return !kLaunchOnly.count(item.name) && item.name != "ckpt-dir" &&
+               train.get_option("--" + item.name)->count() == 0;
       },
       [](const std::string&) {});  // an option this version no longer has
+  // A run that saved checkpoints saves them next to the one it resumes from: resuming a copy
+  // (or a checkpoint moved elsewhere) must not write into — and prune — the original's
+  // directory.
+  const bool saved = std::any_of(items.begin(), items.end(), [](const CLI::ConfigItem& item) {
+    return item.name == "ckpt-dir" && !item.inputs.empty() && !item.inputs.front().empty();
+  });
+  if (saved && train.get_option("--ckpt-dir")->count() == 0) {
+    std::filesystem::path dir = std::filesystem::path(resumed_checkpoint).lexically_normal();
+    if (!dir.has_filename()) dir = dir.parent_path();  // a trailing '/'
+    const std::filesystem::path parent = dir.parent_path();
+    args.push_back("--ckpt-dir=" + (parent.empty() ? std::string(".") : parent.string()));
+  }
+  return args;
 }
 
 void CheckWritableOutput(const char* flag, const std::string& path) {

@@ -25,8 +25,11 @@ std::string RecordedConfig(const CLI::App& train);
 // (on the command line or in --config), as "--name=value" arguments, except the ones that
 // belong to this launch, not to the run: --resume, --config, --dump-config, --init-weights,
 // the fault injections, and the layout (--sw/--sg/--so/--ranks-per-node: a resume without
-// them continues at the saved layout when it fits the world, see train.cc).
-std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml);
+// them continues at the saved layout when it fits the world, see train.cc). A run that
+// recorded a --ckpt-dir gets the directory holding `resumed_checkpoint` (the resolved step
+// directory) instead, so a resumed copy never writes into the original's directory.
+std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml,
+                                      const std::string& resumed_checkpoint);
 
 // The options of a --config TOML file as "--name=value" arguments (keys at the top level or
 // under [train]). ConfigError naming the file and key for an unreadable file or a key that

@@ -137,6 +137,20 @@ if [ "$section" = resume ]; then
   reshard_case reshard_4to1 1 "$src4" --so 1
   reshard_case reshard_2to3 3 "$tmp/w2_mx_fp32reduce_adopt/ckpt/step_0000000$N" --so 3 \
     --microbatches 2
+  # Resuming a copy of a run's checkpoints writes next to the copy: the original directory
+  # (its step 2N, its `latest`) is left byte for byte as it was, and nothing there is pruned.
+  d=$tmp/resume_copy
+  mkdir -p "$d"
+  cp -r "$tmp/w4_bf16_bf16fp32/ckpt" "$d/copy"
+  orig=$tmp/w4_bf16_bf16fp32/ckpt
+  before=$(cd "$orig" && find . -type f | sort | xargs md5sum)
+  train 4 "$d/c.log" --steps $((2 * N)) --resume "$d/copy/step_0000000$N" --lr 0.001 \
+    --sw 2 --sg 2 --so 4
+  rc=$?
+  [ $rc -ne 0 ] && show "$d/c.log"
+  [ $rc -eq 0 ] && [ "$before" = "$(cd "$orig" && find . -type f | sort | xargs md5sum)" ] &&
+    grep -q "saved $d/copy/step_0000000$((2 * N))" "$d/c.log"
+  check "resuming a copied checkpoint saves next to the copy; the original is untouched" $?
   # Training on after resharding W=4 HSDP -> W=2 (same global batch of 8 samples) matches the
   # run that never stopped within fp32 tolerance (only summation order differs).
   d=$tmp/reshard_continue
