@@ -9,7 +9,8 @@
 #   * scripts/plot_metrics.py turns the metrics into a PNG;
 #   * greedy `generate` from the checkpoint equals greedy `generate` from --save-weights;
 #   * a resume with another --data, a finished run, torchrun / srun singletons, a text prompt
-#     for a non-byte model and an unknown --config key are refused or reported by name;
+#     for a non-byte model, an unknown --config key and outputs naming an input file (or one
+#     another) are refused or reported by name;
 #   * the data position is kept in samples across a batch-size change;
 #   * the default layout is fully sharded.
 # Usage: practitioner_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
@@ -116,6 +117,16 @@ expect_error "--val-data without --eval-every is named" "is read only with --eva
   "$bin" train "${tiny[@]}" --val-data "$tmp/val.bin" --steps 1
 expect_error "a validation token beyond the training vocabulary is refused" "pass --vocab-size" \
   "$bin" train "${tiny[@]}" --eval-every 1 --val-data "$tmp/train.bin" --steps 1
+# An output naming an input file would overwrite it under the running job (--metrics on the
+# token file truncated it and the run died of SIGBUS): refused at start-up, the file intact.
+sum_before=$(md5sum <"$tmp/train.bin")
+expect_error "--metrics naming the --data file is refused" \
+  "--metrics $tmp/./train.bin is the file --data $tmp/train.bin reads" \
+  "$bin" train "${tiny[@]}" --data "$tmp/train.bin" --metrics "$tmp/./train.bin" --steps 1
+[ "$sum_before" = "$(md5sum <"$tmp/train.bin")" ]
+check "the token file is untouched" $?
+expect_error "--save-weights and --metrics naming one file is refused" "name the same file" \
+  "$bin" train "${tiny[@]}" --save-weights "$tmp/out.x" --metrics "$tmp/out.x" --steps 1
 expect_error "an unknown schedule is refused" "--lr-schedule must be constant, cosine or wsd" \
   "$bin" train "${tiny[@]}" --lr-schedule linear --steps 1
 expect_error "--lr-min above --lr is refused" "--lr-min 0.5 exceeds --lr 0.003" \

@@ -121,4 +121,28 @@ void CheckWritableOutput(const char* flag, const std::string& path) {
                std::strerror(errno));
 }
 
+void CheckOutputsDistinct(const std::vector<NamedPath>& outputs,
+                          const std::vector<NamedPath>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const auto& [flag, path] = outputs[i];
+    if (path.empty()) continue;
+    for (const auto& [in_flag, in_path] : inputs) {
+      if (in_path.empty() || !fs::exists(path, ec) || !fs::exists(in_path, ec)) continue;
+      SSHSDP_CHECK(!fs::equivalent(path, in_path, ec), ConfigError,
+                   "{} {} is the file {} {} reads: the run would overwrite its own input (name "
+                   "another file)",
+                   flag, path, in_flag, in_path);
+    }
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      const auto& [other_flag, other] = outputs[j];
+      if (other.empty()) continue;
+      SSHSDP_CHECK(fs::weakly_canonical(path, ec) != fs::weakly_canonical(other, ec), ConfigError,
+                   "{} {} and {} {} name the same file: each output needs its own", flag, path,
+                   other_flag, other);
+    }
+  }
+}
+
 }  // namespace sshsdp

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace sshsdp {
@@ -39,5 +40,12 @@ std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string
 // ConfigError unless `path` (if given) can be created or replaced: its directory exists and is
 // writable, and it is not itself a directory.
 void CheckWritableOutput(const char* flag, const std::string& path);
+
+// ConfigError when an output file (flag, path) is one of the input files (an existing file
+// reached by either path: --metrics naming the --data file truncated the token file under
+// the running job) or two outputs name the same file. Empty paths are skipped.
+using NamedPath = std::pair<const char*, std::string>;
+void CheckOutputsDistinct(const std::vector<NamedPath>& outputs,
+                          const std::vector<NamedPath>& inputs);
 
 }  // namespace sshsdp

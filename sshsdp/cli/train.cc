@@ -126,6 +126,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       CheckWritableOutput("--save-weights", o.save_weights);
       CheckWritableOutput("--metrics", o.metrics);
       CheckWritableOutput("--trace", o.trace);
+      CheckOutputsDistinct(
+          {{"--save-weights", o.save_weights}, {"--metrics", o.metrics}, {"--trace", o.trace}},
+          {{"--data", o.data == "synthetic" ? "" : o.data},
+           {"--val-data", o.val_data},
+           {"--init-weights", o.init_weights}});
     }
     const TraceWindow trace_window = ParseTraceSteps(o.trace_steps);  // ConfigError if malformed
     Tracer tracer;
