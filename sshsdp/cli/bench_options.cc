@@ -3,6 +3,8 @@
 
 #include "sshsdp/cli/bench.h"
 
+#include "sshsdp/cli/run_config.h"
+
 namespace sshsdp {
 
 void AddBenchOptions(CLI::App& app, BenchOptions& o) {
@@ -20,13 +22,16 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
       ->capture_default_str();
   app.add_option("--sw", o.sw,
                  "ZeRO-3 (weight) shard degree (default: --sg); without any degree fully "
-                 "sharded, sw = sg = so = world size (as in train)");
+                 "sharded, sw = sg = so = world size (as in train)")
+      ->check(IntegerAtLeast(1));
   app.add_option("--sg", o.sg,
                  "ZeRO-2 (gradient) shard degree, a multiple of sw (default: --sw if given, else "
-                 "--so)");
+                 "--so)")
+      ->check(IntegerAtLeast(1));
   app.add_option("--so", o.so,
                  "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world (default: "
-                 "world size; less gives HSDP replicas)");
+                 "world size; less gives HSDP replicas)")
+      ->check(IntegerAtLeast(1));
   app.add_option("--ranks-per-node", o.ranks_per_node, "ranks per (simulated) node");
   app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
       ->capture_default_str();
@@ -65,7 +70,8 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
   app.add_option("--muon-lr", o.muon_lr, "Muon learning rate")->capture_default_str();
   app.add_option("--clip", o.clip, "gradient-norm clipping (0: off)")->capture_default_str();
   app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntegerAtLeast(0));
   app.add_option("--gemm-peak", o.gemm_peak,
                  "MFU denominator in GFLOP/s per rank (0: measured with all ranks at once)")
       ->capture_default_str();

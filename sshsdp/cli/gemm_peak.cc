@@ -124,12 +124,11 @@ GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, DType dty
   return peak;
 }
 
-std::string FormatMfu(double mfu) {
+std::string FormatMfu(double mfu, bool pinned) {
   if (mfu <= 1.0) return fmt::format("{:.1f}%", 100 * mfu);
-  return fmt::format(
-      "{:.1f}% (above 100%: the GEMM peak was under-measured; pin it with "
-      "--gemm-peak GFLOPS)",
-      100 * mfu);
+  return fmt::format("{:.1f}% (above 100%: {})", 100 * mfu,
+                     pinned ? "the pinned --gemm-peak is below what this machine reaches"
+                            : "the GEMM peak was under-measured; pin it with --gemm-peak GFLOPS");
 }
 
 }  // namespace sshsdp

@@ -9,7 +9,7 @@
 //
 //   GemmPeak peak = MeasureJobGemmPeak(*world, DType::kBF16, /*pinned_gflops=*/0);  // collective
 //   double mfu = flops_per_token * tokens_per_s / (peak.per_rank * W);
-//   fmt::print("MFU {}\n", FormatMfu(mfu));   // "63.1%", or a warning above 100 %
+//   fmt::print("MFU {}\n", FormatMfu(mfu, peak.pinned));  // "63.1%", or a warning above 100 %
 #pragma once
 
 #include <string>
@@ -42,8 +42,8 @@ GemmPeak MeasureJobGemmPeak(Communicator& world, DType dtype, double pinned_gflo
 GemmPeak MeasureBackendGemmPeak(Communicator& world, Backend& backend, DType dtype,
                                 double pinned_gflops, int rounds = 9, int64_t size = 1024);
 
-// "63.1%"; above 100 % the figure is followed by a note that the peak was under-measured
-// and how to pin it (an MFU above 100 % is never printed bare).
-std::string FormatMfu(double mfu);
+// "63.1%"; above 100 % the figure is followed by a note (an MFU above 100 % is never printed
+// bare): a measured peak was under-measured, and how to pin it; a pinned one is too low.
+std::string FormatMfu(double mfu, bool pinned);
 
 }  // namespace sshsdp

@@ -1,10 +1,13 @@
 // Recorded and restored run options (run_config.h).
 #include "sshsdp/cli/run_config.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -104,6 +107,35 @@ std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& 
     args.push_back("--ckpt-dir=" + (parent.empty() ? std::string(".") : parent.string()));
   }
   return args;
+}
+
+CLI::Validator FiniteAtLeast(double lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        char* end = nullptr;
+        const double x = std::strtod(v.c_str(), &end);
+        if (end == v.c_str() || *end != '\0' || !std::isfinite(x) || x < lo)
+          return fmt::format("must be a finite number >= {}, got '{}'", lo, v);
+        return "";
+      },
+      fmt::format("NUMBER >= {}", lo));
+}
+
+CLI::Validator IntegerAtLeast(long long lo) {
+  return CLI::Validator(
+      [lo](std::string& v) -> std::string {
+        char* end = nullptr;
+        errno = 0;
+        const bool negative = v.find('-') != std::string::npos;
+        // Without a sign, the whole unsigned 64-bit range (seeds) is a value.
+        const bool below = negative ? std::strtoll(v.c_str(), &end, 10) < lo
+                                    : std::strtoull(v.c_str(), &end, 10) <
+                                          static_cast<unsigned long long>(std::max(lo, 0LL));
+        if (end == v.c_str() || *end != '\0' || errno == ERANGE || below)
+          return fmt::format("must be an integer >= {}, got '{}'", lo, v);
+        return "";
+      },
+      fmt::format("INT >= {}", lo));
 }
 
 void CheckWritableOutput(const char* flag, const std::string& path) {

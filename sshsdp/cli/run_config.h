@@ -37,6 +37,12 @@ std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& 
 // is no option of `train`.
 std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string& path);
 
+// Option checks for values whose default means "unset" (a NaN, -1 or 0 in the options
+// struct), so a given value cannot silently become the default: a finite number >= lo, and
+// an integer >= lo. CLI11 prints "--name: <message>".
+CLI::Validator FiniteAtLeast(double lo);
+CLI::Validator IntegerAtLeast(long long lo);
+
 // ConfigError unless `path` (if given) can be created or replaced: its directory exists and is
 // writable, and it is not itself a directory.
 void CheckWritableOutput(const char* flag, const std::string& path);

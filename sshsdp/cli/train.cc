@@ -454,8 +454,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               cur + 1, o.steps, st.loss, ema,
               std::isnan(val_loss) ? ""
                                    : fmt::format(" | val {:.4f} ({:.1f} s)", val_loss, val_seconds),
-              st.grad_norm, lr, tps, FormatMfu(mfu), acc, rss, 1000 * secs, FormatDuration(elapsed),
-              FormatDuration(eta));
+              st.grad_norm, lr, tps, FormatMfu(mfu, gemm_peak.pinned), acc, rss, 1000 * secs,
+              FormatDuration(elapsed), FormatDuration(eta));
           std::fflush(stdout);
         }
         if (metrics.is_open()) {

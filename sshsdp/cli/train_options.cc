@@ -2,6 +2,8 @@
 #include <CLI/CLI.hpp>
 
 #include "sshsdp/cli/train.h"
+
+#include "sshsdp/cli/run_config.h"
 #include "sshsdp/comm/comm_path.h"
 #include "sshsdp/numerics/scale_layout.h"
 
@@ -36,7 +38,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "(default softmax)");
   app.add_option("--aux-loss-weight", o.aux_loss_weight,
                  "MoE presets: weight of the Switch load-balancing loss E*sum_e f_e*P_e, added to "
-                 "the reported loss (default 0.01; 0: off)");
+                 "the reported loss (default 0.01; 0: off)")
+      ->check(FiniteAtLeast(0));
   app.add_flag("--shared-expert", o.shared_expert,
                "MoE presets: add an always-on shared expert to every MoE block");
   app.add_option("--expert-mlp", o.expert_mlp,
@@ -48,13 +51,16 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "0: the preset's)");
   app.add_option("--sw", o.sw,
                  "ZeRO-3 (weight) shard degree (default: --sg); without any degree the run is "
-                 "fully sharded, sw = sg = so = world size (what fully_shard does)");
+                 "fully sharded, sw = sg = so = world size (what fully_shard does)")
+      ->check(IntegerAtLeast(1));
   app.add_option("--sg", o.sg,
                  "ZeRO-2 (gradient) shard degree, a multiple of sw (default: --sw "
-                 "if given, else --so)");
+                 "if given, else --so)")
+      ->check(IntegerAtLeast(1));
   app.add_option("--so", o.so,
                  "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world "
-                 "(default: world size; less gives HSDP replicas)");
+                 "(default: world size; less gives HSDP replicas)")
+      ->check(IntegerAtLeast(1));
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "ranks per (possibly simulated) node (0, the default: the whole world)");
   app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
@@ -70,7 +76,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--lr-min", o.lr_min,
                  "AdamW learning rate at the end of a cosine / wsd schedule (Muon ends at the "
-                 "same fraction of --muon-lr; default: --lr / 10)");
+                 "same fraction of --muon-lr; default: --lr / 10)")
+      ->check(FiniteAtLeast(0));
   app.add_option("--decay-steps", o.decay_steps,
                  "wsd: steps of the final decay (0, the default: 20% of --steps)")
       ->capture_default_str();
@@ -133,9 +140,11 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "stochastic rounding)")
       ->capture_default_str();
   app.add_option("--sr-seed", o.sr_seed, "seed of bf16sr stochastic rounding")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntegerAtLeast(0));
   app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(IntegerAtLeast(0));
   app.add_option("--data", o.data,
                  "'synthetic' (built-in Markov source over bytes with a known optimal loss) or a "
                  "uint16 token file (nanoGPT .bin or llm.c format)")
