@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +39,32 @@ TEST(Safetensors, RoundTrip) {
   EXPECT_EQ(back["a.w"].data, t["a.w"].data);
   EXPECT_EQ(back["b"].data[0], -0.5f);
   std::filesystem::remove(p);
+}
+
+// A write that fails part-way (here the file-size limit, as a full disk would) throws naming
+// the file and leaves neither the target nor a half-written PATH.tmp behind.
+TEST(Safetensors, FailedWriteLeavesNoFile) {
+  std::map<std::string, SafeTensor> t;
+  t["w"] = {{4096}, std::vector<float>(4096, 1.0f)};  // 16 KiB of data
+  const std::string p = TmpPath("full.safetensors");
+  std::filesystem::remove(p);
+  rlimit saved{};
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &saved), 0);
+  void (*old_handler)(int) = std::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of the signal
+  rlimit small = saved;
+  small.rlim_cur = 4096;
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &small), 0);
+  bool threw = false;
+  try {
+    WriteSafetensors(p, t, {});
+  } catch (const IoError& e) {
+    threw = std::string(e.what()).find(p + ".tmp: write failed") != std::string::npos;
+  }
+  setrlimit(RLIMIT_FSIZE, &saved);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_TRUE(threw);
+  EXPECT_FALSE(std::filesystem::exists(p));
+  EXPECT_FALSE(std::filesystem::exists(p + ".tmp"));
 }
 
 TEST(Safetensors, ErrorsNameFileAndProblem) {

@@ -45,6 +45,16 @@ expect_error "bench ranks with different --lr: refused" \
   "rank 1 was started with options that differ from rank 0's (rank 1 vs rank 0: 'lr=0.1' vs 'lr=0.003')" \
   "${mpirun[@]}" -np 1 "$bin" bench --model tiny --layers 1 --steps 1 : -np 1 "$bin" bench \
   --model tiny --layers 1 --steps 1 --lr 0.1
+# An output renamed into place must be a file that can be created now: a device there would be
+# replaced by a regular file (as root: /dev/full), and /proc refuses new files only at the end.
+expect_error "--save-weights on a device is refused at start-up" \
+  "--save-weights /dev/full: exists and is not a regular file" \
+  "$bin" "${tiny[@]}" --save-weights /dev/full --steps 1
+[ -c /dev/full ]
+check "/dev/full is still a character device" $?
+expect_error "--trace where no file can be created is refused at start-up" \
+  "--trace /proc/t.json: cannot create /proc/t.json.tmp" "$bin" "${tiny[@]}" --trace /proc/t.json \
+  --steps 1
 # Values whose default means "unset" are refused when given out of range, not taken as unset.
 expect_error "--sw 0 is refused, not taken as unset" "--sw: must be an integer >= 1, got '0'" \
   "$bin" "${tiny[@]}" --sw 0 --steps 1

@@ -1,6 +1,7 @@
 // Recorded and restored run options (run_config.h).
 #include "sshsdp/cli/run_config.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -138,7 +139,7 @@ CLI::Validator IntegerAtLeast(long long lo) {
       fmt::format("INT >= {}", lo));
 }
 
-void CheckWritableOutput(const char* flag, const std::string& path) {
+void CheckWritableOutput(const char* flag, const std::string& path, bool renamed_into_place) {
   if (path.empty()) return;
   namespace fs = std::filesystem;
   const fs::path p(path);
@@ -151,6 +152,21 @@ void CheckWritableOutput(const char* flag, const std::string& path) {
   SSHSDP_CHECK(access(dir.c_str(), W_OK) == 0, ConfigError,
                "{} {}: directory '{}' is not writable: {}", flag, path, dir.string(),
                std::strerror(errno));
+  if (!renamed_into_place) return;
+  // The file is written as PATH.tmp and renamed over PATH: a device or FIFO there would be
+  // replaced by a regular file (as root, /dev/full).
+  const fs::file_status st = fs::symlink_status(p, ec);
+  SSHSDP_CHECK(!fs::exists(st) || fs::is_regular_file(st) || fs::is_symlink(st), ConfigError,
+               "{} {}: exists and is not a regular file (a device, FIFO or socket); name a file",
+               flag, path);
+  // Creating PATH.tmp must work now (some file systems — /proc, /sys — refuse new files).
+  const std::string probe = path + ".tmp";
+  const bool existed = fs::exists(probe, ec);
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  SSHSDP_CHECK(fd >= 0, ConfigError, "{} {}: cannot create {}: {}", flag, path, probe,
+               std::strerror(errno));
+  ::close(fd);
+  if (!existed) ::unlink(probe.c_str());
 }
 
 void CheckOutputsDistinct(const std::vector<NamedPath>& outputs,

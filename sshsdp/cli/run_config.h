@@ -45,7 +45,9 @@ CLI::Validator IntegerAtLeast(long long lo);
 
 // ConfigError unless `path` (if given) can be created or replaced: its directory exists and is
 // writable, and it is not itself a directory.
-void CheckWritableOutput(const char* flag, const std::string& path);
+// With renamed_into_place (written as PATH.tmp, then renamed: --save-weights, --trace) PATH
+// must not be a device, FIFO or socket, and PATH.tmp must be creatable now.
+void CheckWritableOutput(const char* flag, const std::string& path, bool renamed_into_place = true);
 
 // ConfigError when an output file (flag, path) is one of the input files (an existing file
 // reached by either path: --metrics naming the --data file truncated the token file under

@@ -53,12 +53,16 @@ void WriteTraceFile(const Tracer& tracer, Communicator& world, const std::string
   std::vector<std::string> events;
   for (int r = 0; r < W; ++r) events.push_back(all.substr(r * max_len, lens[r]));
   const std::string tmp = path + ".tmp";
+  std::error_code ec_ignored;
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << TraceDocument(events, rows);
     f.flush();
-    SSHSDP_CHECK(f.good(), IoError, "--trace {}: cannot write {}: {}", path, tmp,
-                 std::strerror(errno));
+    if (!f.good()) {
+      const int err = errno;
+      std::filesystem::remove(tmp, ec_ignored);
+      throw IoError(fmt::format("--trace {}: cannot write {}: {}", path, tmp, std::strerror(err)));
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);

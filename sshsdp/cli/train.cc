@@ -124,7 +124,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // Files rank 0 writes: their directories must exist and be writable now, not at the end.
     if (WorldRankOrMinusOne() == 0) {
       CheckWritableOutput("--save-weights", o.save_weights);
-      CheckWritableOutput("--metrics", o.metrics);
+      CheckWritableOutput("--metrics", o.metrics, /*renamed_into_place=*/false);  // appended
       CheckWritableOutput("--trace", o.trace);
       CheckOutputsDistinct(
           {{"--save-weights", o.save_weights}, {"--metrics", o.metrics}, {"--trace", o.trace}},
