@@ -238,7 +238,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
 
     auto world = MpiCommunicator::World(rpn);
     const int W = world->size(), rank = world->rank();
-    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(NodeLocalRanks());
+    const int local_ranks = NodeLocalRanks();
+    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(local_ranks);
+    CheckModelFitsNode(static_cast<double>(MakeModel(o, gc, QkvModel::kFused)->NumParams()), W,
+                       local_ranks);
     SyntheticTokens data(gc.vocab, o.seed);
     const GemmPeak gemm_peak = MeasureJobGemmPeak(*world, base.weight_dtype, o.gemm_peak);
     const double peak = gemm_peak.per_rank;

@@ -55,6 +55,10 @@ check "/dev/full is still a character device" $?
 expect_error "--trace where no file can be created is refused at start-up" \
   "--trace /proc/t.json: cannot create /proc/t.json.tmp" "$bin" "${tiny[@]}" --trace /proc/t.json \
   --steps 1
+# A model that cannot fit the node is refused by size before anything is allocated (it was
+# ended by the OOM killer, with no message, after allocating the machine's memory).
+expect_error "a model too large for the node is refused before allocating" \
+  "would need at least" "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --layers 1000000 --steps 1
 # Values whose default means "unset" are refused when given out of range, not taken as unset.
 expect_error "--sw 0 is refused, not taken as unset" "--sw: must be an integer >= 1, got '0'" \
   "$bin" "${tiny[@]}" --sw 0 --steps 1

@@ -232,7 +232,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
     // Before any kernel runs (the engine's initialisation casts): threads per rank.
-    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(NodeLocalRanks());
+    const int local_ranks = NodeLocalRanks();
+    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(local_ranks);
+    CheckModelFitsNode(static_cast<double>(model.NumParams()), W, local_ranks);
     Engine engine(model, *world, cfg);
     const int M = cfg.microbatches, B = cfg.batch_size;
     if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);
