@@ -234,7 +234,8 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                      ConfigError, "--optimizer muon: ablation step '{}' has no structured updates",
                      label);
     }
-    Topology check(world_size, rpn, base.sw, base.sg, base.so);  // LayoutError names numbers
+    CheckResolvedLayout(o.sw, o.sg, o.so, world_size, rpn);  // LayoutError names the flags
+    const Topology check(world_size, rpn, base.sw, base.sg, base.so);
 
     auto world = MpiCommunicator::World(rpn);
     const int W = world->size(), rank = world->rank();

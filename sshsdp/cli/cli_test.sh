@@ -69,6 +69,9 @@ expect_error "--aux-loss-weight nan is refused" "--aux-loss-weight: must be a fi
   "$bin" train --model moe-tiny --aux-loss-weight nan --steps 1
 expect_error "a negative --seed is refused, not wrapped" "--seed: must be an integer >= 0, got '-1'" \
   "$bin" "${tiny[@]}" --seed -1 --steps 1
+expect_error "a layout error says where the degrees not given came from" \
+  "sg=2 must divide so=3 (each ZeRO-1 shard nests in a ZeRO-2 shard); pick so as a multiple of sg (--sg, --so not given: sg = --sw 2, so = the world size 3)" \
+  "${mpirun[@]}" -np 3 "$bin" "${tiny[@]}" --sw 2 --steps 1
 expect_error "layout not dividing the world is refused before any collective" "so=3 must divide the world size 2" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --so 3 --steps 1
 expect_error "non-nested degrees are refused" "sw=2 must divide sg=1" \

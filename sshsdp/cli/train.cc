@@ -51,8 +51,16 @@ namespace {
 // to stop after the current step (checkpoint when --ckpt-dir is set, exit 128 + signal); a
 // second ends the process at once.
 std::atomic<int> g_stop_signal{0};
+// Before the first step there is nothing to finish or save: a signal then (also what MPI_Abort
+// sends when another rank's start-up check failed) ends the process at once.
+std::atomic<bool> g_training{false};
 
 extern "C" void OnStopSignal(int sig) {
+  if (!g_training.load()) {
+    static const char kEarly[] = "sshsdp: stop signal received before training: exiting\n";
+    [[maybe_unused]] ssize_t n = write(STDERR_FILENO, kEarly, sizeof(kEarly) - 1);
+    _exit(128 + sig);
+  }
   if (g_stop_signal.exchange(sig) != 0) _exit(128 + sig);
   static const char kMsg[] =
       "sshsdp: stop signal received: finishing the current step (again to abort now)\n";
@@ -218,8 +226,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       }
     }
     // Validates the layout against the world size (LayoutError names the numbers).
-    Topology check(world_size, cfg.ranks_per_node ? cfg.ranks_per_node : world_size, cfg.sw, cfg.sg,
-                   cfg.so);
+    if (o.layout_given || resume_dir.empty()) {  // the flags' layout (a resume's was checked)
+      CheckResolvedLayout(o.sw, o.sg, o.so, world_size, cfg.ranks_per_node);
+    } else {
+      Topology check(world_size, cfg.ranks_per_node ? cfg.ranks_per_node : world_size, cfg.sw,
+                     cfg.sg, cfg.so);
+    }
     // --backend: the engine on a device backend, at the final layout (a resume's included; what
     // it does not run is refused by name, before any collective).
     const DeviceRun dev = MakeDeviceRun(o, &cfg);
@@ -401,6 +413,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     const auto loop_t0 = std::chrono::steady_clock::now();
     double ema = 0;
     int64_t skipped = 0;  // steps left out under --on-nonfinite skip
+    g_training.store(true);
     for (cur = start; cur < o.steps; ++cur) {
       const double factor = schedule.Factor(cur);
       const float lr = static_cast<float>(o.lr * factor);

@@ -87,6 +87,10 @@ struct LayoutDegrees {
   int sw, sg, so;
 };
 LayoutDegrees ResolveLayoutDegrees(int sw, int sg, int so, int world_size);
+// Checks the resolved layout on `world_size` ranks (Topology); a LayoutError about degrees the
+// user did not give says where they came from ("--sg and --so were not given: sg = --sw 3,
+// so = the world size 5"), so the message is about the flags on the command line.
+void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node);
 // The engine configuration the options ask for on `world_size` ranks with `seq_len` tokens
 // per sample (unset degrees: fully sharded); ConfigError naming a bad value. `train` and
 // `plan` build theirs with it.

@@ -1,10 +1,15 @@
 // `sshsdp train`'s options (train.h): every flag, its help text and default.
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
 
 #include "sshsdp/cli/train.h"
 
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/comm/comm_path.h"
+#include "sshsdp/layout/topology.h"
 #include "sshsdp/numerics/scale_layout.h"
 
 namespace sshsdp {
@@ -267,6 +272,23 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   const LayoutDegrees d = ResolveLayoutDegrees(o.sw, o.sg, o.so, world_size);
   cfg.sw = d.sw, cfg.sg = d.sg, cfg.so = d.so;
   return cfg;
+}
+
+void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node) {
+  const LayoutDegrees d = ResolveLayoutDegrees(sw, sg, so, world_size);
+  try {
+    Topology check(world_size, ranks_per_node ? ranks_per_node : world_size, d.sw, d.sg, d.so);
+  } catch (const LayoutError& e) {
+    std::vector<std::string> unset, from;
+    if (!sw) unset.push_back("--sw"), from.push_back(fmt::format("sw = sg = {}", d.sw));
+    if (!sg)
+      unset.push_back("--sg"),
+          from.push_back(sw ? fmt::format("sg = --sw {}", sw) : fmt::format("sg = so = {}", d.sg));
+    if (!so) unset.push_back("--so"), from.push_back(fmt::format("so = the world size {}", d.so));
+    if (unset.empty()) throw;
+    throw LayoutError(fmt::format("{} ({} not given: {})", e.what(), fmt::join(unset, ", "),
+                                  fmt::join(from, ", ")));
+  }
 }
 
 LayoutDegrees ResolveLayoutDegrees(int sw, int sg, int so, int world_size) {

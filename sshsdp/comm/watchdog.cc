@@ -96,7 +96,10 @@ WaitScope::~WaitScope() {
 }
 
 std::string DescribeStalledWait(const char* op, const std::string& group,
-                                const std::vector<int>& peers, double seconds, double timeout) {
+                                const std::vector<int>& peers_in, double seconds, double timeout) {
+  std::vector<int> peers = peers_in;  // a peer met twice in one wait is named once
+  std::sort(peers.begin(), peers.end());
+  peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
   return fmt::format(
       "watchdog: waited {:.1f} s (--comm-timeout {:g} s) in {} on {} for {}; a peer is stuck, "
       "stopped or died, or issued different collectives; ending the job",
