@@ -185,8 +185,9 @@ expect_error "--init-weights with a NaN is refused, naming the tensor" "holds a 
 # MoE with MXFP8 expert weights: experts in their own runtime groups (the only MX ones).
 timeout 120 "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --weight-dtype mxfp8 --steps 20 \
   --log-every 10 --metrics "$tmp/moe.jsonl" >"$tmp/moe.out" 2>&1 &&
-  grep -q "expert groups" "$tmp/moe.out" && grep -q "weights mxfp8" "$tmp/moe.out"
-check "moe-tiny --weight-dtype mxfp8 runs (expert groups)" $?
+  grep -q "expert groups" "$tmp/moe.out" && grep -q "weights mxfp8" "$tmp/moe.out" &&
+  grep -q "^GEMM: MXFP8 weights dequantized to fp32 (the peak.s path): fp32 .*; groups kept in bf16: bf16 " "$tmp/moe.out"
+check "moe-tiny --weight-dtype mxfp8 runs (expert groups); the header names both GEMM paths" $?
 first=$(head -1 "$tmp/moe.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
 last=$(tail -1 "$tmp/moe.jsonl" | sed 's/.*"loss":\([0-9.e+-]*\).*/\1/')
 echo "  moe mxfp8 loss $first -> $last"

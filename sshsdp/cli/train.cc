@@ -327,12 +327,17 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
 
     // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak.
     // On a backend: its GEMM of the weights' dtype.
-    const GemmPeak gemm_peak =
+    GemmPeak gemm_peak =
         dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, cfg.weight_dtype, o.gemm_peak, 9,
                                              dev.backend->host_memory() ? 1024 : 4096)
                     : MeasureJobGemmPeak(
                           *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
                           o.gemm_peak);
+    if (cfg.weight_dtype == DType::kE4M3 && !dev.backend) {  // the header names both paths
+      gemm_peak.path = fmt::format(
+          "MXFP8 weights dequantized to fp32 (the peak's path): {}; groups kept in bf16: {}",
+          gemm_peak.path, kernels::GemmPathDescription(DType::kBF16));
+    }
     const double peak = gemm_peak.per_rank;
     std::ofstream metrics;
     if (rank == 0 && !o.metrics.empty()) {
