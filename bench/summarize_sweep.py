@@ -47,8 +47,10 @@ def main():
     d = sys.argv[1]
     runs = load(d)
     isa = "AVX-512" if "avx512f" in open("/proc/cpuinfo").read() else "AVX2"
+    seqs = sorted({r["tokens_per_microbatch"] // r["batch_size"]
+                   for rows in runs.values() for r in rows if r.get("batch_size")})
     print(f"Measured {datetime.date.today()} on {cpu_name()} ({isa}, {os.cpu_count()} cores), "
-          "2 ranks fully sharded, 4 microbatches, T = 128.\n")
+          f"2 ranks fully sharded, 4 microbatches, T = {', '.join(map(str, seqs)) or '?'}.\n")
     for model, dtype in sorted({(m, t) for m, t, _ in runs}):
         fwd, rev, aa = (runs.get((model, dtype, t)) for t in ("forward", "reverse", "aa"))
         if not fwd:

@@ -234,7 +234,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "runs the dense GPT presets, bf16 or fp32 weights, --reduce fp32, AdamW or Muon, "
                  "plain ZeRO-3 (no --sw/--sg/--so below the world size) and checkpoints (which "
                  "load on the host engine and back); several ranks on CUDA use the direct path "
-                 "over CUDA IPC (one node; ranks may share a GPU)")
+                 "over CUDA IPC (one node; ranks may share a GPU) and NCCL across nodes (or "
+                 "with --comm-path nccl)")
       ->capture_default_str();
 }
 

@@ -83,7 +83,9 @@ GptConfig GptConfig::Preset(std::string_view name) {
   } else if (name == "base") {
     c.d_model = 256, c.n_layer = 6, c.n_head = 8, c.seq_len = 256;
   } else {
-    throw ConfigError(fmt::format("unknown GPT preset '{}': use tiny, small or base", name));
+    throw ConfigError(fmt::format(
+        "unknown GPT preset '{}': use tiny, small or base (or an MoE preset: moe-tiny, moe-small)",
+        name));
   }
   return c;
 }
