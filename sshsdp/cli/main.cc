@@ -66,7 +66,7 @@ std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
 // arguments win.
 bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
            const std::vector<std::string>& user, const std::vector<std::string>& prefix,
-           int* exit_code) {
+           int* exit_code, const std::string& source = "") {
   cmd = std::make_unique<Commands>();
   app = MakeApp(*cmd);
   std::vector<std::string> args;
@@ -79,6 +79,8 @@ bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
   try {
     app->parse(args);
   } catch (const CLI::ParseError& e) {
+    // A value from a file is named with the file (CLI11 sees only "--steps=2.5").
+    if (!source.empty() && e.get_exit_code() != 0) fmt::print(stderr, "sshsdp: in {}:\n", source);
     *exit_code = app->exit(e);
     return false;
   }
@@ -99,7 +101,8 @@ int main(int argc, char** argv) {
       std::vector<std::string> from_config;
       if (!cmd->train.config.empty()) {
         from_config = sshsdp::ConfigFileArgs(*cmd->t, cmd->train.config);
-        if (!Parse(cmd, app, user, from_config, &rc)) return rc;
+        const std::string source = "--config " + cmd->train.config;
+        if (!Parse(cmd, app, user, from_config, &rc, source)) return rc;
       }
       if (!cmd->train.resume.empty()) {
         const std::string resumed = sshsdp::ResolveCheckpoint(cmd->train.resume);
@@ -110,7 +113,10 @@ int main(int argc, char** argv) {
           restored = sshsdp::RestoredArgs(*cmd->t, it->get<std::string>(), resumed);
         std::vector<std::string> prefix = restored;
         prefix.insert(prefix.end(), from_config.begin(), from_config.end());
-        if (!Parse(cmd, app, user, prefix, &rc)) return rc;
+        if (!Parse(cmd, app, user, prefix, &rc,
+                   "the options restored from " + resumed +
+                       (from_config.empty() ? "" : " and --config " + cmd->train.config)))
+          return rc;
         // The progress note names the restored options that are not at their defaults.
         for (const std::string& a : restored) {
           const size_t eq = a.find('=');
@@ -129,7 +135,8 @@ int main(int argc, char** argv) {
       try {  // the --config file of the run being planned; the command line wins
         const std::vector<std::string> from_config =
             sshsdp::ConfigFileArgs(*cmd->p, cmd->plan.train.config);
-        if (!Parse(cmd, app, user, from_config, &rc)) return rc;
+        const std::string source = "--config " + cmd->plan.train.config;
+        if (!Parse(cmd, app, user, from_config, &rc, source)) return rc;
       } catch (const sshsdp::Error& e) {
         fmt::print(stderr, "sshsdp plan: error: {}\n", e.what());
         return 1;

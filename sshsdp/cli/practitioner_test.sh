@@ -136,6 +136,21 @@ expect_error "wsd decay longer than the run is refused" "exceed --steps 4" \
 printf 'stepz = 3\n' >"$tmp/bad.toml"
 expect_error "an unknown --config key is named" "'stepz' is not an option of sshsdp train" \
   "$bin" train --config "$tmp/bad.toml" --steps 1
+# A config file is read strictly: a key set twice (top level and [train] alike), an array for
+# a one-value option, command-line-only keys, and a value that does not convert (named with
+# the file) are refused; CLI11 alone kept the last value or ignored them.
+printf 'steps = 2\n[train]\nsteps = 3\n' >"$tmp/twice.toml"
+expect_error "a config key set twice is refused" "'steps' is set twice" \
+  "$bin" train --config "$tmp/twice.toml"
+printf 'steps = [2, 3]\n' >"$tmp/array.toml"
+expect_error "an array for a one-value option is refused" "'steps' takes one value, got 2" \
+  "$bin" train --config "$tmp/array.toml"
+printf 'config = "other.toml"\n' >"$tmp/nested.toml"
+expect_error "--config inside a config file is refused" "'config' cannot be set in a config file" \
+  "$bin" train --config "$tmp/nested.toml"
+printf 'steps = 2.5\n' >"$tmp/conv.toml"
+expect_error "a value that does not convert names the file" "in --config $tmp/conv.toml" \
+  "$bin" train --config "$tmp/conv.toml"
 "$bin" train "${tiny[@]}" --lr-schedule wsd --steps 9 --dump-config >"$tmp/dump.toml" &&
   "$bin" train --config "$tmp/dump.toml" --dump-config | cmp -s - "$tmp/dump.toml" &&
   grep -q 'lr-schedule="wsd"' "$tmp/dump.toml"

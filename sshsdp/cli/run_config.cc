@@ -60,6 +60,28 @@ std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string
   } catch (const CLI::Error& e) {
     throw ConfigError(fmt::format("--config {}: not a readable TOML file: {}", path, e.what()));
   }
+  // Stricter than CLI11's reader: a key given twice (also once at the top and once under
+  // [train]) would silently keep the last; an array for a one-value option would take its last
+  // element; keys that steer the command line itself mean nothing in a file.
+  std::set<std::string> seen;
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // section markers
+    SSHSDP_CHECK(item.name != "config" && item.name != "dump-config" && item.name != "help",
+                 ConfigError,
+                 "--config {}: '{}' cannot be set in a config file (give it on the "
+                 "command line)",
+                 path, item.name);
+    SSHSDP_CHECK(seen.insert(item.name).second, ConfigError,
+                 "--config {}: '{}' is set twice (at the top and under [train] count as one "
+                 "key); keep one",
+                 path, item.name);
+    const CLI::Option* opt = train.get_option_no_throw("--" + item.name);
+    SSHSDP_CHECK(opt == nullptr || item.inputs.size() <= 1 || opt->get_items_expected_max() > 1,
+                 ConfigError,
+                 "--config {}: '{}' takes one value, got {} ([{}]: an array, or the key "
+                 "set twice)",
+                 path, item.name, item.inputs.size(), fmt::join(item.inputs, ", "));
+  }
   return ItemArgs(
       train, items, [](const CLI::ConfigItem&) { return true; },
       [&](const std::string& key) {
