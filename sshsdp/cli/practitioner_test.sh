@@ -127,6 +127,14 @@ expect_error "--metrics naming the --data file is refused" \
 check "the token file is untouched" $?
 expect_error "--save-weights and --metrics naming one file is refused" "name the same file" \
   "$bin" train "${tiny[@]}" --save-weights "$tmp/out.x" --metrics "$tmp/out.x" --steps 1
+# --eval-tokens beyond the validation file validates on one pass over it (it repeated the
+# file's samples: 16 s per evaluation at 200 passes), and says so.
+out=$("$bin" train "${tiny[@]}" --data "$tmp/train.bin" --val-data "$tmp/val.bin" --eval-every 2 \
+  --eval-tokens 100000000 --steps 2 --gemm-peak 10 2>&1)
+rc=$?
+[ $rc -eq 0 ] && grep -q "note: --eval-tokens 100000000 exceeds --val-data's .* tokens: validating on" <<<"$out" &&
+  grep -q "val [0-9]" <<<"$out"
+check "--eval-tokens beyond the validation file: one pass over it, noted" $?
 expect_error "an unknown schedule is refused" "--lr-schedule must be constant, cosine or wsd" \
   "$bin" train "${tiny[@]}" --lr-schedule linear --steps 1
 expect_error "--lr-min above --lr is refused" "--lr-min 0.5 exceeds --lr 0.003" \

@@ -407,8 +407,22 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     };
     // Validation: the same samples every time — of --val-data, or of the synthetic source far
     // beyond any training index.
-    const int val_batches = static_cast<int>(std::min<int64_t>(
-        1 << 20, (o.eval_tokens + int64_t{W} * B * T - 1) / (int64_t{W} * B * T)));
+    const int64_t val_step_tokens = int64_t{W} * B * T;
+    int val_batches = static_cast<int>(
+        std::min<int64_t>(1 << 20, (o.eval_tokens + val_step_tokens - 1) / val_step_tokens));
+    if (const auto* file = dynamic_cast<const TokenFile*>(val.get());
+        file != nullptr && o.eval_every > 0) {
+      // More than the file holds would only repeat its samples: at most one pass over it.
+      const int64_t cap = std::max<int64_t>(1, file->num_tokens() / val_step_tokens);
+      if (val_batches > cap) {
+        if (rank == 0)
+          fmt::print(
+              "note: --eval-tokens {} exceeds --val-data's {} tokens: validating on {} "
+              "({} batches of {} x {} x {} tokens)\n",
+              o.eval_tokens, file->num_tokens(), cap * val_step_tokens, cap, W, B, T);
+        val_batches = static_cast<int>(cap);
+      }
+    }
     const TokenSource& val_source = val ? *val : *data;
     const int64_t val_base = val ? 0 : int64_t{1} << 40;
     BatchFn val_batch = [&](int i, int32_t* tok, int32_t* tgt) {
