@@ -135,6 +135,13 @@ rc=$?
 [ $rc -eq 0 ] && grep -q "note: --eval-tokens 100000000 exceeds --val-data's .* tokens: validating on" <<<"$out" &&
   grep -q "val [0-9]" <<<"$out"
 check "--eval-tokens beyond the validation file: one pass over it, noted" $?
+# Options set but unused by this run are named, not silently dropped.
+out=$("$bin" train "${tiny[@]}" --steps 1 --muon-lr 5 --decay-steps 3 --keep 1 --gemm-peak 10 2>&1)
+rc=$?
+[ $rc -eq 0 ] && grep -q "note: --muon-lr ignored: --optimizer is adamw" <<<"$out" &&
+  grep -q "note: --decay-steps ignored: --lr-schedule is constant" <<<"$out" &&
+  grep -q "note: --keep ignored: no --ckpt-dir" <<<"$out"
+check "options the run does not use are named" $?
 expect_error "an unknown schedule is refused" "--lr-schedule must be constant, cosine or wsd" \
   "$bin" train "${tiny[@]}" --lr-schedule linear --steps 1
 expect_error "--lr-min above --lr is refused" "--lr-min 0.5 exceeds --lr 0.003" \

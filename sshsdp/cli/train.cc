@@ -250,6 +250,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     Engine engine(model, *world, cfg);
     const int M = cfg.microbatches, B = cfg.batch_size;
     if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);
+    if (rank == 0) {
+      for (const std::string& n : UnusedOptionNotes(o)) fmt::print("note: {}\n", n);
+    }
     // What a checkpoint records about this run.
     auto num = [](float v) { return std::stod(fmt::format("{}", v)); };  // 0.9f -> 0.9
     const nlohmann::json run_json = {{"preset", o.model},

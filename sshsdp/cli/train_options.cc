@@ -275,6 +275,34 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   return cfg;
 }
 
+std::vector<std::string> UnusedOptionNotes(const TrainOptions& o) {
+  const TrainOptions d;
+  std::vector<std::string> notes, muon;
+  if (o.optimizer != "muon") {
+    if (o.muon_lr != d.muon_lr) muon.push_back("--muon-lr");
+    if (o.muon_momentum != d.muon_momentum) muon.push_back("--muon-momentum");
+    if (o.muon_weight_decay != d.muon_weight_decay) muon.push_back("--muon-weight-decay");
+    if (o.muon_nesterov != d.muon_nesterov) muon.push_back("--no-muon-nesterov");
+    if (o.muon_ns_steps != d.muon_ns_steps) muon.push_back("--muon-ns-steps");
+    if (o.muon_unit != d.muon_unit) muon.push_back("--muon-unit");
+    if (o.muon_scale != d.muon_scale) muon.push_back("--muon-scale");
+  }
+  if (!muon.empty())
+    notes.push_back(fmt::format("{} ignored: --optimizer is {} (--optimizer muon uses them)",
+                                fmt::join(muon, ", "), o.optimizer));
+  if (o.decay_steps != d.decay_steps && o.lr_schedule != "wsd")
+    notes.push_back(
+        fmt::format("--decay-steps ignored: --lr-schedule is {} (wsd uses it)", o.lr_schedule));
+  if (o.lr_min != d.lr_min && o.lr_schedule == "constant")
+    notes.push_back("--lr-min ignored: --lr-schedule is constant (cosine and wsd decay to it)");
+  if (o.keep != d.keep && o.ckpt_dir.empty())
+    notes.push_back("--keep ignored: no --ckpt-dir, no checkpoints to prune");
+  if (o.lr_schedule == "cosine" && o.warmup >= o.steps && o.steps > 0)
+    notes.push_back(fmt::format("--warmup {} covers all {} steps: the cosine decay never starts",
+                                o.warmup, o.steps));
+  return notes;
+}
+
 void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node) {
   const LayoutDegrees d = ResolveLayoutDegrees(sw, sg, so, world_size);
   try {
