@@ -197,6 +197,15 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                    resume_dir, saved_data, o.data);
       // Another model is refused here, before any collective (LoadCheckpoint checks it again,
       // agreed over the ranks). MoE: --weight-dtype mxfp8 splits the groups (expert_group).
+      // A dense checkpoint for an MoE run (or the reverse) is named as such, not by the keys
+      // only one of them has.
+      const std::string saved_type = saved_manifest.meta.model.value("type", std::string("gpt"));
+      const std::string this_type = model_json.value("type", std::string("gpt"));
+      SSHSDP_CHECK(saved_type == this_type, ConfigError,
+                   "{}: the checkpoint holds a {} model, this run is a {} one; use a --model of "
+                   "the checkpoint's kind (and its model options)",
+                   saved_manifest.ManifestPath(), saved_type == "moe-gpt" ? "MoE" : "dense GPT",
+                   this_type == "moe-gpt" ? "MoE" : "dense GPT");
       const std::vector<std::string> diffs = JsonDifferences(saved_manifest.meta.model, model_json);
       SSHSDP_CHECK(diffs.empty(), ConfigError,
                    "{}: the checkpoint holds a different model: {}; use the model options "
