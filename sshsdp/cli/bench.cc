@@ -20,6 +20,7 @@
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/cli/launcher.h"
 #include "sshsdp/cli/model_config.h"
+#include "sshsdp/cli/node_setup.h"
 #include "sshsdp/cli/option_agreement.h"
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
@@ -239,10 +240,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
 
     auto world = MpiCommunicator::World(rpn);
     const int W = world->size(), rank = world->rank();
-    const int local_ranks = NodeLocalRanks();
-    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(local_ranks);
-    CheckModelFitsNode(static_cast<double>(MakeModel(o, gc, QkvModel::kFused)->NumParams()), W,
-                       local_ranks);
+    const NodeSetup node =
+        SetUpNode(static_cast<double>(MakeModel(o, gc, QkvModel::kFused)->NumParams()), W, true);
+    const kernels::KernelThreadChoice& threads = node.threads;
     SyntheticTokens data(gc.vocab, o.seed);
     const GemmPeak gemm_peak = MeasureJobGemmPeak(*world, base.weight_dtype, o.gemm_peak);
     const double peak = gemm_peak.per_rank;

@@ -136,13 +136,13 @@ share=$((cpus / 3 > 0 ? cpus / 3 : 1))
 env -u OMP_NUM_THREADS timeout 120 "${mpirun[@]}" --bind-to none -np 3 "$bin" bench \
   "${small[@]}" --batch-size 1 --presets sshsdp --steps 1 >"$tmp/out" 2>&1
 rc=$?
-[ $rc -eq 0 ] && grep -q "threads $share per rank (OMP_NUM_THREADS unset: 3 ranks on this node, $cpus CPU" "$tmp/out" &&
+[ $rc -eq 0 ] && grep -q "threads $share per rank (OMP_NUM_THREADS unset: 3 ranks on this node share $cpus CPU" "$tmp/out" &&
   ! grep -q "warning" "$tmp/out"
 check "OMP_NUM_THREADS unset, 3 unbound ranks: $share thread(s) each, no warning" $?
 OMP_NUM_THREADS=$cpus timeout 120 "${mpirun[@]}" --bind-to none -x OMP_NUM_THREADS -np 2 "$bin" \
   bench "${small[@]}" --batch-size 1 --presets sshsdp --steps 1 >"$tmp/out" 2>&1
 rc=$?
-[ $rc -eq 0 ] && grep -q "warning: 2 ranks on this node × $cpus kernel threads (OMP_NUM_THREADS) share its $cpus CPU.*take turns" "$tmp/out"
+[ $rc -eq 0 ] && grep -q "warning: 2 ranks on this node × $cpus kernel threads (OMP_NUM_THREADS) share $cpus CPU.*take turns" "$tmp/out"
 check "OMP_NUM_THREADS=$cpus on 2 unbound ranks: warned that they take turns" $?
 
 # Unset degrees resolve as in train: --so 1 alone is DDP (sg and sw follow so).

@@ -25,6 +25,7 @@
 #include "sshsdp/cli/gemm_peak.h"
 #include "sshsdp/cli/launcher.h"
 #include "sshsdp/cli/model_config.h"
+#include "sshsdp/cli/node_setup.h"
 #include "sshsdp/cli/option_agreement.h"
 #include "sshsdp/cli/process_memory.h"
 #include "sshsdp/cli/run_config.h"
@@ -252,10 +253,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
 
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
-    // Before any kernel runs (the engine's initialisation casts): threads per rank.
-    const int local_ranks = NodeLocalRanks();
-    const kernels::KernelThreadChoice threads = kernels::ConfigureKernelThreads(local_ranks);
-    CheckModelFitsNode(static_cast<double>(model.NumParams()), W, local_ranks);
+    // Before any kernel runs (the engine's initialisation casts): threads per rank; and a
+    // model too large for the node's memory is refused before anything is allocated (not on a
+    // device backend, whose state lives in device memory).
+    const NodeSetup node = SetUpNode(static_cast<double>(model.NumParams()), W,
+                                     !dev.backend || dev.backend->host_memory());
+    const kernels::KernelThreadChoice& threads = node.threads;
     Engine engine(model, *world, cfg);
     const int M = cfg.microbatches, B = cfg.batch_size;
     if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);

@@ -1,11 +1,16 @@
 // MpiRuntime, CheckMpi and RunMpiMain: MPI start-up, error conversion and job-wide abort.
 #include "sshsdp/comm/mpi_runtime.h"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/rma_window.h"
@@ -61,16 +66,37 @@ int WorldSize() {
   return size;
 }
 
-int NodeLocalRanks() {
-  SSHSDP_CHECK(MpiActive(), CommError, "NodeLocalRanks: MPI is not initialised");
+NodeCpus NodeCpuMasks() {
+  SSHSDP_CHECK(MpiActive(), CommError, "NodeCpuMasks: MPI is not initialised");
   MPI_Comm node = MPI_COMM_NULL;
   CheckMpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node),
            "MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)");
   int size = 0;
-  const int rc = MPI_Comm_size(node, &size);
+  int rc = MPI_Comm_size(node, &size);
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) {  // unknown: every online CPU
+    const long online = std::max(sysconf(_SC_NPROCESSORS_ONLN), 1L);
+    for (long c = 0; c < online && c < CPU_SETSIZE; ++c) CPU_SET(static_cast<int>(c), &mine);
+  }
+  std::vector<cpu_set_t> all(static_cast<size_t>(std::max(size, 1)));
+  if (rc == MPI_SUCCESS)
+    rc = MPI_Allgather(&mine, sizeof(cpu_set_t), MPI_BYTE, all.data(), sizeof(cpu_set_t), MPI_BYTE,
+                       node);
   MPI_Comm_free(&node);
-  CheckMpi(rc, "MPI_Comm_size");
-  return size;
+  CheckMpi(rc, "NodeCpuMasks (MPI_Comm_size, MPI_Allgather)");
+  cpu_set_t both;
+  CPU_ZERO(&both);
+  int sum = 0;
+  for (cpu_set_t& s : all) {
+    CPU_OR(&both, &both, &s);
+    sum += CPU_COUNT(&s);
+  }
+  NodeCpus n;
+  n.local_ranks = size;
+  n.cpus = std::max(CPU_COUNT(&both), 1);
+  n.disjoint = sum == CPU_COUNT(&both);
+  return n;
 }
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {

@@ -57,9 +57,16 @@ void CheckMpi(int rc, std::string_view what);
 int WorldRankOrMinusOne();
 // Number of processes in MPI_COMM_WORLD (MPI must be initialised; CommError otherwise).
 int WorldSize();
-// Processes of MPI_COMM_WORLD on this node (sharing its memory), this one included. Collective
-// over MPI_COMM_WORLD.
-int NodeLocalRanks();
+// This node's processes of MPI_COMM_WORLD (those sharing its memory, this one included) and
+// the CPUs their affinity masks cover: `cpus` is the union's size (a cgroup or container's
+// cpuset, not the host's count), `disjoint` whether no CPU is in two ranks' masks (each rank
+// bound to its own). Collective over MPI_COMM_WORLD.
+struct NodeCpus {
+  int local_ranks = 1;
+  int cpus = 1;
+  bool disjoint = true;
+};
+NodeCpus NodeCpuMasks();
 
 // Runs `body` inside an MpiRuntime and returns its result. If body (or the MPI
 // initialisation) throws, prints "sshsdp: rank R: <what>" to stderr and calls

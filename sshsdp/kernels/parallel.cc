@@ -43,39 +43,46 @@ std::string ThreadBindingWarning() {
 
 void SetKernelThreads(int n) { omp_set_num_threads(std::max(n, 1)); }
 
-int OnlineCpus() { return static_cast<int>(std::max(sysconf(_SC_NPROCESSORS_ONLN), 1L)); }
-
-int DefaultKernelThreads(int allowed_cpus, int online_cpus, int local_ranks) {
+int DefaultKernelThreads(int allowed_cpus, int node_cpus, int local_ranks, bool disjoint) {
   allowed_cpus = std::max(allowed_cpus, 1);
-  local_ranks = std::max(local_ranks, 1);
-  if (int64_t{allowed_cpus} * local_ranks <= online_cpus) return allowed_cpus;
-  return std::clamp(online_cpus / local_ranks, 1, allowed_cpus);
+  if (disjoint) return allowed_cpus;
+  return std::clamp(node_cpus / std::max(local_ranks, 1), 1, allowed_cpus);
 }
 
-KernelThreadChoice ConfigureKernelThreads(int local_ranks) {
+KernelThreadChoice ConfigureKernelThreads(int local_ranks, int node_cpus, bool disjoint) {
   KernelThreadChoice c;
-  const int allowed = AllowedCpus(), online = OnlineCpus();
+  const int allowed = AllowedCpus();
+  node_cpus = std::max(node_cpus, 1);
+  // Set means a number, as libgomp reads it (it ignores anything else and uses every CPU).
   const char* env = std::getenv("OMP_NUM_THREADS");
-  if (env != nullptr && *env != '\0') {
+  char* end = nullptr;
+  const long given = env != nullptr ? std::strtol(env, &end, 10) : 0;
+  if (env != nullptr && end != env && given > 0) {
     c.threads = KernelThreads();
     c.description = fmt::format("{} per rank (OMP_NUM_THREADS={})", c.threads, env);
     c.warning = ThreadBindingWarning();
-    if (c.warning.empty() && int64_t{c.threads} * local_ranks > online) {
+    if (c.warning.empty() && !disjoint && int64_t{c.threads} * local_ranks > node_cpus) {
       c.warning = fmt::format(
-          "{} ranks on this node × {} kernel threads (OMP_NUM_THREADS) share its {} CPU{}: they "
-          "take turns (set OMP_NUM_THREADS={}, or unset it for that default)",
-          local_ranks, c.threads, online, online == 1 ? "" : "s",
-          DefaultKernelThreads(allowed, online, local_ranks));
+          "{} ranks on this node × {} kernel threads (OMP_NUM_THREADS) share {} CPU{}: they take "
+          "turns (set OMP_NUM_THREADS={}, or unset it for that default)",
+          local_ranks, c.threads, node_cpus, node_cpus == 1 ? "" : "s",
+          DefaultKernelThreads(allowed, node_cpus, local_ranks, disjoint));
     }
     return c;
   }
-  c.threads = DefaultKernelThreads(allowed, online, local_ranks);
+  c.threads = DefaultKernelThreads(allowed, node_cpus, local_ranks, disjoint);
   SetKernelThreads(c.threads);
   g_thread_cap.store(c.threads);
-  c.description = fmt::format(
-      "{} per rank (OMP_NUM_THREADS unset: {} rank{} on this node, {} CPU{} online{})", c.threads,
-      local_ranks, local_ranks == 1 ? "" : "s", online, online == 1 ? "" : "s",
-      allowed < online ? fmt::format(", {} this rank may use", allowed) : "");
+  if (disjoint) {
+    c.description = fmt::format(
+        "{} per rank (OMP_NUM_THREADS unset: the CPU{} this rank may use; {} rank{} on this "
+        "node, none sharing a CPU)",
+        c.threads, allowed == 1 ? "" : "s", local_ranks, local_ranks == 1 ? "" : "s");
+  } else {
+    c.description =
+        fmt::format("{} per rank (OMP_NUM_THREADS unset: {} ranks on this node share {} CPU{})",
+                    c.threads, local_ranks, node_cpus, node_cpus == 1 ? "" : "s");
+  }
   return c;
 }
 

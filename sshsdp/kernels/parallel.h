@@ -36,26 +36,26 @@ int AllowedCpus();
 //    --bind-to none, or --map-by slot:PE=2; under Slurm set --cpus-per-task)"
 std::string ThreadBindingWarning();
 
-// CPUs online on this machine (node).
-int OnlineCpus();
+// Kernel threads for a rank when OMP_NUM_THREADS is not set: the CPUs it may run on where the
+// node's ranks are bound to disjoint CPU sets, else an equal share of the CPUs their masks
+// cover (node_cpus: a container's or job's cpuset, not the host's count), at least 1 and at
+// most what this rank may use. OpenMP's own default (every allowed CPU) put 4 unbound ranks ×
+// 2 threads on a 2-CPU machine, each step ~20× slower.
+//   DefaultKernelThreads(2, 2, 4, false) == 1    4 unbound ranks on 2 CPUs
+//   DefaultKernelThreads(8, 8, 8, false) == 1    8 ranks in one 8-CPU cpuset of a big host
+//   DefaultKernelThreads(1, 2, 2, true) == 1     bound, a core each
+//   DefaultKernelThreads(16, 32, 3, false) == 10  3 ranks bound per socket on 2 sockets
+int DefaultKernelThreads(int allowed_cpus, int node_cpus, int local_ranks, bool disjoint);
 
-// Kernel threads for a rank when OMP_NUM_THREADS is not set: the CPUs it may run on, or —
-// where the node's ranks share those CPUs (unbound: allowed × local ranks > online) — an
-// equal share of the node's CPUs, at least 1. OpenMP's own default (every allowed CPU) would
-// put 4 unbound ranks × 2 threads on a 2-CPU machine, each step ~20× slower.
-//   DefaultKernelThreads(2, 2, 4) == 1, DefaultKernelThreads(1, 2, 2) == 1 (bound),
-//   DefaultKernelThreads(16, 16, 2) == 8, DefaultKernelThreads(2, 2, 1) == 2
-int DefaultKernelThreads(int allowed_cpus, int online_cpus, int local_ranks);
-
-// A rank's kernel threads, chosen once at start-up by ConfigureKernelThreads before any
-// kernel runs: OMP_NUM_THREADS where set, else DefaultKernelThreads (applied to the calling
-// thread and, as a cap, to every thread's ParallelFor).
+// A rank's kernel threads, chosen once at start-up (cli/node_setup.h) before any kernel runs:
+// OMP_NUM_THREADS where it is a number, else DefaultKernelThreads (applied to the calling
+// thread and, as a cap, to every thread's ParallelFor). The node's layout: NodeCpuMasks.
 struct KernelThreadChoice {
   int threads = 1;
-  std::string description;  // for the header: "1 per rank (OMP_NUM_THREADS unset; ...)"
+  std::string description;  // for the header: "1 per rank (OMP_NUM_THREADS unset: ...)"
   std::string warning;      // empty, or why the threads oversubscribe the CPUs and the fix
 };
-KernelThreadChoice ConfigureKernelThreads(int local_ranks);
+KernelThreadChoice ConfigureKernelThreads(int local_ranks, int node_cpus, bool disjoint);
 
 void ParallelForChunks(int64_t n, int64_t grain, void (*fn)(void*, int64_t, int64_t), void* ctx);
 

@@ -68,17 +68,19 @@ TEST(ParallelFor, SmallWorkStaysOnTheCallersThread) {
   EXPECT_EQ(seen, std::this_thread::get_id());
 }
 
-// Without OMP_NUM_THREADS: every allowed CPU while the node's ranks fit, an equal share of the
-// node's CPUs when unbound ranks would share them (never 0, never above what is allowed).
-TEST(DefaultKernelThreads, SharesTheNodeAmongUnboundRanks) {
-  EXPECT_EQ(DefaultKernelThreads(2, 2, 1), 2);    // one process: every CPU
-  EXPECT_EQ(DefaultKernelThreads(2, 2, 4), 1);    // 4 unbound ranks on 2 CPUs
-  EXPECT_EQ(DefaultKernelThreads(16, 16, 2), 8);  // 2 unbound ranks on 16 CPUs
-  EXPECT_EQ(DefaultKernelThreads(16, 16, 3), 5);
-  EXPECT_EQ(DefaultKernelThreads(1, 2, 2), 1);    // bound, one core each
-  EXPECT_EQ(DefaultKernelThreads(4, 16, 4), 4);   // bound, 4 cores each (--map-by slot:PE=4)
-  EXPECT_EQ(DefaultKernelThreads(4, 16, 8), 2);   // 8 ranks sharing 4-CPU masks
-  EXPECT_EQ(DefaultKernelThreads(0, 0, 0), 1);
+// Without OMP_NUM_THREADS: every allowed CPU where the node's ranks are bound to disjoint CPU
+// sets, else an equal share of the CPUs their masks cover (never 0, never above what is
+// allowed) — a cpuset's CPUs, not the host's.
+TEST(DefaultKernelThreads, SharesTheNodesCpusAmongRanksThatShareThem) {
+  EXPECT_EQ(DefaultKernelThreads(2, 2, 1, true), 2);     // one process: every CPU
+  EXPECT_EQ(DefaultKernelThreads(2, 2, 4, false), 1);    // 4 unbound ranks on 2 CPUs
+  EXPECT_EQ(DefaultKernelThreads(16, 16, 2, false), 8);  // 2 unbound ranks on 16 CPUs
+  EXPECT_EQ(DefaultKernelThreads(16, 16, 3, false), 5);
+  EXPECT_EQ(DefaultKernelThreads(8, 8, 8, false), 1);     // 8 ranks in an 8-CPU cpuset
+  EXPECT_EQ(DefaultKernelThreads(1, 2, 2, true), 1);      // bound, one core each
+  EXPECT_EQ(DefaultKernelThreads(4, 16, 4, true), 4);     // bound, --map-by slot:PE=4
+  EXPECT_EQ(DefaultKernelThreads(16, 32, 3, false), 10);  // 3 ranks bound per socket, 2 sockets
+  EXPECT_EQ(DefaultKernelThreads(0, 0, 0, false), 1);
 }
 
 }  // namespace
