@@ -41,6 +41,12 @@ tiny=(train --model tiny --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch-
 expect_error "ranks with different --steps: refused, naming the rank and the option" \
   "rank 1 was started with options that differ from rank 0's (rank 1 vs rank 0: 'steps=2' vs 'steps=3')" \
   "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" --steps 3 : -np 1 "$bin" "${tiny[@]}" --steps 2
+# ... but --backend cuda:N may differ per rank (an MPMD launch spreading ranks over GPUs): the
+# launch gets past the comparison (here to the missing GPU, or on a GPU machine to training).
+timeout 60 "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" --backend cuda:0 --steps 1 : -np 1 "$bin" \
+  "${tiny[@]}" --backend cuda:1 --steps 1 >"$tmp/out" 2>&1
+! grep -q "differ from rank 0" "$tmp/out"
+check "ranks with --backend cuda:0 and cuda:1 agree" $?
 expect_error "bench ranks with different --lr: refused" \
   "rank 1 was started with options that differ from rank 0's (rank 1 vs rank 0: 'lr=0.1' vs 'lr=0.003')" \
   "${mpirun[@]}" -np 1 "$bin" bench --model tiny --layers 1 --steps 1 : -np 1 "$bin" bench \
@@ -58,7 +64,8 @@ expect_error "--trace where no file can be created is refused at start-up" \
 # A model that cannot fit the node is refused by size before anything is allocated (it was
 # ended by the OOM killer, with no message, after allocating the machine's memory).
 expect_error "a model too large for the node is refused before allocating" \
-  "would need at least" "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --layers 1000000 --steps 1
+  "would need at least" "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --d-model 4096 --heads 2 \
+  --layers 100000 --steps 1
 # Values whose default means "unset" are refused when given out of range, not taken as unset.
 expect_error "--sw 0 is refused, not taken as unset" "--sw: must be an integer >= 1, got '0'" \
   "$bin" "${tiny[@]}" --sw 0 --steps 1
@@ -67,6 +74,9 @@ expect_error "--lr-min below 0 is refused, not replaced by --lr / 10" \
   --lr-min -0.001 --steps 1
 expect_error "--aux-loss-weight nan is refused" "--aux-loss-weight: must be a finite number >= 0" \
   "$bin" train --model moe-tiny --aux-loss-weight nan --steps 1
+"$bin" "${tiny[@]}" --seed 18446744073709551615 --steps 1 >/dev/null 2>&1 &&
+  "$bin" "${tiny[@]}" --seed 0x2A --sr-seed 0 --steps 1 >/dev/null 2>&1
+check "seeds up to 2^64-1 and in hex are accepted" $?
 expect_error "a negative --seed is refused, not wrapped" "--seed: must be an integer >= 0, got '-1'" \
   "$bin" "${tiny[@]}" --seed -1 --steps 1
 expect_error "a layout error says where the degrees not given came from" \

@@ -122,7 +122,10 @@ int main(int argc, char** argv) {
           const size_t eq = a.find('=');
           const CLI::Option* opt = cmd->t->get_option(a.substr(0, eq));
           const std::string value = a.substr(eq + 1), def = opt->get_default_str();
-          if (value != def && !(def.empty() && value == "false")) cmd->train.restored.push_back(a);
+          if (a.rfind("--ckpt-dir=", 0) == 0)
+            cmd->train.restored.push_back(a + " (where the resumed checkpoint lies)");
+          else if (value != def && !(def.empty() && value == "false"))
+            cmd->train.restored.push_back(a);
         }
       }
     } catch (const sshsdp::Error& e) {

@@ -14,6 +14,7 @@
 #include <functional>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 #include "sshsdp/base/error.h"
 
@@ -117,6 +118,23 @@ std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& 
                train.get_option("--" + item.name)->count() == 0;
       },
       [](const std::string&) {});  // an option this version no longer has
+  // Records of older versions hold values that meant "unset" or wrapped, which the options now
+  // refuse: they restore as what the run used (a negative seed as its 64-bit wrap; a negative
+  // or NaN --lr-min and a NaN --aux-loss-weight as unset, the default).
+  std::vector<std::string> kept;
+  for (std::string& a : args) {
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(0, eq), value = a.substr(eq + 1);
+    if ((name == "--seed" || name == "--sr-seed") && value.find('-') != std::string::npos) {
+      a = name + "=" +
+          std::to_string(static_cast<unsigned long long>(std::strtoll(value.c_str(), nullptr, 0)));
+    } else if ((name == "--lr-min" || name == "--aux-loss-weight") &&
+               !(std::strtod(value.c_str(), nullptr) >= 0.0)) {
+      continue;
+    }
+    kept.push_back(a);
+  }
+  args = std::move(kept);
   // A run that saved checkpoints saves them next to the one it resumes from: resuming a copy
   // (or a checkpoint moved elsewhere) must not write into — and prune — the original's
   // directory.
@@ -124,10 +142,13 @@ std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& 
     return item.name == "ckpt-dir" && !item.inputs.empty() && !item.inputs.front().empty();
   });
   if (saved && train.get_option("--ckpt-dir")->count() == 0) {
-    std::filesystem::path dir = std::filesystem::path(resumed_checkpoint).lexically_normal();
+    // Absolute and with links resolved: `--resume .` inside a step directory, or a link to
+    // one, still names the directory that holds it.
+    std::error_code ec;
+    std::filesystem::path dir =
+        std::filesystem::weakly_canonical(std::filesystem::absolute(resumed_checkpoint, ec), ec);
     if (!dir.has_filename()) dir = dir.parent_path();  // a trailing '/'
-    const std::filesystem::path parent = dir.parent_path();
-    args.push_back("--ckpt-dir=" + (parent.empty() ? std::string(".") : parent.string()));
+    args.push_back("--ckpt-dir=" + dir.parent_path().string());
   }
   return args;
 }
@@ -151,8 +172,9 @@ CLI::Validator IntegerAtLeast(long long lo) {
         errno = 0;
         const bool negative = v.find('-') != std::string::npos;
         // Without a sign, the whole unsigned 64-bit range (seeds) is a value.
-        const bool below = negative ? std::strtoll(v.c_str(), &end, 10) < lo
-                                    : std::strtoull(v.c_str(), &end, 10) <
+        // Base 0 as CLI11 reads integers: 0x2A and 010 (octal) are the values it stores.
+        const bool below = negative ? std::strtoll(v.c_str(), &end, 0) < lo
+                                    : std::strtoull(v.c_str(), &end, 0) <
                                           static_cast<unsigned long long>(std::max(lo, 0LL));
         if (end == v.c_str() || *end != '\0' || errno == ERANGE || below)
           return fmt::format("must be an integer >= {}, got '{}'", lo, v);
@@ -200,6 +222,11 @@ void CheckOutputsDistinct(const std::vector<NamedPath>& outputs,
     if (path.empty()) continue;
     for (const auto& [in_flag, in_path] : inputs) {
       if (in_path.empty() || !fs::exists(path, ec) || !fs::exists(in_path, ec)) continue;
+      // Weights read whole at start-up and replaced by a rename at the end: updating a file
+      // in place this way is safe.
+      if (std::string_view(flag) == "--save-weights" &&
+          std::string_view(in_flag) == "--init-weights")
+        continue;
       SSHSDP_CHECK(!fs::equivalent(path, in_path, ec), ConfigError,
                    "{} {} is the file {} {} reads: the run would overwrite its own input (name "
                    "another file)",

@@ -16,6 +16,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
 #include <thread>
 
 #include "sshsdp/base/error.h"
@@ -93,7 +94,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // Everything below that can be wrong with the input is checked before any collective
     // (but this one, which compares the ranks' options).
     const std::string launch_note = CheckLauncher(WorldSize(), ::getenv);  // torchrun, srun
-    AgreeOnOptions(o.recorded_config, "sshsdp train");
+    // --backend cuda:N may differ per rank (an MPMD launch spreading ranks over GPUs).
+    AgreeOnOptions(std::regex_replace(o.recorded_config, std::regex(R"(backend="cuda:\d+")"),
+                                      R"(backend="cuda")"),
+                   "sshsdp train");
     const int T = o.seq_len ? o.seq_len : MakeGptConfig(o, 256).seq_len;
     SSHSDP_CHECK(o.vocab_size >= 0 && o.vocab_size <= 65536, ConfigError,
                  "--vocab-size must lie in 1..65536 (uint16 token files; 0: from the data), got {}",
@@ -203,10 +207,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       const std::string saved_type = saved_manifest.meta.model.value("type", std::string("gpt"));
       const std::string this_type = model_json.value("type", std::string("gpt"));
       SSHSDP_CHECK(saved_type == this_type, ConfigError,
-                   "{}: the checkpoint holds a {} model, this run is a {} one; use a --model of "
+                   "{}: the checkpoint holds {} model, this run is {} one; use a --model of "
                    "the checkpoint's kind (and its model options)",
-                   saved_manifest.ManifestPath(), saved_type == "moe-gpt" ? "MoE" : "dense GPT",
-                   this_type == "moe-gpt" ? "MoE" : "dense GPT");
+                   saved_manifest.ManifestPath(),
+                   saved_type == "moe-gpt" ? "an MoE" : "a dense GPT",
+                   this_type == "moe-gpt" ? "an MoE" : "a dense GPT");
       const std::vector<std::string> diffs = JsonDifferences(saved_manifest.meta.model, model_json);
       SSHSDP_CHECK(diffs.empty(), ConfigError,
                    "{}: the checkpoint holds a different model: {}; use the model options "

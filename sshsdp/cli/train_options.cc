@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "sshsdp/cli/train.h"
@@ -308,13 +309,14 @@ void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_n
   try {
     Topology check(world_size, ranks_per_node ? ranks_per_node : world_size, d.sw, d.sg, d.so);
   } catch (const LayoutError& e) {
+    // Context for errors about the degrees (not --ranks-per-node's): where unset ones came from.
+    if (sw && sg && so) throw;
+    if (std::string_view(e.what()).find("ranks_per_node") != std::string_view::npos) throw;
     std::vector<std::string> unset, from;
-    if (!sw) unset.push_back("--sw"), from.push_back(fmt::format("sw = sg = {}", d.sw));
+    if (!sw) unset.push_back("--sw"), from.push_back("sw = sg");
     if (!sg)
-      unset.push_back("--sg"),
-          from.push_back(sw ? fmt::format("sg = --sw {}", sw) : fmt::format("sg = so = {}", d.sg));
+      unset.push_back("--sg"), from.push_back(sw ? fmt::format("sg = --sw {}", sw) : "sg = so");
     if (!so) unset.push_back("--so"), from.push_back(fmt::format("so = the world size {}", d.so));
-    if (unset.empty()) throw;
     throw LayoutError(fmt::format("{} ({} not given: {})", e.what(), fmt::join(unset, ", "),
                                   fmt::join(from, ", ")));
   }

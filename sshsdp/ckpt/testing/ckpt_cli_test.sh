@@ -274,7 +274,7 @@ if [ "$section" = errors ]; then
     "d_model 32 (checkpoint) vs 64 (this run)" "use the model options" \
     -- job 2 --d-model 64 --steps 4 --resume "$good"
   expect_error "a dense checkpoint for an MoE run is named as such" "manifest.json" \
-    "the checkpoint holds a dense GPT model, this run is a MoE one" \
+    "the checkpoint holds a dense GPT model, this run is an MoE one" \
     -- job 2 --model moe-tiny --steps 4 --resume "$good"
   expect_error "saved layout not fitting the world size is refused" \
     "layout W=2 nodes=1x2 sw=2 sg=2 so=2 does not fit 3 ranks" \
