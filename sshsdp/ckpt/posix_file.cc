@@ -94,4 +94,17 @@ void RenameInto(const std::string& tmp, const std::string& path) {
   FsyncDir(parent.empty() ? "." : parent.string());
 }
 
+void WriteFileAtomically(const std::string& path, const std::function<void(OutFile&)>& write) {
+  const std::string tmp = path + ".tmp";
+  try {
+    OutFile f(tmp);
+    write(f);
+    f.SyncAndClose();
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  RenameInto(tmp, path);
+}
+
 }  // namespace sshsdp

@@ -6,11 +6,13 @@
 //   f.Write(bytes, n);                    // CRC-32 of everything written in f.crc()
 //   f.SyncAndClose();                     // on stable storage when this returns
 //   RenameInto(tmp, path);                // atomic replace, then the directory is fsynced
+//   WriteFileAtomically(path, [&](OutFile& f) { f.Write(bytes, n); });   // all of the above
 //   InFile in(path);  in.ReadAt(dst, n, offset);   // "unexpected end of file" if short
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 namespace sshsdp {
@@ -60,5 +62,10 @@ void FsyncDir(const std::string& dir);
 // rename(tmp, path) and fsync of path's directory: path holds either its old or its new
 // content after a crash, never a partial one.
 void RenameInto(const std::string& tmp, const std::string& path);
+
+// Writes `path` through PATH.tmp: `write` fills it, then fsync and RenameInto. When anything
+// fails the .tmp is removed (a half-written file is never left to be mistaken for one) and the
+// IoError propagates; `path` keeps its old content.
+void WriteFileAtomically(const std::string& path, const std::function<void(OutFile&)>& write);
 
 }  // namespace sshsdp

@@ -8,8 +8,6 @@
 // not shifted weights.
 #include "sshsdp/ckpt/safetensors.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -61,19 +59,12 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, SafeT
   }
   std::string h = header.dump();
   while (h.size() % 8) h.push_back(' ');  // align the data section
-  const std::string tmp = path + ".tmp";
-  try {
-    OutFile f(tmp);
+  WriteFileAtomically(path, [&](OutFile& f) {
     const uint64_t n = h.size();
     f.Write(&n, 8);
     f.Write(h.data(), h.size());
     for (const auto& [name, t] : tensors) f.Write(t.data.data(), t.data.size() * 4);
-    f.SyncAndClose();
-  } catch (...) {
-    ::unlink(tmp.c_str());  // a half-written file is never left to be mistaken for one
-    throw;
-  }
-  RenameInto(tmp, path);
+  });
 }
 
 std::map<std::string, SafeTensor> ReadSafetensors(const std::string& path,

@@ -5,10 +5,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/posix_file.h"
 
 namespace sshsdp {
 
@@ -52,22 +51,8 @@ void WriteTraceFile(const Tracer& tracer, Communicator& world, const std::string
   if (world.rank() != 0) return;
   std::vector<std::string> events;
   for (int r = 0; r < W; ++r) events.push_back(all.substr(r * max_len, lens[r]));
-  const std::string tmp = path + ".tmp";
-  std::error_code ec_ignored;
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << TraceDocument(events, rows);
-    f.flush();
-    if (!f.good()) {
-      const int err = errno;
-      std::filesystem::remove(tmp, ec_ignored);
-      throw IoError(fmt::format("--trace {}: cannot write {}: {}", path, tmp, std::strerror(err)));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  SSHSDP_CHECK(!ec, IoError, "--trace {}: cannot rename {} into place: {}", path, tmp,
-               ec.message());
+  const std::string text = TraceDocument(events, rows);
+  WriteFileAtomically(path, [&](OutFile& f) { f.Write(text.data(), text.size()); });
 }
 
 }  // namespace sshsdp
