@@ -4,6 +4,7 @@
 #include "sshsdp/cli/bench.h"
 
 #include "sshsdp/cli/run_config.h"
+#include "sshsdp/cli/train.h"
 
 namespace sshsdp {
 
@@ -20,18 +21,7 @@ void AddBenchOptions(CLI::App& app, BenchOptions& o) {
       ->capture_default_str();
   app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
       ->capture_default_str();
-  app.add_option("--sw", o.sw,
-                 "ZeRO-3 (weight) shard degree (default: --sg); without any degree fully "
-                 "sharded, sw = sg = so = world size (as in train)")
-      ->check(IntegerAtLeast(1));
-  app.add_option("--sg", o.sg,
-                 "ZeRO-2 (gradient) shard degree, a multiple of sw (default: --sw if given, else "
-                 "--so)")
-      ->check(IntegerAtLeast(1));
-  app.add_option("--so", o.so,
-                 "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world (default: "
-                 "world size; less gives HSDP replicas)")
-      ->check(IntegerAtLeast(1));
+  AddLayoutDegreeOptions(app, &o.sw, &o.sg, &o.so);
   app.add_option("--ranks-per-node", o.ranks_per_node, "ranks per (simulated) node");
   app.add_option("--weight-dtype", o.weight_dtype, "runtime weight dtype: bf16 | fp32")
       ->capture_default_str();

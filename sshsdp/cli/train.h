@@ -80,6 +80,8 @@ struct TrainOptions {
 
 // train_options.cc.
 void AddTrainOptions(CLI::App& app, TrainOptions& o);
+// --sw/--sg/--so (0: unset, resolved by ResolveLayoutDegrees), for train, plan and bench alike.
+void AddLayoutDegreeOptions(CLI::App& app, int* sw, int* sg, int* so);
 // The layout degrees of --sw/--sg/--so (0: unset) on `world_size` ranks: so = the world, sg =
 // sw if given else so, sw = sg — fully sharded without any; `train`, `plan` and `bench` alike.
 // ConfigError for a negative degree (the Topology checks the rest).

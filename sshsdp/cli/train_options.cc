@@ -15,6 +15,21 @@
 
 namespace sshsdp {
 
+void AddLayoutDegreeOptions(CLI::App& app, int* sw, int* sg, int* so) {
+  app.add_option("--sw", *sw,
+                 "ZeRO-3 (weight) shard degree (default: --sg); without any degree the run is "
+                 "fully sharded, sw = sg = so = world size (what fully_shard does)")
+      ->check(IntegerAtLeast(1));
+  app.add_option("--sg", *sg,
+                 "ZeRO-2 (gradient) shard degree, a multiple of sw (default: --sw if given, else "
+                 "--so)")
+      ->check(IntegerAtLeast(1));
+  app.add_option("--so", *so,
+                 "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world (default: "
+                 "world size; less gives HSDP replicas)")
+      ->check(IntegerAtLeast(1));
+}
+
 void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--config", o.config,
                  "read options from this TOML file (keys: option names without the dashes, "
@@ -55,18 +70,7 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--seq-len", o.seq_len,
                  "tokens per sample, at most the preset's context (tiny 64, small 128, base 256; "
                  "0: the preset's)");
-  app.add_option("--sw", o.sw,
-                 "ZeRO-3 (weight) shard degree (default: --sg); without any degree the run is "
-                 "fully sharded, sw = sg = so = world size (what fully_shard does)")
-      ->check(IntegerAtLeast(1));
-  app.add_option("--sg", o.sg,
-                 "ZeRO-2 (gradient) shard degree, a multiple of sw (default: --sw "
-                 "if given, else --so)")
-      ->check(IntegerAtLeast(1));
-  app.add_option("--so", o.so,
-                 "ZeRO-1 (optimizer) shard degree, a multiple of sg dividing the world "
-                 "(default: world size; less gives HSDP replicas)")
-      ->check(IntegerAtLeast(1));
+  AddLayoutDegreeOptions(app, &o.sw, &o.sg, &o.so);
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "ranks per (possibly simulated) node (0, the default: the whole world)");
   app.add_option("--microbatches", o.microbatches, "microbatches per optimizer step")
