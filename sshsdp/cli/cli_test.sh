@@ -58,6 +58,13 @@ expect_error "--save-weights on a device is refused at start-up" \
   "$bin" "${tiny[@]}" --save-weights /dev/full --steps 1
 [ -c /dev/full ]
 check "/dev/full is still a character device" $?
+# That refusal is rank 0's alone: the MPI_Abort it ends in signals the other ranks before their
+# first step, which must not read as a preemption ("finishing the current step").
+timeout 60 "${mpirun[@]}" -np 3 "$bin" "${tiny[@]}" --save-weights /dev/full --steps 1 \
+  >"$tmp/out" 2>&1
+[ $? -ne 0 ] && grep -q "exists and is not a regular file" "$tmp/out" &&
+  ! grep -q "finishing the current step" "$tmp/out"
+check "other ranks stopped by a start-up error do not report a preemption" $?
 expect_error "--trace where no file can be created is refused at start-up" \
   "--trace /proc/t.json: cannot create /proc/t.json.tmp" "$bin" "${tiny[@]}" --trace /proc/t.json \
   --steps 1
