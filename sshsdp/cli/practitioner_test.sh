@@ -125,6 +125,10 @@ expect_error "--metrics naming the --data file is refused" \
   "$bin" train "${tiny[@]}" --data "$tmp/train.bin" --metrics "$tmp/./train.bin" --steps 1
 [ "$sum_before" = "$(md5sum <"$tmp/train.bin")" ]
 check "the token file is untouched" $?
+"$bin" train "${tiny[@]}" --steps 1 --save-weights "$tmp/w.st" --gemm-peak 10 >/dev/null 2>&1 &&
+  "$bin" train "${tiny[@]}" --steps 1 --init-weights "$tmp/w.st" --save-weights "$tmp/w.st" \
+    --gemm-peak 10 >/dev/null 2>&1 && [ -s "$tmp/w.st" ] && [ ! -e "$tmp/w.st.tmp" ]
+check "--save-weights may replace its own --init-weights file" $?
 expect_error "--save-weights and --metrics naming one file is refused" "name the same file" \
   "$bin" train "${tiny[@]}" --save-weights "$tmp/out.x" --metrics "$tmp/out.x" --steps 1
 # --eval-tokens beyond the validation file validates on one pass over it (it repeated the

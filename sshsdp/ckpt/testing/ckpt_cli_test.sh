@@ -151,6 +151,12 @@ if [ "$section" = resume ]; then
   [ $rc -eq 0 ] && [ "$before" = "$(cd "$orig" && find . -type f | sort | xargs md5sum)" ] &&
     grep -q "saved $d/copy/step_0000000$((2 * N))" "$d/c.log"
   check "resuming a copied checkpoint saves next to the copy; the original is untouched" $?
+  # `--resume .` from inside a step directory saves next to it, not into it.
+  (cd "$d/copy/step_0000000$N" && train 4 "$d/dot.log" --steps $((2 * N)) --resume . \
+    --sw 2 --sg 2 --so 4)
+  [ $? -eq 0 ] && grep -q "saved $d/copy/step_0000000$((2 * N))" "$d/dot.log" &&
+    [ ! -e "$d/copy/step_0000000$N/latest" ]
+  check "--resume . inside a step directory saves beside it" $?
   # Training on after resharding W=4 HSDP -> W=2 (same global batch of 8 samples) matches the
   # run that never stopped within fp32 tolerance (only summation order differs).
   d=$tmp/reshard_continue
