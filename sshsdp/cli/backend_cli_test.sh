@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # `sshsdp train --backend` as a user runs it (cli/train_backend.h):
 #   * --help names the option and its choices;
-#   * what the engine on a backend does not run yet (MoE, MXFP8 weights, bf16 reductions,
-#     a layout other than ZeRO-3, an unknown backend) and NCCL on host memory fails fast, by name, on every
-#     rank, before any collective; --backend cuda without a usable GPU says so and names the
-#     cpu backend;
+#   * what the engine on a backend does not run yet (MoE, MXFP8 weights, bf16 reductions),
+#     an unknown backend and NCCL on host memory fail fast, by name, on every rank, before any
+#     collective; --backend cuda without a usable GPU says so and names the cpu backend;
 #   * --backend cpu on 2 ranks (the device code path: every root, the update's temporaries and
 #     every engine op on the backend; Muon's split units staged through the host) trains the
 #     same losses and gradient norms as the host engine (relative 1e-6 with fp32 weights, 1e-4
 #     with bf16 ones), with the same communicated bytes per step (exact), for AdamW and for
-#     Muon per head; and validation runs on it;
+#     Muon per head, and with the outer phase (ZeRO-1 across the ranks, DDP); and validation
+#     runs on it;
 #   * a checkpoint saved at step 2 of 4 by --backend cpu resumes on --backend cpu and on the
 #     host engine, and one saved by the host engine resumes on --backend cpu, each giving
 #     steps 3-4 the uninterrupted run's losses.
@@ -38,9 +38,6 @@ expect_error "MXFP8 weights on a backend are refused by name" "MXFP8 weights on 
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --weight-dtype mxfp8 --steps 1
 expect_error "bf16 reductions on a backend are refused by name" "pass --reduce fp32" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --reduce bf16sr --steps 1
-expect_error "a layout other than ZeRO-3 on a backend is refused by name" \
-  "runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded)" \
-  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --sw 1 --sg 1 --so 2 --steps 1
 expect_error "--comm-path nccl on the host engine is refused by name" "comm_path=nccl moves device buffers" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --comm-path nccl --steps 1
 expect_error "--comm-path nccl on the CPU backend (host memory) is refused by name" \
@@ -57,18 +54,24 @@ fi
 # oneDNN primitives) on the same bf16 values, the host Gpt rounding each linear input once
 # where it is produced (kernels::LinearInput), BackendGpt rounding inside every product — a
 # whole-model check that the rounded-once inputs are the values the products would round.
-for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16"; do
-  read -r opt wdt <<<"$run"
+# Then the outer phase on the backend: ZeRO-1 across the 2 ranks (sw = sg = 1: the outer
+# reduce-scatter and all-gather every step) and DDP (so = 1: HSDP's all-reduce).
+for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" "muon bf16 1 1 1"; do
+  read -r opt wdt sw sg so <<<"$run"
+  layout=()
+  [ -n "$sw" ] && layout=(--sw "$sw" --sg "$sg" --so "$so")
+  name="$opt$wdt$sw$sg$so"
   timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --optimizer "$opt" --weight-dtype "$wdt" \
-    --steps 4 --log-every 1 --backend cpu --metrics "$tmp/backend_$opt$wdt.jsonl" \
+    "${layout[@]}" --steps 4 --log-every 1 --backend cpu --metrics "$tmp/backend_$name.jsonl" \
     >"$tmp/backend.out" 2>&1
   rc=$?
   grep -q "backend cpu" "$tmp/backend.out" || rc=1
-  check "--backend cpu, $opt, $wdt weights, 2 ranks: exits 0 and names the backend" $rc
+  [ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/backend.out" | tail -5
+  check "--backend cpu, $opt, $wdt weights, 2 ranks ${layout[*]}: exits 0 and names the backend" $rc
   timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --optimizer "$opt" --weight-dtype "$wdt" \
-    --steps 4 --log-every 1 --metrics "$tmp/host_$opt$wdt.jsonl" >/dev/null 2>&1
-  check "host engine, $opt, $wdt weights, 2 ranks: exits 0" $?
-  python3 - "$tmp/backend_$opt$wdt.jsonl" "$tmp/host_$opt$wdt.jsonl" "$wdt" "$opt" <<'PY'
+    "${layout[@]}" --steps 4 --log-every 1 --metrics "$tmp/host_$name.jsonl" >/dev/null 2>&1
+  check "host engine, $opt, $wdt weights, 2 ranks ${layout[*]}: exits 0" $?
+  python3 - "$tmp/backend_$name.jsonl" "$tmp/host_$name.jsonl" "$wdt" "$opt" <<'PY'
 import json, sys
 dev, host = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
 tol = 1e-6 if sys.argv[3] == "fp32" else 0.0 if sys.argv[4] == "adamw" else 1e-4
@@ -76,11 +79,12 @@ assert len(dev) == len(host) == 4, (len(dev), len(host))
 for d, h in zip(dev, host):
     for k in ("loss", "grad_norm"):
         assert abs(d[k] - h[k]) <= tol * abs(h[k]), (d["step"], k, d[k], h[k])
-    for k in ("update_p2p_bytes", "runtime_comm_intra_bytes", "runtime_comm_inter_bytes"):
+    for k in ("update_p2p_bytes", "runtime_comm_intra_bytes", "runtime_comm_inter_bytes",
+              "update_comm_intra_bytes", "update_comm_inter_bytes"):
         assert d[k] == h[k], (d["step"], k, d[k], h[k])
 assert dev[-1]["loss"] < dev[0]["loss"], [d["loss"] for d in dev]
 PY
-  check "--backend cpu, $opt, $wdt weights: the host engine's losses, norms and bytes" $?
+  check "--backend cpu, $opt, $wdt weights ${layout[*]}: the host engine's losses, norms and bytes" $?
 done
 grep -q '"update_p2p_bytes":[1-9]' "$tmp/backend_muonbf16.jsonl"
 check "Muon per head on the backend moved split units between the ranks" $?

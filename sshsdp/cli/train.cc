@@ -534,7 +534,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"weight_preps", st.counters.weight_preps},
               {"gathers", st.counters.gathers},
               {"outer_overlapped", st.counters.outer_overlapped},
-              {"update_p2p_bytes", st.counters.update_p2p.total()}};
+              {"update_p2p_bytes", st.counters.update_p2p.total()},
+              {"staged_bytes", st.counters.staged_bytes}};
           if (st.skipped) j["skipped"] = true;
           if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
           metrics << j.dump() << "\n";

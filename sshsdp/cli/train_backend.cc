@@ -39,12 +39,6 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
                "device are not built yet), got --reduce {}",
                b, o.reduce);
-  SSHSDP_CHECK(cfg->sw == WorldSize() && cfg->sg == WorldSize() && cfg->so == WorldSize(),
-               ConfigError,
-               "--backend {} runs plain ZeRO-3: leave out --sw/--sg/--so (fully sharded), got "
-               "sw={} sg={} so={} on {} ranks (the outer phase on a device is not built yet)",
-               b, cfg->sw, cfg->sg, cfg->so, WorldSize());
-
   if (b == "cuda") {
     const int count = CudaDeviceCount();
     const int local = LocalRankFromEnvironment();
@@ -53,23 +47,38 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
     dev.backend = MakeBackend(b);  // DeviceError naming why (no CUDA in this build, no GPU)
   }
   cfg->backend = dev.backend.get();
-  // A device on several ranks: NCCL when asked for or when the ranks span nodes, else the
-  // direct path over CUDA IPC (one node; ranks may share a GPU, which NCCL < 2.30 refuses).
+  // A device on several ranks. The runtime groups (ZeRO-2: sg consecutive ranks, the ZeRO-3
+  // groups inside them; every microbatch) move device buffers over NCCL when asked for or when
+  // they span nodes, else on the direct path over CUDA IPC (one node; ranks may share a GPU,
+  // which NCCL < 2.30 refuses). The outer groups (replica reduce-scatter and all-gather, HSDP's
+  // all-reduce; once per step) go over NCCL with it, else staged through host memory over MPI.
   const int W = WorldSize();
-  const bool one_node = cfg->ranks_per_node == 0 || cfg->ranks_per_node >= W;
-  SSHSDP_CHECK(one_node || o.comm_path != "direct" || dev.backend->host_memory(), ConfigError,
+  const int rpn = cfg->ranks_per_node == 0 ? W : std::min(cfg->ranks_per_node, W);
+  const bool runtime_one_node = rpn % cfg->sg == 0;
+  const bool outer = cfg->so != cfg->sg || cfg->so != cfg->sw || cfg->so != W;
+  SSHSDP_CHECK(runtime_one_node || o.comm_path != "direct" || dev.backend->host_memory(),
+               ConfigError,
                "--backend {} --comm-path direct moves device buffers over CUDA IPC, on one node; "
-               "these {} ranks span nodes of {}: use --comm-path nccl (the default there)",
-               b, W, cfg->ranks_per_node);
-  if (W > 1 && !dev.backend->host_memory() && o.comm_path != "nccl" && one_node) {
+               "the ZeRO-2 groups of --sg {} span nodes of {} ranks: use --comm-path nccl (the "
+               "default there), or an --sg that divides the ranks per node",
+               b, cfg->sg, rpn);
+  if (W == 1 || dev.backend->host_memory()) return dev;
+  const std::string staged =
+      outer ? "; the outer phase's groups staged through host memory over MPI" : "";
+  if (o.comm_path == "nccl" || !runtime_one_node) {
+    cfg->comm_path = CommPath::kNccl;
+    if (o.comm_path != "nccl")
+      dev.notes.push_back(fmt::format(
+          "comm path nccl: the ZeRO-2 groups of --sg {} span nodes of {} ranks", cfg->sg, rpn));
+  } else if (cfg->sg > 1 || o.comm_path == "direct") {
     dev.direct = MakeCudaDirectMemory(*dev.backend);
     cfg->comm_path = CommPath::kDirect;
     cfg->direct_device = dev.direct.get();
     if (o.comm_path != "direct")
-      dev.notes.push_back("comm path direct: device buffers move over CUDA IPC (one node)");
-  } else if (W > 1 && !dev.backend->host_memory()) {
-    cfg->comm_path = CommPath::kNccl;
-    if (o.comm_path != "nccl") dev.notes.push_back("comm path nccl: the ranks span several nodes");
+      dev.notes.push_back("comm path direct: device buffers move over CUDA IPC (one node)" +
+                          staged);
+  } else if (outer) {
+    dev.notes.push_back("sw = sg = 1: no per-microbatch collective" + staged);
   }
   return dev;
 }

@@ -237,10 +237,12 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "cpu (the device code path on the CPU backend: checks a device run anywhere) | "
                  "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. A backend "
                  "runs the dense GPT presets, bf16 or fp32 weights, --reduce fp32, AdamW or Muon, "
-                 "plain ZeRO-3 (no --sw/--sg/--so below the world size) and checkpoints (which "
-                 "load on the host engine and back); several ranks on CUDA use the direct path "
-                 "over CUDA IPC (one node; ranks may share a GPU) and NCCL across nodes (or "
-                 "with --comm-path nccl)")
+                 "every --sw/--sg/--so layout, and checkpoints (which load on the host engine "
+                 "and back); several ranks on CUDA move the ZeRO-3/ZeRO-2 groups on the direct "
+                 "path over CUDA IPC (one node; ranks may share a GPU) or over NCCL (groups "
+                 "spanning nodes, or --comm-path nccl), and the outer phase (replica "
+                 "reduce-scatter / all-gather, HSDP all-reduce) over NCCL with it, else staged "
+                 "through host memory over MPI")
       ->capture_default_str();
 }
 

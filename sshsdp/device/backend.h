@@ -75,6 +75,11 @@ class Backend {
   // Within the backend's memory, queued like an op (the ranges must not overlap).
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void Synchronize() = 0;
+  // Another handle on this backend's device, with a stream of its own, for a second host thread
+  // (the communication thread's staging copies, device/staged_communicator.h): memory either
+  // handle allocates is valid in both. The two handles' work is not ordered: the caller
+  // synchronizes where one reads what the other wrote.
+  virtual std::unique_ptr<Backend> NewStream() = 0;
 
   // ---- Ops on backend memory; n may be 0. ----
   virtual void Fill(float* x, int64_t n, float value) = 0;

@@ -37,6 +37,7 @@ class CpuBackend final : public Backend {
   }
   bool host_memory() const override { return true; }
   void Synchronize() override {}
+  std::unique_ptr<Backend> NewStream() override { return std::make_unique<CpuBackend>(); }
 
   void Fill(float* x, int64_t n, float value) override {
     CheckCount(n, "Fill");

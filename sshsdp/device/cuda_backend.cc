@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
     Use();
     SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));
   }
+  std::unique_ptr<Backend> NewStream() override { return std::make_unique<CudaBackend>(ordinal_); }
 
   void Fill(float* x, int64_t n, float value) override {
     CheckCount(n, "Fill");

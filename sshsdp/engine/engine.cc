@@ -11,6 +11,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/direct_communicator.h"
 #include "sshsdp/device/nccl_communicator.h"
+#include "sshsdp/device/staged_communicator.h"
 #include "sshsdp/engine/engine_internal.h"
 #include "sshsdp/engine/mx_weights.h"
 
@@ -68,21 +69,18 @@ void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
                "the engine on backend {} runs sshsdp's own data path (flat layout, no baseline "
                "redundancies), got {}",
                b, R.ToString());
-  if (topo.world() == 1) return;
-  SSHSDP_CHECK(topo.sw() == topo.world() && topo.sg() == topo.world() && topo.so() == topo.world(),
-               ConfigError,
-               "the engine on backend {} with {} ranks runs plain ZeRO-3 (sw = sg = so = {}) so "
-               "far, got {}: the outer phase's collectives on device memory are not built yet",
-               b, topo.world(), topo.world(), topo.ToString());
-  // Host memory (the CPU backend) moves over MPI's paths; a device's over the direct path with
-  // its DirectDeviceMemory (one node) or over NCCL.
-  SSHSDP_CHECK(cfg.backend->host_memory() || cfg.comm_path == CommPath::kNccl ||
+  // Host memory (the CPU backend) moves over MPI's paths. A device's: the runtime groups
+  // (ZeRO-3 sw, ZeRO-2 sg; every microbatch) over the direct path with its DirectDeviceMemory
+  // (one node) or over NCCL; the outer groups over NCCL or staged through host memory
+  // (Engine::SetUpOuterGroupsOnDevice), so with sw = sg = 1 any path will do.
+  if (cfg.backend->host_memory() || (topo.sw() == 1 && topo.sg() == 1)) return;
+  SSHSDP_CHECK(cfg.comm_path == CommPath::kNccl ||
                    (cfg.comm_path == CommPath::kDirect && cfg.direct_device != nullptr),
                ConfigError,
-               "the engine on backend {} with {} ranks moves device buffers over NCCL "
-               "(comm_path=nccl) or on the direct path (comm_path=direct with direct_device, "
-               "one node)",
-               b, topo.world());
+               "the engine on backend {} with {} ranks moves device buffers in its ZeRO-3 / "
+               "ZeRO-2 groups ({}) over NCCL (comm_path=nccl) or on the direct path "
+               "(comm_path=direct with direct_device, one node)",
+               b, topo.world(), topo.ToString());
 }
 
 int EffectiveSo(const EngineConfig& c) { return c.redundancies.replicate_optimizer ? c.sg : c.so; }
@@ -218,6 +216,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   up_replica_rs_ = split(world_, sshsdp::Group::kReplicaRS);
   up_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
   up_hsdp_ = split(world_, sshsdp::Group::kHsdp);
+  if (cfg_.backend && !cfg_.backend->host_memory()) SetUpOuterGroupsOnDevice();
   comm_thread_ = std::make_unique<CommThread>("runtime");
   up_p2p_ = world_.Duplicate();
   BuildUpdate();
@@ -303,6 +302,45 @@ void Engine::AllocateState(RuntimeGroup& g) {
     a.data = g.state->data_as<float>() + at;
     at += a.packed ? a.stored() : g.z1.size();
   }
+}
+
+void Engine::SetUpOuterGroupsOnDevice() {
+  // The outer phase's collectives move backend memory (G′ᶻ² → Gᶻ¹ in the replica group, HSDP's
+  // all-reduce of Gᶻ¹, Wᶻ¹ → Wᶻ³): over NCCL with comm_path=nccl, else staged through one
+  // host buffer per group over MPI — once per step, not per microbatch. Size-1 groups move
+  // nothing and stay as they are (the engine skips them).
+  size_t rs_bytes = 0, ag_bytes = 0, ar_bytes = 0;
+  const size_t r = static_cast<size_t>(up_replica_rs_->size());
+  for (const auto& g : groups_) {
+    const size_t c = g->z1.size();
+    rs_bytes = std::max(rs_bytes, (r * c * 4 + 63) / 64 * 64 + c * 4);
+    ag_bytes = std::max(ag_bytes, up_replica_ag_->size() * c * DTypeSize(g->sdt));
+    ar_bytes = std::max(ar_bytes, c * 4);
+  }
+  const int rpn = topo_.ranks_per_node();
+  size_t staging = 0;
+  auto wrap = [&](std::unique_ptr<Communicator>& c, size_t bytes) {
+    if (c->size() == 1) return;
+    if (cfg_.comm_path == CommPath::kNccl) {
+      c = NcclCommunicator::Create(std::move(c), cfg_.backend, rpn);
+      return;
+    }
+    auto staged = std::make_unique<StagedCommunicator>(std::move(c), cfg_.backend);
+    staged->Reserve(bytes);
+    staging += staged->host_bytes();
+    staged_.push_back(staged.get());
+    c = std::move(staged);
+  };
+  wrap(up_replica_rs_, rs_bytes);
+  wrap(up_replica_ag_, ag_bytes);
+  wrap(up_hsdp_, ar_bytes);
+  if (staging) memory_.Allocate("staging", staging);
+}
+
+uint64_t Engine::StagedBytes() const {
+  uint64_t b = 0;
+  for (const StagedCommunicator* s : staged_) b += s->staged_bytes();
+  return b;
 }
 
 void Engine::SetUpDirectPath() {

@@ -73,6 +73,7 @@
 namespace sshsdp {
 
 class RegisteredSlots;
+class StagedCommunicator;
 class MxWeights;
 struct RuntimeGroup;  // engine_internal.h
 class TransientPool;
@@ -189,6 +190,9 @@ struct StepCounters {
                                        // step with weight reuse; per gather with ②)
   uint64_t mx_split_bands = 0;         // MXFP8 G: 32-row bands split across ZeRO-1 shards
   uint64_t mx_p2p_bytes = 0;           // MXFP8 G: point-to-point bytes this rank sent
+  uint64_t staged_bytes = 0;           // device <-> host copies of the outer phase's groups
+                                       // staged through host memory (the engine on a device
+                                       // without NCCL; StagedCommunicator), counted as update_comm
   CommCounters update_p2p;             // structured update: fetch/return of split units (also in
                                        // update_comm)
   CommCounters update_full_tensor;     // ⑥ full_tensor: per-parameter all-gathers of Muon's u
@@ -330,8 +334,10 @@ class Engine {
   // SubmitOuterReduce queues them on the communication thread (overlap_outer).
   void OuterReduce(RuntimeGroup& g);
   void SubmitOuterReduce(int g);
-  void SetUpDirectPath();  // comm_path = direct: direct communicators, registered slots
-  void BuildUpdate();      // optimizers, units, plans of the structured update
+  void SetUpDirectPath();           // comm_path = direct: direct communicators, registered slots
+  void SetUpOuterGroupsOnDevice();  // the outer groups on a device: NCCL or staged
+  uint64_t StagedBytes() const;     // device <-> host bytes of the staged outer groups so far
+  void BuildUpdate();               // optimizers, units, plans of the structured update
   void AllocateState(RuntimeGroup& g);  // each optimizer's state fields (after BuildUpdate)
   void SetModelBatch(const int32_t* tokens, const int32_t* targets);  // + activation accounting
   void ForwardPass(bool release_all);  // every group's forward (Step and Evaluate)
@@ -357,6 +363,8 @@ class Engine {
   // outer task before it uses them again.
   std::unique_ptr<Communicator> rt_dup_, rt_zero3_, rt_zero2_;
   std::unique_ptr<Communicator> up_replica_rs_, up_replica_ag_, up_hsdp_;
+  std::vector<StagedCommunicator*> staged_;  // those of them staged through host memory
+  uint64_t carried_staged_ = 0;              // staged by an Evaluate's outer all-gathers
   std::unique_ptr<CommThread> comm_thread_;
   std::unique_ptr<Communicator> up_p2p_;    // structured-update point to point (world duplicate)
   std::unique_ptr<Communicator> up_zero1_;  // ⑥ full_tensor: ZeRO-1 group, ordered by chunk

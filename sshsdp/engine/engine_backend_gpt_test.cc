@@ -27,7 +27,7 @@
 #include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/device/nccl_communicator.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
-#include "sshsdp/engine/testing/guarded_backend.h"
+#include "sshsdp/device/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/backend_gpt_model.h"
 #include "sshsdp/models/gpt.h"
@@ -80,6 +80,26 @@ TEST(EngineBackendGpt, AllLayoutsMatchTheHostGptReference) {
     }
 }
 
+// What the outer phase stages through host memory per step on a device without NCCL
+// (StagedCommunicator): per group of ZeRO-1 chunk c, with a replica reduce-scatter group of r
+// members (so / sg), an all-gather group of a (so / sw) and an HSDP group of h (W / so):
+// r·c·4 out and c·4 back; a·c·e around the all-gather (own shard out, the others' back); 2·c·4
+// around HSDP's all-reduce.
+uint64_t StagedBytesPerStep(Engine& e, DType wdt) {
+  const Topology& t = e.topology();
+  const uint64_t r = t.so() / t.sg(), a = t.so() / t.sw(), h = t.world() / t.so();
+  uint64_t bytes = 0;
+  for (const Engine::Zero1Field& f : e.Zero1Fields())
+    if (f.field == "main") {
+      const uint64_t c = f.chunk.size();
+      if (r > 1) bytes += (r + 1) * c * 4;
+      if (a > 1) bytes += a * c * DTypeSize(wdt);
+      if (h > 1) bytes += 2 * c * 4;
+    }
+  e.ReleaseZero1Mirrors();
+  return bytes;
+}
+
 // Which optimizer the engine on a backend runs: AdamW everywhere, or Muon per head (AdamW for
 // the rest) with its Newton–Schulz input u in fp32 (exact tolerances) or bf16 (the paper's).
 struct Optimizer {
@@ -122,10 +142,12 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
   if (nccl) c.cfg.comm_path = CommPath::kNccl;
   c.steps = steps;
   testing::ParityRun run(c);
+  const uint64_t staged = backend.host_memory() || nccl ? 0 : StagedBytesPerStep(run.engine(), wdt);
   uint64_t last_p2p = 0;
   run.Run([&](const testing::StepDiff& d) {
     EXPECT_EQ(d.dist.counters.add_passes, 0u);
     EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
+    EXPECT_EQ(d.dist.counters.staged_bytes, staged);
     last_p2p = d.dist.counters.update_p2p.total();
   });
   if (opt.kind == OptimizerKind::kMuon) {
@@ -187,6 +209,47 @@ TEST(EngineOnBackend, PlainZero3OverMpiWithTheCpuBackend) {
   }
 }
 
+// Every (sw, sg, so) layout of this world size with the CPU backend over MPI: the outer phase
+// (the replica group's reduce-scatter and all-gather, HSDP's all-reduce) on backend memory.
+TEST(EngineOnBackend, EveryLayoutOverMpiWithTheCpuBackend) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  for (const Layout& l : testing::LayoutsFor(W)) {  // bf16 with Muon (fp32 with AdamW: below)
+    SCOPED_TRACE(Describe(W, l));
+    RunOnBackend(*cpu, l, DType::kBF16, nullptr, 2, kMuonBf16);
+  }
+}
+
+// The outer phase on device memory, staged through the host: layouts whose runtime groups move
+// nothing (sw = sg = 1) — ZeRO-1 over the world, HSDP with a ZeRO-1 replica, plain DDP — on the
+// guarded backend, where MPI handed the device's G′ᶻ², Gᶻ¹ or Wᶻ³ would fault; then every
+// layout of this world size with the runtime groups on the direct path over the shared-memory
+// stand-in device.
+TEST(EngineOnBackend, OuterPhaseStagedOnGuardedDeviceMemory) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  std::vector<Layout> layouts = {{1, 1, W, W}, {1, 1, 1, W}};
+  if (W % 2 == 0) layouts.push_back({1, 1, 2, W});
+  for (const Layout& l : layouts)
+    for (DType wdt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(Describe(W, l) + " " + std::string(DTypeName(wdt)));
+      testing::GuardedBackend guarded;
+      RunOnBackend(guarded, l, wdt, nullptr, 2, wdt == DType::kF32 ? kAdamW : kMuonBf16);
+    }
+}
+
+TEST(EngineOnBackend, EveryLayoutOnTheDirectPathWithDeviceMemory) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  for (const Layout& l : testing::LayoutsFor(W)) {  // fp32 with AdamW (bf16 with Muon: above)
+    SCOPED_TRACE(Describe(W, l));
+    testing::ShmDeviceMemory shm;
+    testing::GuardedBackend on_shm(&shm);
+    RunOnBackend(on_shm, l, DType::kF32, &shm, 2, kAdamW);
+  }
+}
+
 // Muon per head with heads cut by the ZeRO-3 shard boundaries: split units' u fragments travel
 // to their execution rank and v back, staged through the host, Newton–Schulz on the backend.
 TEST(EngineOnBackend, MuonPerHeadPlainZero3WithDeviceMemory) {
@@ -233,6 +296,13 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
         RunOnBackend(*gpu, Layout{W, W, W, W}, wdt, ipc.get(), 3, opt);
       }
     }
+  // The outer phase on the GPU, staged through host memory: ZeRO-1 across the ranks and DDP
+  // (sw = sg = 1: no runtime collective, so ranks may share the GPU without CUDA IPC).
+  if (W > 1)
+    for (const Layout& l : {Layout{1, 1, W, W}, Layout{1, 1, 1, W}}) {
+      SCOPED_TRACE("outer phase staged, " + Describe(W, l));
+      RunOnBackend(*gpu, l, DType::kBF16, nullptr, 3, kMuonBf16);
+    }
   // The runtime collectives over NCCL: one rank, or one GPU per rank (NCCL < 2.30 refuses
   // ranks sharing a GPU, which the direct path above covers).
   const bool nccl = NcclCompiled() && !NcclVersion().starts_with("not loaded");
@@ -272,7 +342,7 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   }
   if (W > 1) {
     refused(BaseConfig(Layout{W, W, W, W}, 1, DType::kF32), "comm_path=direct", &device);
-    if (W % 2 == 0) refused(BaseConfig(Layout{W / 2, W / 2, W / 2, W}, 1, DType::kF32), "ZeRO-3");
+    refused(BaseConfig(Layout{W, W, W, W}, 1, DType::kF32), "ZeRO-3 / ZeRO-2 groups", &device);
   }
 }
 

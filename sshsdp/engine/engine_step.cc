@@ -136,7 +136,7 @@ double Engine::Evaluate(const BatchFn& batch, int batches) {
   // The first forward runs the outer all-gathers deferred from the last update: their counts
   // belong to the next step, as without this evaluation.
   const CommCounters ag0 = up_replica_ag_->counters();
-  const uint64_t outer0 = counters_.outer_overlapped;
+  const uint64_t outer0 = counters_.outer_overlapped, staged0 = StagedBytes();
   for (int i = 0; i < batches; ++i) {
     batch(i, tokens.data(), targets.data());
     SetModelBatch(tokens.data(), targets.data());
@@ -145,6 +145,7 @@ double Engine::Evaluate(const BatchFn& batch, int batches) {
   }
   carried_update_comm_ += Delta(up_replica_ag_->counters(), ag0);
   carried_outer_ += counters_.outer_overlapped - outer0;
+  carried_staged_ += StagedBytes() - staged0;
   float red = static_cast<float>(loss_sum);  // as Step's loss: an fp32 sum over ranks
   world_.AllReduce(&red, 1, DType::kF32);
   return red / (static_cast<double>(batches) * world_.size());
@@ -261,6 +262,7 @@ StepStats Engine::Step(const BatchFn& batch) {
   };
   const CommCounters rt0 = rt_zero3_->counters(), rt1 = rt_zero2_->counters();
   const CommCounters up0 = update_comms();
+  const uint64_t staged0 = StagedBytes();
 
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
   double loss_sum = 0;
@@ -307,6 +309,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   st.counters.update_comm = Delta(update_comms(), up0);
   st.counters.update_comm += carried_update_comm_;
   carried_update_comm_ = {};
+  st.counters.staged_bytes = StagedBytes() - staged0 + carried_staged_;
+  carried_staged_ = 0;
   st.counters.collective_copy_bytes =
       st.counters.runtime_comm.local_copy_bytes + st.counters.update_comm.local_copy_bytes;
   time_.copy = copy_meter_.seconds();

@@ -5,7 +5,9 @@
 // that reads or writes a data-tree root, a transient block or the model's activations from the host
 // — instead of through the backend, as it must on a GPU — dies with SIGSEGV, so a test on it proves
 // the engine routes every access to backend memory through the backend, on a machine without a GPU.
-// Single process, single thread (the comm thread of a one-rank engine moves nothing).
+// NewStream's handles share the guard: the regions open while any handle's call runs (counted,
+// under a mutex), so the communication thread's staged copies may run beside the compute
+// thread's ops; a host access made exactly while another thread is inside a call goes unseen.
 //
 //   testing::GuardedBackend b;
 //   cfg.backend = &b;
@@ -18,6 +20,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "sshsdp/base/error.h"
@@ -29,29 +32,36 @@ namespace sshsdp::testing {
 class GuardedBackend final : public Backend {
  public:
   explicit GuardedBackend(ShmDeviceMemory* device = nullptr)
-      : cpu_(MakeBackend("cpu")), device_(device) {}
+      : cpu_(MakeBackend("cpu")), device_(device), guard_(std::make_shared<Guard>()) {}
   ~GuardedBackend() override {
-    for (auto& [p, bytes] : regions_) munmap(p, bytes);
+    if (guard_.use_count() > 1) return;  // another handle still uses the regions
+    for (auto& [p, bytes] : guard_->regions) munmap(p, bytes);
   }
   std::string name() const override { return "guarded-cpu"; }
-  int64_t calls() const { return calls_; }
+  int64_t calls() const { return guard_->calls; }
+  std::unique_ptr<Backend> NewStream() override {
+    return std::unique_ptr<Backend>(new GuardedBackend(device_, guard_));
+  }
 
   void* Alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     if (device_) return device_->Alloc(bytes);
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     const size_t len = (bytes + page - 1) / page * page;
-    void* p = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    const int prot = guard_->open > 0 ? PROT_READ | PROT_WRITE : PROT_NONE;
+    void* p = mmap(nullptr, len, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     SSHSDP_CHECK(p != MAP_FAILED, DeviceError, "guarded-cpu: mmap of {} bytes failed", bytes);
-    regions_[p] = len;
+    guard_->regions[p] = len;
     return p;
   }
   void Free(void* p) override {
     if (device_) return device_->Free(p);
-    auto it = regions_.find(p);
-    if (it == regions_.end()) return;
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    auto it = guard_->regions.find(p);
+    if (it == guard_->regions.end()) return;
     munmap(it->first, it->second);
-    regions_.erase(it);
+    guard_->regions.erase(it);
   }
   void CopyIn(void* dst, const void* src, size_t bytes) override {
     Open o(this);
@@ -166,22 +176,35 @@ class GuardedBackend final : public Backend {
 #undef SSHSDP_GUARDED
 
  private:
-  // Every region readable and writable for the duration of one backend call.
+  // What the handles of one guarded device share: its regions, and how many calls are running.
+  struct Guard {
+    std::mutex mu;
+    std::map<void*, size_t> regions;  // guarded regions (none with a ShmDeviceMemory)
+    int open = 0;
+    int64_t calls = 0;
+  };
+  GuardedBackend(ShmDeviceMemory* device, std::shared_ptr<Guard> guard)
+      : cpu_(MakeBackend("cpu")), device_(device), guard_(std::move(guard)) {}
+
+  // Every region readable and writable while at least one backend call runs.
   struct Open {
-    explicit Open(GuardedBackend* b) : b_(b) {
-      ++b_->calls_;
-      for (auto& [p, len] : b_->regions_) mprotect(p, len, PROT_READ | PROT_WRITE);
+    explicit Open(GuardedBackend* b) : g_(*b->guard_) {
+      std::lock_guard<std::mutex> lock(g_.mu);
+      ++g_.calls;
+      if (g_.open++ == 0)
+        for (auto& [p, len] : g_.regions) mprotect(p, len, PROT_READ | PROT_WRITE);
     }
     ~Open() {
-      for (auto& [p, len] : b_->regions_) mprotect(p, len, PROT_NONE);
+      std::lock_guard<std::mutex> lock(g_.mu);
+      if (--g_.open == 0)
+        for (auto& [p, len] : g_.regions) mprotect(p, len, PROT_NONE);
     }
-    GuardedBackend* b_;
+    Guard& g_;
   };
 
   std::unique_ptr<Backend> cpu_;
   ShmDeviceMemory* device_ = nullptr;
-  std::map<void*, size_t> regions_;  // guarded regions (none with device_)
-  int64_t calls_ = 0;
+  std::shared_ptr<Guard> guard_;
 };
 
 }  // namespace sshsdp::testing
