@@ -38,13 +38,25 @@ expect_error "MXFP8 weights on a backend are refused by name" "MXFP8 weights on 
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --weight-dtype mxfp8 --steps 1
 expect_error "bf16 reductions on a backend are refused by name" "pass --reduce fp32" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --reduce bf16sr --steps 1
-expect_error "--comm-path nccl on the host engine is refused by name" "comm_path=nccl moves device buffers" \
+expect_error "--comm-path nccl on the host engine is refused by name" "--comm-path nccl moves device buffers" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --comm-path nccl --steps 1
 expect_error "--comm-path nccl on the CPU backend (host memory) is refused by name" \
-  "comm_path=nccl moves device buffers" \
+  "--comm-path nccl moves device buffers" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --comm-path nccl --steps 1
+expect_error "--ranks-per-node that does not divide the world is named with its fix" \
+  "--ranks-per-node 3 must divide the world size 2 (nodes hold equal numbers of ranks), or be 0" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --ranks-per-node 3 --steps 1
+out=$(timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --no-overlap-outer \
+  --steps 1 2>&1)
+grep -q "note: --no-overlap-outer ignored: sw = sg = so = the world size leaves no outer phase" \
+  <<<"$out"
+check "--no-overlap-outer without an outer phase is named as ignored" $?
+out=$(timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --no-overlap-outer \
+  --so 1 --steps 1 2>&1)
+! grep -q "no-overlap-outer ignored" <<<"$out"
+check "--no-overlap-outer with an outer phase (--so 1) is not named as ignored" $?
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  expect_error "--backend cuda without a usable GPU names the cpu backend" "use the cpu backend" \
+  expect_error "--backend cuda without a usable GPU names the cpu backend" "use --backend cpu" \
     "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cuda --steps 1
 fi
 

@@ -268,7 +268,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     const int M = cfg.microbatches, B = cfg.batch_size;
     if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);
     if (rank == 0) {
-      for (const std::string& n : UnusedOptionNotes(o)) fmt::print("note: {}\n", n);
+      const Topology& t = engine.topology();
+      const bool outer = t.sw() != W || t.sg() != W || t.so() != W;
+      for (const std::string& n : UnusedOptionNotes(o, outer)) fmt::print("note: {}\n", n);
     }
     // What a checkpoint records about this run.
     auto num = [](float v) { return std::stod(fmt::format("{}", v)); };  // 0.9f -> 0.9

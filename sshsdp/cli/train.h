@@ -91,8 +91,9 @@ struct LayoutDegrees {
 LayoutDegrees ResolveLayoutDegrees(int sw, int sg, int so, int world_size);
 // Options set away from their defaults that this run does not use (Muon's with AdamW,
 // --decay-steps without wsd, --lr-min with a constant schedule, --keep without --ckpt-dir, a
-// warm-up as long as a cosine run), one "note: ..." line each for rank 0 to print.
-std::vector<std::string> UnusedOptionNotes(const TrainOptions& o);
+// warm-up as long as a cosine run, --no-overlap-outer without an outer phase: `outer_phase`
+// false when sw = sg = so = the world size), one "note: ..." line each for rank 0 to print.
+std::vector<std::string> UnusedOptionNotes(const TrainOptions& o, bool outer_phase = true);
 // Checks the resolved layout on `world_size` ranks (Topology); a LayoutError about degrees the
 // user did not give says where they came from ("--sg and --so were not given: sg = --sw 3,
 // so = the world size 5"), so the message is about the flags on the command line.

@@ -74,9 +74,10 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
     dev.direct = MakeCudaDirectMemory(*dev.backend);
     cfg->comm_path = CommPath::kDirect;
     cfg->direct_device = dev.direct.get();
-    if (o.comm_path != "direct")
-      dev.notes.push_back("comm path direct: device buffers move over CUDA IPC (one node)" +
-                          staged);
+    dev.notes.push_back(
+        "comm path direct: the ZeRO-3 / ZeRO-2 groups' device buffers move over CUDA IPC "
+        "(each group in one node)" +
+        staged);
   } else if (outer) {
     dev.notes.push_back("sw = sg = 1: no per-microbatch collective" + staged);
   }

@@ -5,11 +5,13 @@
 //   --backend cpu      the device code path on the CPU backend (host memory; several ranks over
 //                      MPI): checks a device run's configuration and numerics on any machine
 //   --backend cuda     this rank's GPU (its local rank modulo the GPUs it sees); cuda:N names one.
-//                      Several ranks (one node) move device buffers on the direct path over
-//                      CUDA IPC, and may share one GPU.
+//                      Several ranks move the ZeRO-3 / ZeRO-2 groups' device buffers on the
+//                      direct path over CUDA IPC when those groups lie in a node (ranks may share
+//                      one GPU), else over NCCL; the outer phase over NCCL with it, else staged
+//                      through host memory over MPI.
 //
 // What the engine on a backend runs so far — the dense GPT presets, bf16 or fp32 runtime
-// weights, fp32 reduction, AdamW or Muon, plain ZeRO-3 (sw = sg = so = world), checkpoints
+// weights, fp32 reduction, AdamW or Muon, every --sw/--sg/--so layout, checkpoints
 // (the state copied through host memory; they load on the host engine and back) — is what this
 // accepts: anything else is refused here by name, before any collective.
 //

@@ -229,8 +229,9 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "per-microbatch all-gather / reduce-scatter: collective (ring collectives) | "
                  "direct (ZeroSM: registered windows, one-sided transfers, inter-node-first "
                  "all-gather, node-local reduction first; needs ZeRO-3/ZeRO-2 groups spread "
-                 "evenly over --ranks-per-node nodes) | nccl (NCCL on device buffers: --backend "
-                 "cuda only; its default when the ranks span nodes, else direct over CUDA IPC)")
+                 "evenly over --ranks-per-node nodes; also on --backend cpu) | nccl (NCCL on "
+                 "device buffers: --backend cuda only, where it is the default when the ZeRO-2 "
+                 "groups span nodes, else direct over CUDA IPC)")
       ->capture_default_str();
   app.add_option("--backend", o.backend,
                  "where the engine and the model run: host (the host engine, every feature) | "
@@ -282,7 +283,7 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   return cfg;
 }
 
-std::vector<std::string> UnusedOptionNotes(const TrainOptions& o) {
+std::vector<std::string> UnusedOptionNotes(const TrainOptions& o, bool outer_phase) {
   const TrainOptions d;
   std::vector<std::string> notes, muon;
   if (o.optimizer != "muon") {
@@ -304,6 +305,10 @@ std::vector<std::string> UnusedOptionNotes(const TrainOptions& o) {
     notes.push_back("--lr-min ignored: --lr-schedule is constant (cosine and wsd decay to it)");
   if (o.keep != d.keep && o.ckpt_dir.empty())
     notes.push_back("--keep ignored: no --ckpt-dir, no checkpoints to prune");
+  if (o.no_overlap_outer && !outer_phase)
+    notes.push_back(
+        "--no-overlap-outer ignored: sw = sg = so = the world size leaves no outer phase (no "
+        "replica reduce-scatter / all-gather, no HSDP all-reduce)");
   if (o.lr_schedule == "cosine" && o.warmup >= o.steps && o.steps > 0)
     notes.push_back(fmt::format("--warmup {} covers all {} steps: the cosine decay never starts",
                                 o.warmup, o.steps));
@@ -311,13 +316,17 @@ std::vector<std::string> UnusedOptionNotes(const TrainOptions& o) {
 }
 
 void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node) {
+  SSHSDP_CHECK(ranks_per_node >= 0 && (ranks_per_node == 0 || world_size % ranks_per_node == 0),
+               LayoutError,
+               "--ranks-per-node {} must divide the world size {} (nodes hold equal numbers of "
+               "ranks), or be 0 (the default: all ranks on one node)",
+               ranks_per_node, world_size);
   const LayoutDegrees d = ResolveLayoutDegrees(sw, sg, so, world_size);
   try {
     Topology check(world_size, ranks_per_node ? ranks_per_node : world_size, d.sw, d.sg, d.so);
   } catch (const LayoutError& e) {
     // Context for errors about the degrees (not --ranks-per-node's): where unset ones came from.
     if (sw && sg && so) throw;
-    if (std::string_view(e.what()).find("ranks_per_node") != std::string_view::npos) throw;
     std::vector<std::string> unset, from;
     if (!sw) unset.push_back("--sw"), from.push_back("sw = sg");
     if (!sg)

@@ -492,10 +492,10 @@ std::unique_ptr<Backend> MakeCudaBackend(int ordinal) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     throw DeviceError(
-        fmt::format("cuda:{}: no usable CUDA device ({}: {}); use the cpu backend on this machine",
+        fmt::format("cuda:{}: no usable CUDA device ({}: {}); use --backend cpu on this machine",
                     ordinal, cudaGetErrorName(e), cudaGetErrorString(e)));
   }
-  SSHSDP_CHECK(n > 0, DeviceError, "cuda:{}: no CUDA device is visible; use the cpu backend",
+  SSHSDP_CHECK(n > 0, DeviceError, "cuda:{}: no CUDA device is visible; use --backend cpu",
                ordinal);
   SSHSDP_CHECK(ordinal >= 0 && ordinal < n, DeviceError,
                "cuda:{}: this machine has {} CUDA device(s), ordinals 0..{}", ordinal, n, n - 1);

@@ -11,7 +11,7 @@ int CudaDeviceCount() { return 0; }
 std::unique_ptr<Backend> MakeCudaBackend(int ordinal) {
   throw DeviceError(fmt::format(
       "cuda:{}: this sshsdp was built without CUDA; rebuild with the CUDA toolkit installed "
-      "(nvcc on PATH) and -DSSHSDP_CUDA=ON, or use the cpu backend",
+      "(nvcc on PATH) and -DSSHSDP_CUDA=ON, or use --backend cpu",
       ordinal));
 }
 

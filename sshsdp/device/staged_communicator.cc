@@ -66,6 +66,9 @@ void StagedCommunicator::AllGatherInPlace(void* buf, size_t count, DType dtype) 
 
 void StagedCommunicator::AllGather(const void* send, void* recv, size_t count, DType dtype) {
   const size_t shard = count * DTypeSize(dtype), total = shard * size();
+  // The in-place form MPI accepts: send is this rank's slot of recv.
+  if (count && send == static_cast<const char*>(recv) + static_cast<size_t>(rank()) * shard)
+    return AllGatherInPlace(recv, count, dtype);
   SSHSDP_CHECK(!Overlaps(send, shard, recv, total), CommError,
                "{}: AllGather's send and recv overlap in device memory", name());
   char* h = Host(Aligned(shard) + total);
@@ -116,13 +119,19 @@ void StagedCommunicator::Exchange(const std::vector<P2POp>& sends,
   std::vector<P2POp> hs = sends, hr = recvs;
   size_t at = 0;
   for (P2POp& op : hs) {
-    if (op.bytes == 0) continue;
+    if (op.bytes == 0) {
+      op.data = nullptr;  // nothing to read: no device pointer reaches the inner communicator
+      continue;
+    }
     ToHost(h + at, op.data, op.bytes);
     op.data = h + at;
     at += Aligned(op.bytes);
   }
   for (P2POp& op : hr) {
-    if (op.bytes == 0) continue;
+    if (op.bytes == 0) {
+      op.data = nullptr;
+      continue;
+    }
     op.data = h + at;
     at += Aligned(op.bytes);
   }
@@ -130,7 +139,9 @@ void StagedCommunicator::Exchange(const std::vector<P2POp>& sends,
   for (size_t i = 0; i < recvs.size(); ++i) ToDevice(recvs[i].data, hr[i].data, recvs[i].bytes);
 }
 
-void StagedCommunicator::Barrier() { inner_->Barrier(); }
+void StagedCommunicator::Barrier() {
+  Counted([&] { inner_->Barrier(); });
+}
 
 std::unique_ptr<Communicator> StagedCommunicator::Split(int color, int key) {
   return std::make_unique<StagedCommunicator>(inner_->Split(color, key), device_);

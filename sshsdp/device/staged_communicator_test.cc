@@ -182,7 +182,15 @@ TEST_F(StagedTest, SplitsStayStagedAndRefusals) {
   DeviceBuffer big(device_, std::vector<char>(64 * n + 64));
   char* p = static_cast<char*>(big.get());
   EXPECT_THROW(staged_->ReduceScatter(p, DType::kF32, p + 4, DType::kF32, 4, false), CommError);
-  EXPECT_THROW(staged_->AllGather(p, p, 4, DType::kF32), CommError);
+  EXPECT_THROW(staged_->AllGather(p + 4, p, 4, DType::kF32), CommError);
+  // The in-place form (send = this rank's slot of recv) is an in-place all-gather, as on MPI.
+  std::vector<char> slots(n * 16, 0x55), mine = Data(4, DType::kF32, r);
+  std::memcpy(slots.data() + r * 16, mine.data(), 16);
+  DeviceBuffer dslots(device_, slots);
+  char* ds = static_cast<char*>(dslots.get());
+  staged_->AllGather(ds + r * 16, ds, 4, DType::kF32);
+  mpi_->AllGather(slots.data() + r * 16, slots.data(), 4, DType::kF32);
+  EXPECT_EQ(dslots.Host(), slots);
   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
   try {
     StagedCommunicator s(mpi_->Duplicate(), cpu.get());

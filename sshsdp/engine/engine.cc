@@ -48,8 +48,9 @@ std::unique_ptr<DataNode> Engine::Buffer(const std::string& name, size_t bytes,
 void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
   SSHSDP_CHECK(cfg.comm_path != CommPath::kNccl || (cfg.backend && !cfg.backend->host_memory()),
                ConfigError,
-               "comm_path=nccl moves device buffers: it needs the engine on a device backend "
-               "(EngineConfig::backend, `sshsdp train --backend cuda`), got {}",
+               "--comm-path nccl moves device buffers: it needs the engine on a GPU (--backend "
+               "cuda; EngineConfig::backend with comm_path=nccl), got {}; on the CPU use "
+               "--comm-path collective or direct",
                cfg.backend ? "backend " + cfg.backend->name() + " (host memory)"
                            : std::string("the host engine"));
   if (!cfg.backend) return;

@@ -144,10 +144,12 @@ struct EngineConfig {
   // as its ops; the model must compute on the same backend (models/backend_gpt_model.h). Null:
   // host memory. What it runs so far (ConfigError naming the setting otherwise, at
   // construction): fp32 reduction, the flat layout without the baselines' redundancies, no
-  // MXFP8; checkpoints through host mirrors (Zero1Fields); several ranks only as plain ZeRO-3 (sw =
-  // sg = so = world), a device's memory on the direct path over `direct_device` (one node) or over
-  // NCCL (comm_path = nccl: the runtime ZeRO-3 / ZeRO-2 groups become NcclCommunicators, any node
-  // count), a backend with host memory (Backend::host_memory: the CPU backend) over MPI.
+  // MXFP8; checkpoints through host mirrors (Zero1Fields); every (sw, sg, so) layout. A device's
+  // memory moves in the runtime ZeRO-3 / ZeRO-2 groups on the direct path over `direct_device`
+  // (one node) or over NCCL (comm_path = nccl: NcclCommunicators, any node count; not needed
+  // when sw = sg = 1), and in the outer groups over NCCL with comm_path = nccl, else staged
+  // through host memory over MPI (StagedCommunicator); a backend with host memory
+  // (Backend::host_memory: the CPU backend) moves everything over MPI.
   Backend* backend = nullptr;
   DirectDeviceMemory* direct_device = nullptr;
 };
@@ -192,7 +194,8 @@ struct StepCounters {
   uint64_t mx_p2p_bytes = 0;           // MXFP8 G: point-to-point bytes this rank sent
   uint64_t staged_bytes = 0;           // device <-> host copies of the outer phase's groups
                                        // staged through host memory (the engine on a device
-                                       // without NCCL; StagedCommunicator), counted as update_comm
+                                       // without NCCL; StagedCommunicator); what those groups
+                                       // sent is in update_comm as on the host
   CommCounters update_p2p;             // structured update: fetch/return of split units (also in
                                        // update_comm)
   CommCounters update_full_tensor;     // ⑥ full_tensor: per-parameter all-gathers of Muon's u

@@ -123,6 +123,7 @@ void Engine::PrepareAndGatherWeights() {
       }
       ScopedTimer t(&time_.comm_wait);
       TraceSpan s(cfg_.tracer, "outer all-gather", kTraceCompute, {{"group", g.layout.group}});
+      SyncBackend();  // G and the update have written Wᶻ¹ before the gather's stream reads it
       up_replica_ag_->AllGatherInPlace(g.w_z3->data(), g.z1.size(), g.sdt);
     }
     if (g.sdt == DType::kE4M3) {

@@ -8,6 +8,9 @@
 // NewStream's handles share the guard: the regions open while any handle's call runs (counted,
 // under a mutex), so the communication thread's staged copies may run beside the compute
 // thread's ops; a host access made exactly while another thread is inside a call goes unseen.
+// Deferred (the second argument), a handle's ops queue as on a GPU stream and run only at its
+// own Synchronize, host copy, value-returning op or Free — never at another handle's — so a
+// hand-off missing its synchronization reads stale memory here too, on a machine without a GPU.
 //
 //   testing::GuardedBackend b;
 //   cfg.backend = &b;
@@ -18,10 +21,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/testing/shm_device_memory.h"
@@ -31,16 +36,26 @@ namespace sshsdp::testing {
 
 class GuardedBackend final : public Backend {
  public:
-  explicit GuardedBackend(ShmDeviceMemory* device = nullptr)
-      : cpu_(MakeBackend("cpu")), device_(device), guard_(std::make_shared<Guard>()) {}
+  // deferred: ops queue like a GPU stream's and run only when this handle synchronizes (see
+  // the top of the file).
+  explicit GuardedBackend(ShmDeviceMemory* device = nullptr, bool deferred = false)
+      : cpu_(MakeBackend("cpu")),
+        device_(device),
+        guard_(std::make_shared<Guard>()),
+        deferred_(deferred) {}
   ~GuardedBackend() override {
-    if (guard_.use_count() > 1) return;  // another handle still uses the regions
+    Flush();
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    if (--guard_->handles > 0) return;  // another handle still uses the regions
     for (auto& [p, bytes] : guard_->regions) munmap(p, bytes);
   }
   std::string name() const override { return "guarded-cpu"; }
-  int64_t calls() const { return guard_->calls; }
+  int64_t calls() const {
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    return guard_->calls;
+  }
   std::unique_ptr<Backend> NewStream() override {
-    return std::unique_ptr<Backend>(new GuardedBackend(device_, guard_));
+    return std::unique_ptr<Backend>(new GuardedBackend(device_, guard_, deferred_));
   }
 
   void* Alloc(size_t bytes) override {
@@ -56,6 +71,7 @@ class GuardedBackend final : public Backend {
     return p;
   }
   void Free(void* p) override {
+    Flush();  // as cudaFree waits for the device's work
     if (device_) return device_->Free(p);
     std::lock_guard<std::mutex> lock(guard_->mu);
     auto it = guard_->regions.find(p);
@@ -63,22 +79,28 @@ class GuardedBackend final : public Backend {
     munmap(it->first, it->second);
     guard_->regions.erase(it);
   }
+  // Host copies wait for this handle's queued ops first, as a stream's copies do.
   void CopyIn(void* dst, const void* src, size_t bytes) override {
+    Flush();
     Open o(this);
     cpu_->CopyIn(dst, src, bytes);
   }
   void CopyOut(void* dst, const void* src, size_t bytes) override {
+    Flush();
     Open o(this);
     cpu_->CopyOut(dst, src, bytes);
   }
   void Copy(void* dst, const void* src, size_t bytes) override {
-    Open o(this);
-    cpu_->Copy(dst, src, bytes);
+    Run([=, this] { cpu_->Copy(dst, src, bytes); });
   }
-  void Synchronize() override {}
+  void Synchronize() override { Flush(); }
 
-#define SSHSDP_GUARDED(call) \
-  Open o(this);              \
+// A void op: queued (deferred) or run now; its arguments are copied (pointers: backend memory).
+#define SSHSDP_GUARDED(call) Run([=, this] { cpu_->call; })
+// An op returning a value to the host: the queue first, then the op.
+#define SSHSDP_GUARDED_VALUE(call) \
+  Flush();                         \
+  Open o(this);                    \
   return cpu_->call
   void Fill(float* x, int64_t n, float v) override { SSHSDP_GUARDED(Fill(x, n, v)); }
   void CastF32ToBf16(const float* x, bf16* y, int64_t n) override {
@@ -93,7 +115,8 @@ class GuardedBackend final : public Backend {
   }
   void AdamW(const AdamWSpan* s, int count, const AdamWConfig& cfg, int64_t step,
              float scale) override {
-    SSHSDP_GUARDED(AdamW(s, count, cfg, step, scale));
+    std::vector<AdamWSpan> spans(s, s + count);  // the caller's array may be gone when run
+    Run([=, this] { cpu_->AdamW(spans.data(), count, cfg, step, scale); });
   }
   void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
                         const MxOptions& opt) override {
@@ -103,7 +126,7 @@ class GuardedBackend final : public Backend {
                           float* out, const MxOptions& opt) override {
     SSHSDP_GUARDED(MxDequantizeWeight(q, scales, rows, cols, out, opt));
   }
-  double SumSquares(const float* x, int64_t n) override { SSHSDP_GUARDED(SumSquares(x, n)); }
+  double SumSquares(const float* x, int64_t n) override { SSHSDP_GUARDED_VALUE(SumSquares(x, n)); }
   void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
                       int d) override {
     SSHSDP_GUARDED(RmsNormForward(x, g, y, rstd, rows, d));
@@ -127,7 +150,7 @@ class GuardedBackend final : public Backend {
   }
   double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
                                     int64_t rows, int64_t V, int64_t ld) override {
-    SSHSDP_GUARDED(SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld));
+    SSHSDP_GUARDED_VALUE(SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld));
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                    int64_t rows, int64_t ld, float scale) override {
@@ -164,7 +187,11 @@ class GuardedBackend final : public Backend {
   void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
                     int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
                     float scale) override {
-    SSHSDP_GUARDED(NewtonSchulz(in, in_dtype, out, batch, rows, cols, steps, coef, scale));
+    std::vector<const void*> ins(in, in + batch);
+    std::vector<float*> outs(out, out + batch);
+    Run([=, this] {
+      cpu_->NewtonSchulz(ins.data(), in_dtype, outs.data(), batch, rows, cols, steps, coef, scale);
+    });
   }
   void MuonMomentum(const float* grad, float* m, void* u, DType u_dtype, int64_t n, float mu,
                     bool nesterov, float grad_scale) override {
@@ -174,17 +201,23 @@ class GuardedBackend final : public Backend {
     SSHSDP_GUARDED(MuonWeightUpdate(w, v, n, lr, wd));
   }
 #undef SSHSDP_GUARDED
+#undef SSHSDP_GUARDED_VALUE
 
  private:
-  // What the handles of one guarded device share: its regions, and how many calls are running.
+  // What the handles of one guarded device share: its regions, how many handles and how many
+  // calls are open.
   struct Guard {
     std::mutex mu;
     std::map<void*, size_t> regions;  // guarded regions (none with a ShmDeviceMemory)
+    int handles = 1;
     int open = 0;
     int64_t calls = 0;
   };
-  GuardedBackend(ShmDeviceMemory* device, std::shared_ptr<Guard> guard)
-      : cpu_(MakeBackend("cpu")), device_(device), guard_(std::move(guard)) {}
+  GuardedBackend(ShmDeviceMemory* device, std::shared_ptr<Guard> guard, bool deferred)
+      : cpu_(MakeBackend("cpu")), device_(device), guard_(std::move(guard)), deferred_(deferred) {
+    std::lock_guard<std::mutex> lock(guard_->mu);
+    ++guard_->handles;
+  }
 
   // Every region readable and writable while at least one backend call runs.
   struct Open {
@@ -201,10 +234,27 @@ class GuardedBackend final : public Backend {
     }
     Guard& g_;
   };
+  void Run(std::function<void()> op) {
+    if (deferred_) {
+      queue_.push_back(std::move(op));
+      return;
+    }
+    Open o(this);
+    op();
+  }
+  void Flush() {
+    if (queue_.empty()) return;
+    std::vector<std::function<void()>> q;
+    q.swap(queue_);
+    Open o(this);
+    for (auto& op : q) op();
+  }
 
   std::unique_ptr<Backend> cpu_;
   ShmDeviceMemory* device_ = nullptr;
   std::shared_ptr<Guard> guard_;
+  bool deferred_ = false;
+  std::vector<std::function<void()>> queue_;  // this handle's "stream" (deferred only)
 };
 
 }  // namespace sshsdp::testing
