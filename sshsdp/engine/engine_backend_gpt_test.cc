@@ -341,7 +341,7 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   EngineConfig nccl = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
   nccl.comm_path = CommPath::kNccl;
   refused(nccl, "--comm-path nccl moves device buffers");  // the CPU backend: host memory
-  try {                                                  // and the host engine
+  try {                                                    // and the host engine
     Gpt host_model(TestGpt());
     Engine e(host_model, *world, nccl);
     ADD_FAILURE() << "the host engine accepted comm_path=nccl";
