@@ -80,6 +80,11 @@ class Backend {
   // handle allocates is valid in both. The two handles' work is not ordered: the caller
   // synchronizes where one reads what the other wrote.
   virtual std::unique_ptr<Backend> NewStream() = 0;
+  // Host memory this device copies to and from at full speed (page-locked on CUDA, ordinary
+  // 64-byte aligned memory on the CPU), for staging buffers; AllocHost(0) returns nullptr.
+  // DeviceError when it cannot be allocated; FreeHost never throws.
+  virtual void* AllocHost(size_t bytes) = 0;
+  virtual void FreeHost(void* p) = 0;
 
   // ---- Ops on backend memory; n may be 0. ----
   virtual void Fill(float* x, int64_t n, float value) = 0;

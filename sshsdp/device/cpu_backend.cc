@@ -38,6 +38,8 @@ class CpuBackend final : public Backend {
   bool host_memory() const override { return true; }
   void Synchronize() override {}
   std::unique_ptr<Backend> NewStream() override { return std::make_unique<CpuBackend>(); }
+  void* AllocHost(size_t bytes) override { return Alloc(bytes); }
+  void FreeHost(void* p) override { std::free(p); }
 
   void Fill(float* x, int64_t n, float value) override {
     CheckCount(n, "Fill");

@@ -99,6 +99,21 @@ class CudaBackend final : public Backend {
     SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));
   }
   std::unique_ptr<Backend> NewStream() override { return std::make_unique<CudaBackend>(ordinal_); }
+  void* AllocHost(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    Use();
+    void* p = nullptr;
+    const cudaError_t e = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      throw DeviceError(fmt::format("{}: cannot allocate {} bytes of page-locked host memory: {}",
+                                    name_, bytes, cudaGetErrorString(e)));
+    }
+    return p;
+  }
+  void FreeHost(void* p) override {
+    if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+  }
 
   void Fill(float* x, int64_t n, float value) override {
     CheckCount(n, "Fill");

@@ -25,13 +25,19 @@ StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> inner, Back
   copies_ = device_->NewStream();
 }
 
+StagedCommunicator::~StagedCommunicator() { copies_->FreeHost(host_); }
+
 void StagedCommunicator::Reserve(size_t bytes) {
-  if (bytes > host_.size()) host_.resize(bytes);
+  if (bytes <= host_bytes_) return;
+  char* grown = static_cast<char*>(copies_->AllocHost(bytes));  // nothing kept across calls
+  copies_->FreeHost(host_);
+  host_ = grown;
+  host_bytes_ = bytes;
 }
 
 char* StagedCommunicator::Host(size_t bytes) {
   Reserve(bytes);
-  return host_.data();
+  return host_;
 }
 
 void StagedCommunicator::ToHost(void* host, const void* dev, size_t bytes) {

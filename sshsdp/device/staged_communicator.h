@@ -15,7 +15,8 @@
 // The copies run on a stream of their own (Backend::NewStream), so the communicator may be
 // called from the communication thread while the compute thread uses the backend; the caller
 // synchronizes the compute stream before handing a buffer over, as for any communicator. One
-// thread at a time per communicator.
+// thread at a time per communicator. The host buffer is the backend's AllocHost (page-locked
+// on CUDA, so the copies run at the link's speed).
 //
 //   auto up = std::make_unique<StagedCommunicator>(world.Split(color, key), gpu.get());
 //   up->Reserve(bytes);                          // the host buffer, before the hot path
@@ -39,6 +40,9 @@ class StagedCommunicator final : public Communicator {
   // whose memory the calls' buffers are in (it must outlive this; only its device is used:
   // the copies run on a handle of its own).
   StagedCommunicator(std::unique_ptr<Communicator> inner, Backend* device);
+  ~StagedCommunicator() override;
+  StagedCommunicator(const StagedCommunicator&) = delete;
+  StagedCommunicator& operator=(const StagedCommunicator&) = delete;
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -61,7 +65,7 @@ class StagedCommunicator final : public Communicator {
   // Sizes the host buffer to at least `bytes` now (the largest call's device bytes: send +
   // recv), so no call allocates; a larger call grows it.
   void Reserve(size_t bytes);
-  size_t host_bytes() const { return host_.size(); }
+  size_t host_bytes() const { return host_bytes_; }
   // Bytes copied device → host and host → device by this communicator's calls so far.
   uint64_t staged_bytes() const { return staged_bytes_; }
 
@@ -76,7 +80,8 @@ class StagedCommunicator final : public Communicator {
   std::unique_ptr<Communicator> inner_;
   Backend* device_;
   std::unique_ptr<Backend> copies_;  // device_->NewStream(): this communicator's thread only
-  std::vector<char> host_;
+  char* host_ = nullptr;             // copies_->AllocHost: page-locked on CUDA
+  size_t host_bytes_ = 0;
   uint64_t staged_bytes_ = 0;
 };
 

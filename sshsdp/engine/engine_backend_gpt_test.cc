@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <memory>
 #include <string>
@@ -280,6 +281,83 @@ TEST(EngineOnBackend, Bf16WeightsPlainZero3WithDeviceMemory) {
     testing::ShmDeviceMemory shm;
     testing::GuardedBackend on_shm(&shm, kDeferred);
     RunOnBackend(on_shm, Layout{W, W, W, W}, DType::kBF16, &shm, 3, opt);
+  }
+}
+
+// A checkpoint's state through the host mirrors: saved (Zero1Fields, every field copied out) and
+// restored (written into the load mirrors, UploadZero1Mirrors, RestoreState), as the checkpoint
+// writer and loader do.
+std::vector<std::vector<float>> SaveState(Engine& e) {
+  std::vector<std::vector<float>> out;
+  for (const Engine::Zero1Field& f : e.Zero1Fields()) {
+    const size_t n = f.data.packed ? f.data.stored() : f.chunk.size();
+    out.emplace_back(f.data.data, f.data.data + n);
+  }
+  e.ReleaseZero1Mirrors();
+  return out;
+}
+
+void RestoreState(Engine& e, const std::vector<std::vector<float>>& saved, int64_t step) {
+  std::vector<Engine::Zero1Field> fields = e.Zero1Fields(/*read_state=*/false);
+  ASSERT_EQ(fields.size(), saved.size());
+  for (size_t i = 0; i < fields.size(); ++i)
+    std::copy(saved[i].begin(), saved[i].end(), fields[i].data.data);
+  e.UploadZero1Mirrors();
+  e.RestoreState(step);
+}
+
+// The engine's state paths on memory the host cannot touch, whose ops queue like a GPU stream's:
+// an evaluation between steps (its forward runs the deferred outer all-gathers), a checkpoint
+// saved and restored through the host mirrors after a step it must undo, and consolidated
+// weights out and back in (GatherMainWeights / LoadMainWeights) — against the same engine on
+// the CPU backend, bit for bit (the same CPU ops underneath): one rank, and on several the
+// outer phase staged (sw = sg = 1, ZeRO-1 across the world); Muon per head and AdamW.
+TEST(EngineOnBackend, StatePathsOnDeferredGuardedMemoryMatchTheCpuBackend) {
+  const int W = WorldSize();
+  auto world = MpiCommunicator::World(W);
+  const int rank = world->rank();
+  const Layout l = W == 1 ? testing::kOneRank : Layout{1, 1, W, W};
+  auto batch = [rank](int step) {
+    return BatchFn([=](int mb, int32_t* tokens, int32_t* targets) {
+      for (int i = 0; i < 2 * 8; ++i) {
+        tokens[i] = (rank * 13 + step * 7 + mb * 5 + i * 3) % 61;
+        targets[i] = (tokens[i] * 3 + 1) % 61;
+      }
+    });
+  };
+  for (DType wdt : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(Describe(W, l) + " " + std::string(DTypeName(wdt)));
+    testing::GuardedBackend guarded(nullptr, kDeferred);
+    std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+    BackendGptModel model_a(guarded, TestGpt()), model_b(*cpu, TestGpt());
+    EngineConfig ca = testing::MuonEngineConfig(l, 2, wdt, UnitRule::kHead, DType::kBF16);
+    EngineConfig cb = ca;
+    ca.backend = &guarded;
+    cb.backend = cpu.get();
+    Engine a(model_a, *world, ca), b(model_b, *world, cb);
+    a.InitWeights(7);
+    b.InitWeights(7);
+    auto step_both = [&](int s) {
+      const StepStats x = a.Step(batch(s)), y = b.Step(batch(s));
+      EXPECT_EQ(x.loss, y.loss) << "step " << s;
+      EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+    };
+    step_both(1);
+    EXPECT_EQ(a.Evaluate(batch(100), 2), b.Evaluate(batch(100), 2));
+    step_both(2);
+    const std::vector<std::vector<float>> saved = SaveState(a);
+    const double lost = a.Step(batch(3)).loss;  // undone by the restore
+    EXPECT_TRUE(std::isfinite(lost));
+    RestoreState(a, saved, 2);
+    step_both(3);
+    testing::ExpectWeightsBitEqual(a, b);
+    // Loading weights also zeroes the optimizer state and the step (--init-weights): both.
+    const std::map<std::string, std::vector<float>> w = b.GatherMainWeights();
+    a.LoadMainWeights(w);
+    b.LoadMainWeights(w);
+    step_both(4);
+    testing::ExpectWeightsBitEqual(a, b);
+    EXPECT_TRUE(a.StateIsFinite());
   }
 }
 

@@ -58,6 +58,8 @@ class GuardedBackend final : public Backend {
     return std::unique_ptr<Backend>(new GuardedBackend(device_, guard_, deferred_));
   }
 
+  void* AllocHost(size_t bytes) override { return cpu_->AllocHost(bytes); }
+  void FreeHost(void* p) override { cpu_->FreeHost(p); }
   void* Alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
     if (device_) return device_->Alloc(bytes);
