@@ -44,7 +44,7 @@ expect_error "--comm-path nccl on the CPU backend (host memory) is refused by na
   "--comm-path nccl moves device buffers" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --comm-path nccl --steps 1
 expect_error "--ranks-per-node that does not divide the world is named with its fix" \
-  "--ranks-per-node 3 must divide the world size 2 (nodes hold equal numbers of ranks), or be 0" \
+  "--ranks-per-node 3 must be a positive divisor of the world size 2 (nodes hold equal numbers of ranks), or 0" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --ranks-per-node 3 --steps 1
 out=$(timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --no-overlap-outer \
   --steps 1 2>&1)

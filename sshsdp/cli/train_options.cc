@@ -318,8 +318,8 @@ std::vector<std::string> UnusedOptionNotes(const TrainOptions& o, bool outer_pha
 void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node) {
   SSHSDP_CHECK(ranks_per_node >= 0 && (ranks_per_node == 0 || world_size % ranks_per_node == 0),
                LayoutError,
-               "--ranks-per-node {} must divide the world size {} (nodes hold equal numbers of "
-               "ranks), or be 0 (the default: all ranks on one node)",
+               "--ranks-per-node {} must be a positive divisor of the world size {} (nodes hold "
+               "equal numbers of ranks), or 0 (the default: all ranks on one node)",
                ranks_per_node, world_size);
   const LayoutDegrees d = ResolveLayoutDegrees(sw, sg, so, world_size);
   try {

@@ -112,7 +112,13 @@ class CudaBackend final : public Backend {
     return p;
   }
   void FreeHost(void* p) override {
-    if (p && cudaFreeHost(p) != cudaSuccess) cudaGetLastError();
+    if (!p) return;
+    cudaSetDevice(ordinal_);
+    const cudaError_t e = cudaFreeHost(p);
+    if (e != cudaSuccess) {
+      std::fprintf(stderr, "%s: cudaFreeHost failed: %s\n", name_.c_str(), cudaGetErrorString(e));
+      cudaGetLastError();
+    }
   }
 
   void Fill(float* x, int64_t n, float value) override {

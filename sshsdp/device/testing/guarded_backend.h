@@ -11,6 +11,9 @@
 // Deferred (the second argument), a handle's ops queue as on a GPU stream and run only at its
 // own Synchronize, host copy, value-returning op or Free — never at another handle's — so a
 // hand-off missing its synchronization reads stale memory here too, on a machine without a GPU.
+// A queued op's error surfaces at the handle's next synchronizing call. A flush opens every
+// region for the whole queue, which widens the window in which another thread's host access
+// goes unseen.
 //
 //   testing::GuardedBackend b;
 //   cfg.backend = &b;
@@ -21,6 +24,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,6 +51,7 @@ class GuardedBackend final : public Backend {
         deferred_(deferred) {}
   ~GuardedBackend() override {
     Flush();
+    ReportPendingError();
     std::lock_guard<std::mutex> lock(guard_->mu);
     if (--guard_->handles > 0) return;  // another handle still uses the regions
     for (auto& [p, bytes] : guard_->regions) munmap(p, bytes);
@@ -73,7 +80,8 @@ class GuardedBackend final : public Backend {
     return p;
   }
   void Free(void* p) override {
-    Flush();  // as cudaFree waits for the device's work
+    Flush();  // this handle's queued work first (cudaFree waits for the whole device's)
+    ReportPendingError();  // Free never throws
     if (device_) return device_->Free(p);
     std::lock_guard<std::mutex> lock(guard_->mu);
     auto it = guard_->regions.find(p);
@@ -83,25 +91,25 @@ class GuardedBackend final : public Backend {
   }
   // Host copies wait for this handle's queued ops first, as a stream's copies do.
   void CopyIn(void* dst, const void* src, size_t bytes) override {
-    Flush();
+    Sync();
     Open o(this);
     cpu_->CopyIn(dst, src, bytes);
   }
   void CopyOut(void* dst, const void* src, size_t bytes) override {
-    Flush();
+    Sync();
     Open o(this);
     cpu_->CopyOut(dst, src, bytes);
   }
   void Copy(void* dst, const void* src, size_t bytes) override {
     Run([=, this] { cpu_->Copy(dst, src, bytes); });
   }
-  void Synchronize() override { Flush(); }
+  void Synchronize() override { Sync(); }
 
 // A void op: queued (deferred) or run now; its arguments are copied (pointers: backend memory).
 #define SSHSDP_GUARDED(call) Run([=, this] { cpu_->call; })
 // An op returning a value to the host: the queue first, then the op.
 #define SSHSDP_GUARDED_VALUE(call) \
-  Flush();                         \
+  Sync();                          \
   Open o(this);                    \
   return cpu_->call
   void Fill(float* x, int64_t n, float v) override { SSHSDP_GUARDED(Fill(x, n, v)); }
@@ -117,7 +125,7 @@ class GuardedBackend final : public Backend {
   }
   void AdamW(const AdamWSpan* s, int count, const AdamWConfig& cfg, int64_t step,
              float scale) override {
-    std::vector<AdamWSpan> spans(s, s + count);  // the caller's array may be gone when run
+    std::vector<AdamWSpan> spans(s, s + std::max(count, 0));  // the caller's may be gone by then
     Run([=, this] { cpu_->AdamW(spans.data(), count, cfg, step, scale); });
   }
   void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
@@ -189,8 +197,8 @@ class GuardedBackend final : public Backend {
   void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
                     int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
                     float scale) override {
-    std::vector<const void*> ins(in, in + batch);
-    std::vector<float*> outs(out, out + batch);
+    std::vector<const void*> ins(in, in + std::max<int64_t>(batch, 0));
+    std::vector<float*> outs(out, out + std::max<int64_t>(batch, 0));
     Run([=, this] {
       cpu_->NewtonSchulz(ins.data(), in_dtype, outs.data(), batch, rows, cols, steps, coef, scale);
     });
@@ -223,9 +231,9 @@ class GuardedBackend final : public Backend {
 
   // Every region readable and writable while at least one backend call runs.
   struct Open {
-    explicit Open(GuardedBackend* b) : g_(*b->guard_) {
+    explicit Open(GuardedBackend* b, bool count = true) : g_(*b->guard_) {
       std::lock_guard<std::mutex> lock(g_.mu);
-      ++g_.calls;
+      g_.calls += count ? 1 : 0;
       if (g_.open++ == 0)
         for (auto& [p, len] : g_.regions) mprotect(p, len, PROT_READ | PROT_WRITE);
     }
@@ -238,18 +246,44 @@ class GuardedBackend final : public Backend {
   };
   void Run(std::function<void()> op) {
     if (deferred_) {
+      std::lock_guard<std::mutex> lock(guard_->mu);
+      ++guard_->calls;
       queue_.push_back(std::move(op));
       return;
     }
     Open o(this);
     op();
   }
-  void Flush() {
+  // Runs the queue; an op's error is kept (the rest of the queue dropped) and raised at the next
+  // synchronizing call, as a CUDA stream's error surfaces — never from Free or the destructor.
+  void Flush() noexcept {
     if (queue_.empty()) return;
     std::vector<std::function<void()>> q;
     q.swap(queue_);
-    Open o(this);
-    for (auto& op : q) op();
+    Open o(this, /*count=*/false);
+    try {
+      for (auto& op : q) op();
+    } catch (...) {
+      if (!error_) error_ = std::current_exception();
+    }
+  }
+  void Sync() {
+    Flush();
+    if (!error_) return;
+    std::exception_ptr e = error_;
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+  void ReportPendingError() noexcept {
+    if (!error_) return;
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "guarded-cpu: a queued op failed: %s\n", e.what());
+    } catch (...) {
+      std::fprintf(stderr, "guarded-cpu: a queued op failed\n");
+    }
+    error_ = nullptr;
   }
 
   std::unique_ptr<Backend> cpu_;
@@ -257,6 +291,7 @@ class GuardedBackend final : public Backend {
   std::shared_ptr<Guard> guard_;
   bool deferred_ = false;
   std::vector<std::function<void()>> queue_;  // this handle's "stream" (deferred only)
+  std::exception_ptr error_;                  // the first queued op's error, not yet raised
 };
 
 }  // namespace sshsdp::testing
