@@ -162,8 +162,8 @@ int main(int argc, char** argv) {
       fmt::print("{}", sshsdp::RecordedConfig(t));
       return 0;
     }
-    cmd->train.layout_given =
-        t.count("--sw") + t.count("--sg") + t.count("--so") + t.count("--ranks-per-node") > 0;
+    cmd->train.layout_given = t.count("--sw") + t.count("--sg") + t.count("--so") > 0;
+    cmd->train.ranks_per_node_given = t.count("--ranks-per-node") > 0;
     cmd->train.recorded_config = sshsdp::RecordedConfig(t);
     return sshsdp::RunTrain(argc, argv, cmd->train);
   }

@@ -225,10 +225,13 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                            sr_seed, cfg.sr_seed));
       cfg.sr_seed = sr_seed;
       if (!o.layout_given) {
-        // No layout flags: continue at the saved layout, if it fits this world.
+        // No --sw/--sg/--so: continue at the saved degrees, if they fit this world — on the
+        // nodes --ranks-per-node describes when given (the machine may differ), else the saved.
         const CheckpointLayout saved = saved_manifest.layout;
+        if (o.ranks_per_node_given) CheckRanksPerNode(o.ranks_per_node, world_size);
+        const int rpn = o.ranks_per_node_given ? o.ranks_per_node : saved.ranks_per_node;
         try {
-          Topology fit(world_size, saved.ranks_per_node, saved.sw, saved.sg, saved.so);
+          Topology fit(world_size, rpn ? rpn : world_size, saved.sw, saved.sg, saved.so);
         } catch (const LayoutError& e) {
           throw ConfigError(fmt::format(
               "--resume {}: the checkpoint's layout {} does not fit {} ranks ({}); pass "
@@ -237,7 +240,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               resume_dir, saved.ToString(), world_size, e.what()));
         }
         cfg.sw = saved.sw, cfg.sg = saved.sg, cfg.so = saved.so;
-        cfg.ranks_per_node = saved.ranks_per_node;
+        cfg.ranks_per_node = rpn;
       }
     }
     // Validates the layout against the world size (LayoutError names the numbers).

@@ -70,11 +70,12 @@ struct TrainOptions {
   // `keep` (0: all); `resume` is a checkpoint root (its latest) or step directory.
   int save_every = 0, keep = 0;
   std::string ckpt_dir, resume;
-  std::string ckpt_fault;       // hidden, tests only: kill a rank during a save (see ckpt)
-  std::string fault;            // hidden, tests only: RANK:STEP throws inside that step
-  double comm_timeout = 600;    // watchdog seconds (comm/watchdog.h); 0: off
-  bool layout_given = true;     // false: no layout flag was passed (resume adopts the saved one)
-  std::string recorded_config;  // the options as a --config file (run_config.h)
+  std::string ckpt_fault;             // hidden, tests only: kill a rank during a save (see ckpt)
+  std::string fault;                  // hidden, tests only: RANK:STEP throws inside that step
+  double comm_timeout = 600;          // watchdog seconds (comm/watchdog.h); 0: off
+  bool layout_given = true;           // false: no --sw/--sg/--so (a resume adopts the saved ones)
+  bool ranks_per_node_given = true;   // false: no --ranks-per-node (a resume adopts the saved one)
+  std::string recorded_config;        // the options as a --config file (run_config.h)
   std::vector<std::string> restored;  // options a --resume took from the checkpoint
 };
 
@@ -98,6 +99,8 @@ std::vector<std::string> UnusedOptionNotes(const TrainOptions& o, bool outer_pha
 // user did not give says where they came from ("--sg and --so were not given: sg = --sw 3,
 // so = the world size 5"), so the message is about the flags on the command line.
 void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node);
+// --ranks-per-node: 0 (one node) or a positive divisor of the world size (LayoutError).
+void CheckRanksPerNode(int ranks_per_node, int world_size);
 // The engine configuration the options ask for on `world_size` ranks with `seq_len` tokens
 // per sample (unset degrees: fully sharded); ConfigError naming a bad value. `train` and
 // `plan` build theirs with it.

@@ -204,8 +204,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--resume", o.resume,
                  "resume from a checkpoint root (its latest complete checkpoint) or step "
-                 "directory, at this run's layout (without --sw/--sg/--so/--ranks-per-node: "
-                 "the saved layout); --steps counts from 0");
+                 "directory, at this run's layout (without --sw/--sg/--so: the saved degrees, "
+                 "on the saved --ranks-per-node unless it is given); --steps counts from 0");
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a blocking wait (collective, exchange, barrier, direct-path poll) may "
                  "last before the watchdog names what it waited for and ends the job (0: never)")
@@ -315,12 +315,16 @@ std::vector<std::string> UnusedOptionNotes(const TrainOptions& o, bool outer_pha
   return notes;
 }
 
-void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node) {
+void CheckRanksPerNode(int ranks_per_node, int world_size) {
   SSHSDP_CHECK(ranks_per_node >= 0 && (ranks_per_node == 0 || world_size % ranks_per_node == 0),
                LayoutError,
                "--ranks-per-node {} must be a positive divisor of the world size {} (nodes hold "
                "equal numbers of ranks), or 0 (the default: all ranks on one node)",
                ranks_per_node, world_size);
+}
+
+void CheckResolvedLayout(int sw, int sg, int so, int world_size, int ranks_per_node) {
+  CheckRanksPerNode(ranks_per_node, world_size);
   const LayoutDegrees d = ResolveLayoutDegrees(sw, sg, so, world_size);
   try {
     Topology check(world_size, ranks_per_node ? ranks_per_node : world_size, d.sw, d.sg, d.so);

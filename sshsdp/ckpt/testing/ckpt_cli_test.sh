@@ -118,6 +118,11 @@ if [ "$section" = resume ]; then
     "--microbatches 2 $mx"
   grep -q "W=2 nodes=1x2 sw=2 sg=2 so=2" "$tmp/w2_mx_fp32reduce_adopt/b.log"
   check "resume without layout flags adopts the saved layout" $?
+  # --ranks-per-node alone (the job moved to other nodes) keeps the saved degrees.
+  resume_case w2_ddp_rpn 2 "--sw 1 --sg 1 --so 1 --weight-dtype fp32" \
+    "--ranks-per-node 1 --weight-dtype fp32"
+  grep -q "W=2 nodes=2x1 sw=1 sg=1 so=1" "$tmp/w2_ddp_rpn/b.log"
+  check "resume with only --ranks-per-node keeps the saved sw/sg/so on the new nodes" $?
   resume_case w2_fp32_sr 2 "--sw 2 --sg 2 --so 2 --weight-dtype fp32 $sr ${sr:+--sr-seed 7}" \
     "--sw 2 --sg 2 --so 2 --weight-dtype fp32 $sr"
   if [ -n "$sr" ]; then
