@@ -20,6 +20,38 @@ int LocalRankFromEnvironment() {
   return 0;
 }
 
+DeviceCommChoice ChooseDeviceCommPath(int world, int ranks_per_node, int sw, int sg, int so,
+                                      const std::string& comm_path, const std::string& backend) {
+  // The runtime groups (ZeRO-2: sg consecutive ranks, the ZeRO-3 groups inside them; every
+  // microbatch) move device buffers over NCCL when asked for or when they span nodes, else on
+  // the direct path over CUDA IPC (one node; ranks may share a GPU, which NCCL < 2.30 refuses).
+  // The outer groups (replica reduce-scatter and all-gather, HSDP's all-reduce; once per step)
+  // go over NCCL with it, else staged through host memory over MPI.
+  const int rpn = ranks_per_node == 0 ? world : std::min(ranks_per_node, world);
+  const bool runtime_one_node = rpn % sg == 0;
+  const bool outer = so != sg || so != sw || so != world;
+  SSHSDP_CHECK(runtime_one_node || comm_path != "direct", ConfigError,
+               "--backend {} --comm-path direct moves device buffers over CUDA IPC, on one node; "
+               "the ZeRO-2 groups of --sg {} span nodes of {} ranks: use --comm-path nccl (the "
+               "default there), or an --sg that divides the ranks per node",
+               backend, sg, rpn);
+  const std::string staged =
+      outer ? "; the outer phase's groups staged through host memory over MPI" : "";
+  if (comm_path == "nccl" || !runtime_one_node) {
+    return {CommPath::kNccl, comm_path == "nccl"
+                                 ? ""
+                                 : fmt::format("comm path nccl: the ZeRO-2 groups of --sg {} span "
+                                               "nodes of {} ranks",
+                                               sg, rpn)};
+  }
+  if (sg > 1 || comm_path == "direct")
+    return {CommPath::kDirect,
+            "comm path direct: the ZeRO-3 / ZeRO-2 groups' device buffers move over CUDA IPC "
+            "(each group in one node)" +
+                staged};
+  return {CommPath::kCollective, outer ? "sw = sg = 1: no per-microbatch collective" + staged : ""};
+}
+
 DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
   DeviceRun dev;
   if (o.backend == "host") return dev;
@@ -47,40 +79,15 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
     dev.backend = MakeBackend(b);  // DeviceError naming why (no CUDA in this build, no GPU)
   }
   cfg->backend = dev.backend.get();
-  // A device on several ranks. The runtime groups (ZeRO-2: sg consecutive ranks, the ZeRO-3
-  // groups inside them; every microbatch) move device buffers over NCCL when asked for or when
-  // they span nodes, else on the direct path over CUDA IPC (one node; ranks may share a GPU,
-  // which NCCL < 2.30 refuses). The outer groups (replica reduce-scatter and all-gather, HSDP's
-  // all-reduce; once per step) go over NCCL with it, else staged through host memory over MPI.
-  const int W = WorldSize();
-  const int rpn = cfg->ranks_per_node == 0 ? W : std::min(cfg->ranks_per_node, W);
-  const bool runtime_one_node = rpn % cfg->sg == 0;
-  const bool outer = cfg->so != cfg->sg || cfg->so != cfg->sw || cfg->so != W;
-  SSHSDP_CHECK(runtime_one_node || o.comm_path != "direct" || dev.backend->host_memory(),
-               ConfigError,
-               "--backend {} --comm-path direct moves device buffers over CUDA IPC, on one node; "
-               "the ZeRO-2 groups of --sg {} span nodes of {} ranks: use --comm-path nccl (the "
-               "default there), or an --sg that divides the ranks per node",
-               b, cfg->sg, rpn);
-  if (W == 1 || dev.backend->host_memory()) return dev;
-  const std::string staged =
-      outer ? "; the outer phase's groups staged through host memory over MPI" : "";
-  if (o.comm_path == "nccl" || !runtime_one_node) {
-    cfg->comm_path = CommPath::kNccl;
-    if (o.comm_path != "nccl")
-      dev.notes.push_back(fmt::format(
-          "comm path nccl: the ZeRO-2 groups of --sg {} span nodes of {} ranks", cfg->sg, rpn));
-  } else if (cfg->sg > 1 || o.comm_path == "direct") {
+  if (WorldSize() == 1 || dev.backend->host_memory()) return dev;
+  const DeviceCommChoice c = ChooseDeviceCommPath(WorldSize(), cfg->ranks_per_node, cfg->sw,
+                                                  cfg->sg, cfg->so, o.comm_path, b);
+  cfg->comm_path = c.path;
+  if (c.path == CommPath::kDirect) {
     dev.direct = MakeCudaDirectMemory(*dev.backend);
-    cfg->comm_path = CommPath::kDirect;
     cfg->direct_device = dev.direct.get();
-    dev.notes.push_back(
-        "comm path direct: the ZeRO-3 / ZeRO-2 groups' device buffers move over CUDA IPC "
-        "(each group in one node)" +
-        staged);
-  } else if (outer) {
-    dev.notes.push_back("sw = sg = 1: no per-microbatch collective" + staged);
   }
+  if (!c.note.empty()) dev.notes.push_back(c.note);
   return dev;
 }
 

@@ -44,6 +44,19 @@ struct DeviceRun {
 // when the backend cannot be made (no CUDA in this build, no GPU).
 DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg);
 
+// How a device on `world` ranks moves its buffers at layout (sw, sg, so), given --comm-path:
+// nccl when asked for or when the ZeRO-2 groups (sg consecutive ranks) span nodes of
+// ranks_per_node (0: one node); else direct (CUDA IPC) when those groups move anything or
+// direct was asked for; else collective (sw = sg = 1: only the outer phase moves, staged).
+// `note` says what was chosen and why (empty when the option chose it and nothing is staged
+// or implied). ConfigError for --comm-path direct on groups spanning nodes.
+struct DeviceCommChoice {
+  CommPath path = CommPath::kCollective;
+  std::string note;
+};
+DeviceCommChoice ChooseDeviceCommPath(int world, int ranks_per_node, int sw, int sg, int so,
+                                      const std::string& comm_path, const std::string& backend);
+
 // The run's model: BackendGptModel on dev.backend, or the host model of the preset (Gpt, MoeGpt).
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev);

@@ -337,10 +337,15 @@ TEST(EngineOnBackend, StatePathsOnDeferredGuardedMemoryMatchTheCpuBackend) {
     Engine a(model_a, *world, ca), b(model_b, *world, cb);
     a.InitWeights(7);
     b.InitWeights(7);
+    // Every step stages one step's outer phase, wherever its all-gather ran (an evaluation's
+    // forward carries it into the next step's count, as a restore or load re-arms it).
+    const uint64_t staged = StagedBytesPerStep(a, wdt);
+    EXPECT_EQ(staged > 0, W > 1);
     auto step_both = [&](int s) {
       const StepStats x = a.Step(batch(s)), y = b.Step(batch(s));
       EXPECT_EQ(x.loss, y.loss) << "step " << s;
       EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
+      EXPECT_EQ(x.counters.staged_bytes, staged) << "step " << s;
     };
     step_both(1);
     EXPECT_EQ(a.Evaluate(batch(100), 2), b.Evaluate(batch(100), 2));
