@@ -34,8 +34,10 @@ expect_error "an unknown backend is refused, naming the choices" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend tpu --steps 1
 expect_error "MoE on a backend is refused by name" "--model moe-tiny (MoE) on a device is not built yet" \
   "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --backend cpu --steps 1
-expect_error "MXFP8 weights on a backend are refused by name" "MXFP8 weights on a device are not built yet" \
-  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --weight-dtype mxfp8 --steps 1
+expect_error "MXFP8 on a backend with scales the device cannot read is refused by name" \
+  "set the scale layout to row_major (--scale-layout row_major" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --weight-dtype mxfp8 \
+  --scale-layout cublas_swizzle --steps 1
 expect_error "bf16 reductions on a backend are refused by name" "pass --reduce fp32" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --reduce bf16sr --steps 1
 expect_error "--comm-path nccl on the host engine is refused by name" "--comm-path nccl moves device buffers" \
@@ -67,8 +69,11 @@ fi
 # where it is produced (kernels::LinearInput), BackendGpt rounding inside every product — a
 # whole-model check that the rounded-once inputs are the values the products would round.
 # Then the outer phase on the backend: ZeRO-1 across the 2 ranks (sw = sg = 1: the outer
-# reduce-scatter and all-gather every step) and DDP (so = 1: HSDP's all-reduce).
-for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" "muon bf16 1 1 1"; do
+# reduce-scatter and all-gather every step) and DDP (so = 1: HSDP's all-reduce). Then MXFP8
+# blocks, bit for bit: the backend dequantizes the same codes with the same scales (relaid out
+# row-major there, cuBLAS-swizzled on the host) into the same fp32 weights.
+for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" "muon bf16 1 1 1" \
+  "adamw mxfp8" "muon mxfp8 1 1 2"; do
   read -r opt wdt sw sg so <<<"$run"
   layout=()
   [ -n "$sw" ] && layout=(--sw "$sw" --sg "$sg" --so "$so")
@@ -78,6 +83,7 @@ for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" 
     >"$tmp/backend.out" 2>&1
   rc=$?
   grep -q "backend cpu" "$tmp/backend.out" || rc=1
+  [ "$wdt" = mxfp8 ] && ! grep -q "dequantized to fp32 for each GEMM" "$tmp/backend.out" && rc=1
   [ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/backend.out" | tail -5
   check "--backend cpu, $opt, $wdt weights, 2 ranks ${layout[*]}: exits 0 and names the backend" $rc
   timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --optimizer "$opt" --weight-dtype "$wdt" \
@@ -86,7 +92,8 @@ for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" 
   python3 - "$tmp/backend_$name.jsonl" "$tmp/host_$name.jsonl" "$wdt" "$opt" <<'PY'
 import json, sys
 dev, host = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
-tol = 1e-6 if sys.argv[3] == "fp32" else 0.0 if sys.argv[4] == "adamw" else 1e-4
+wdt, opt = sys.argv[3:5]
+tol = 1e-6 if wdt == "fp32" else 0.0 if opt == "adamw" or wdt == "mxfp8" else 1e-4
 assert len(dev) == len(host) == 4, (len(dev), len(host))
 for d, h in zip(dev, host):
     for k in ("loss", "grad_norm"):

@@ -358,10 +358,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                     : MeasureJobGemmPeak(
                           *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
                           o.gemm_peak);
-    if (cfg.weight_dtype == DType::kE4M3 && !dev.backend) {  // the header names both paths
+    if (cfg.weight_dtype == DType::kE4M3) {  // the header names both paths
       gemm_peak.path = fmt::format(
           "MXFP8 weights dequantized to fp32 (the peak's path): {}; groups kept in bf16: {}",
-          gemm_peak.path, kernels::GemmPathDescription(DType::kBF16));
+          gemm_peak.path,
+          dev.backend ? std::string("the backend's bf16 GEMM")
+                      : kernels::GemmPathDescription(DType::kBF16));
     }
     const double peak = gemm_peak.per_rank;
     std::ofstream metrics;

@@ -75,6 +75,7 @@ struct TrainOptions {
   double comm_timeout = 600;          // watchdog seconds (comm/watchdog.h); 0: off
   bool layout_given = true;           // false: no --sw/--sg/--so (a resume adopts the saved ones)
   bool ranks_per_node_given = true;   // false: no --ranks-per-node (a resume adopts the saved one)
+  bool scale_layout_given = true;     // false: no --scale-layout (--backend picks row_major)
   std::string recorded_config;        // the options as a --config file (run_config.h)
   std::vector<std::string> restored;  // options a --resume took from the checkpoint
 };

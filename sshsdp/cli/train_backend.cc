@@ -63,10 +63,6 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
                "--backend {} trains the dense GPT presets (tiny, small, base); --model {} (MoE) "
                "on a device is not built yet: use --backend host",
                b, o.model);
-  SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32", ConfigError,
-               "--backend {} runs bf16 or fp32 runtime weights: pass --weight-dtype bf16 or fp32 "
-               "(MXFP8 weights on a device are not built yet), got --weight-dtype {}",
-               b, o.weight_dtype);
   SSHSDP_CHECK(o.reduce == "fp32", ConfigError,
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
                "device are not built yet), got --reduce {}",
@@ -79,6 +75,15 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
     dev.backend = MakeBackend(b);  // DeviceError naming why (no CUDA in this build, no GPU)
   }
   cfg->backend = dev.backend.get();
+  if (o.weight_dtype == "mxfp8" && !o.scale_layout_given) {
+    // The device dequantizes each MXFP8 weight for its GEMM from per-row scales (no MX GEMM
+    // before Blackwell); another --scale-layout given on purpose is refused by the engine.
+    cfg->scale_layout = ScaleLayout::kRowMajor;
+    dev.notes.push_back(fmt::format(
+        "--weight-dtype mxfp8 on --backend {}: E4M3 codes stay the stored and communicated "
+        "format and are dequantized to fp32 for each GEMM, their scales relaid out row_major",
+        b));
+  }
   if (WorldSize() == 1 || dev.backend->host_memory()) return dev;
   const DeviceCommChoice c = ChooseDeviceCommPath(WorldSize(), cfg->ranks_per_node, cfg->sw,
                                                   cfg->sg, cfg->so, o.comm_path, b);

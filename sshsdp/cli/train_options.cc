@@ -143,7 +143,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--scale-layout", o.scale_layout,
                  "MXFP8 scale layout of packed runtime weights: row_major | block_row_major | "
-                 "deepgemm_mn_major | cublas_swizzle")
+                 "deepgemm_mn_major | cublas_swizzle (--backend: row_major, what its "
+                 "dequantize-for-the-GEMM reads, unless given)")
       ->capture_default_str();
   app.add_option("--reduce", o.reduce,
                  "gradient reduction precision: fp32 | bf16+fp32 | bf16sr (bf16 partials with "
@@ -237,7 +238,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "where the engine and the model run: host (the host engine, every feature) | "
                  "cpu (the device code path on the CPU backend: checks a device run anywhere) | "
                  "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. A backend "
-                 "runs the dense GPT presets, bf16 or fp32 weights, --reduce fp32, AdamW or Muon, "
+                 "runs the dense GPT presets, bf16, fp32 or mxfp8 weights (mxfp8 dequantized for "
+                 "each GEMM), --reduce fp32, AdamW or Muon, "
                  "every --sw/--sg/--so layout, and checkpoints (which load on the host engine "
                  "and back); several ranks on CUDA move the ZeRO-3/ZeRO-2 groups on the direct "
                  "path over CUDA IPC (one node; ranks may share a GPU) or over NCCL (groups "

@@ -22,7 +22,7 @@
 //
 // What each op must equal on every backend (backend_test.cc checks it):
 //   CastF32ToBf16, CastBf16ToF32, StochasticRoundBf16, Fill,
-//   MxQuantizeWeight, MxDequantizeWeight                       bit for bit (a NaN output
+//   MxQuantizeWeight, MxDequantizeWeight, MxDequantizeRows     bit for bit (a NaN output
 //                                                              may carry another payload)
 //   AdamW, MuonMomentum, MuonWeightUpdate                      bit for bit (same fp32 ops in
 //                                                              the same order, no FMA)
@@ -107,6 +107,13 @@ class Backend {
   // without an MX GEMM, Hopper, feeds its bf16/fp32 GEMM).
   virtual void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows,
                                   int64_t cols, float* out, const MxOptions& opt) = 0;
+  // The same with one scale per row and 32-column block: scales [rows, ceil(cols/32)] row-major
+  // (numerics/mx.h's MxDequantizeActivation; Tw's ScaleLayout::kRowMajor of a packed runtime
+  // weight, where each 32x32 block scale is repeated on the rows it covers). The engine on a
+  // GPU without an MX GEMM dequantizes its MXFP8 runtime weights with it (models/
+  // backend_gpt_model.h).
+  virtual void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                                float* out, const MxOptions& opt) = 0;
   // Σ x[i]² in double (the gradient norm's partial sum); waits for the result.
   virtual double SumSquares(const float* x, int64_t n) = 0;
   // ---- The reference GPT's layer ops on fp32 activations (kernels/layer_kernels.h and

@@ -334,6 +334,31 @@ TEST_F(BackendTest, MxQuantizeWeightBitForBit) {
   EXPECT_THROW(b_->MxQuantizeWeight(nullptr, -1, 2, nullptr, nullptr, {}), NumericsError);
 }
 
+// Per-row scales (Tw's row-major layout, what the engine on a GPU dequantizes its MXFP8 runtime
+// weights from): every code under every scale code, 0 (2^-127, subnormal results) and 0xFF
+// (NaN) included, against numerics/mx.h's MxDequantizeActivation.
+TEST_F(BackendTest, MxDequantizeRowsBitForBit) {
+  for (DType elem : {DType::kE4M3, DType::kE5M2})
+    for (int64_t rows : {0, 1, 3, 256})
+      for (int64_t cols : {0, 1, 33, 256}) {
+        const size_t n = static_cast<size_t>(rows * cols);
+        const size_t ns = static_cast<size_t>(rows * MxBlocks(cols));
+        std::vector<uint8_t> q(n), s(ns);
+        for (size_t i = 0; i < n; ++i) q[i] = static_cast<uint8_t>((i * 37 + 11) % 256);
+        for (size_t i = 0; i < ns; ++i) s[i] = static_cast<uint8_t>((i * 101 + 3) % 256);
+        if (ns > 1) s[0] = 0, s[1] = 0xFF;
+        std::vector<float> want(n);
+        MxDequantizeActivation(q.data(), s.data(), rows, cols, want.data(), {elem});
+        Buffer<uint8_t> dq(*b_, q), ds(*b_, s);
+        Buffer<float> out(*b_, n);
+        b_->MxDequantizeRows(dq.get(), ds.get(), rows, cols, out.get(), {elem});
+        EXPECT_EQ(FirstMismatch(out.Read(), want, nullptr, /*nan_equal=*/true), "")
+            << b_->name() << " " << DTypeName(elem) << " [" << rows << "x" << cols << "]";
+      }
+  EXPECT_THROW(b_->MxDequantizeRows(nullptr, nullptr, 2, 2, nullptr, {DType::kF32}), NumericsError);
+  EXPECT_THROW(b_->MxDequantizeRows(nullptr, nullptr, -1, 2, nullptr, {}), NumericsError);
+}
+
 // ---- The reference GPT's layer ops: against kernels/layer_kernels.h and kernels/matmul.h,
 // the CPU functions every backend is held to. ----
 

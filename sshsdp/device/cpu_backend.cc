@@ -71,6 +71,11 @@ class CpuBackend final : public Backend {
                           float* out, const MxOptions& opt) override {
     sshsdp::MxDequantizeWeight(q, scales, rows, cols, out, opt);
   }
+  void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                        float* out, const MxOptions& opt) override {
+    CheckMxOptions(opt);
+    sshsdp::MxDequantizeActivation(q, scales, rows, cols, out, opt);
+  }
   double SumSquares(const float* x, int64_t n) override {
     CheckCount(n, "SumSquares");
     return kernels::SumSquares(x, n);

@@ -180,13 +180,21 @@ class CudaBackend final : public Backend {
   }
   void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                           float* out, const MxOptions& opt) override {
+    Dequantize("MxDequantizeWeight", q, scales, rows, cols, 32, out, opt);
+  }
+  void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                        float* out, const MxOptions& opt) override {
+    Dequantize("MxDequantizeRows", q, scales, rows, cols, 1, out, opt);
+  }
+  void Dequantize(const char* op, const uint8_t* q, const uint8_t* scales, int64_t rows,
+                  int64_t cols, int block_rows, float* out, const MxOptions& opt) {
     CheckMxOptions(opt);
     SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
-                 "MxDequantizeWeight: matrix shape must be non-negative, got [{}, {}]", rows, cols);
+                 "{}: matrix shape must be non-negative, got [{}, {}]", op, rows, cols);
     if (rows == 0 || cols == 0) return;
     Use();
-    SSHSDP_CUDA_OK(cuda::LaunchMxDequantizeWeight(q, scales, rows, cols, out,
-                                                  opt.elem == DType::kE4M3, stream_));
+    SSHSDP_CUDA_OK(cuda::LaunchMxDequantize(q, scales, rows, cols, block_rows, out,
+                                            opt.elem == DType::kE4M3, stream_));
   }
   double SumSquares(const float* x, int64_t n) override {
     CheckCount(n, "SumSquares");

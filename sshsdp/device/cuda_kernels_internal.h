@@ -57,9 +57,11 @@ cudaError_t LaunchScaleOut(const float* x, float* const* out, int64_t per, int64
 cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q,
                                    uint8_t* scales, bool e4m3, bool ceil, cudaStream_t s);
 
-// numerics/mx.h's MxDequantizeWeight: out [rows, cols] = decode(q) · 2^(scale - 127).
-cudaError_t LaunchMxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows,
-                                     int64_t cols, float* out, bool e4m3, cudaStream_t s);
+// numerics/mx.h's MxDequantizeWeight (block_rows 32: scales [ceil(rows/32), ceil(cols/32)])
+// and MxDequantizeActivation (block_rows 1: scales [rows, ceil(cols/32)]): out [rows, cols] =
+// decode(q) · 2^(scale - 127).
+cudaError_t LaunchMxDequantize(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                               int block_rows, float* out, bool e4m3, cudaStream_t s);
 
 // The reference GPT's layer kernels (kernels/layer_kernels.h), rows > 0 / n > 0. Rows go one
 // per block (at most 2^31 - 1). eps and c (= kRmsEps, kGeluC) come from the caller.

@@ -56,10 +56,14 @@ void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
   if (!cfg.backend) return;
   const std::string b = cfg.backend->name();
   const Redundancies& R = cfg.redundancies;
-  SSHSDP_CHECK(cfg.weight_dtype == DType::kF32 || cfg.weight_dtype == DType::kBF16, ConfigError,
-               "the engine on backend {} runs fp32 or bf16 runtime weights, not {} (MXFP8 on a "
-               "device is not built yet)",
-               b, DTypeName(cfg.weight_dtype));
+  // MXFP8: a GPU without an MX GEMM (Hopper) dequantizes each weight for its GEMM, reading
+  // one scale per row and 32-column block (Backend::MxDequantizeRows): Tw's row-major layout.
+  SSHSDP_CHECK(cfg.weight_dtype != DType::kE4M3 || cfg.scale_layout == ScaleLayout::kRowMajor,
+               ConfigError,
+               "the engine on backend {} dequantizes MXFP8 weights for its GEMMs from per-row "
+               "scales: set the scale layout to row_major (--scale-layout row_major; "
+               "EngineConfig::scale_layout = kRowMajor), got {}",
+               b, ScaleLayoutName(cfg.scale_layout));
   SSHSDP_CHECK(cfg.reduce == ReduceMode::kFp32, ConfigError,
                "the engine on backend {} reduces fp32 gradients (--reduce fp32), got {}", b,
                ReduceModeName(cfg.reduce));
@@ -123,12 +127,17 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
     for (int g = 0; g < model.num_groups() && !any_mx; ++g) any_mx = model.GroupConsumesMx(g);
     SSHSDP_CHECK(any_mx, ConfigError,
                  "weight dtype mxfp8: no runtime group of this model consumes MXFP8 weights");
+    // On a device S has MPI groups of its own (Engine::mx_zero3_), so W may take any path.
+    const bool device = cfg.backend && !cfg.backend->host_memory();
     SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.weight_copies &&
-                     !cfg.redundancies.tw_every_use && cfg.comm_path == CommPath::kCollective,
+                     !cfg.redundancies.tw_every_use &&
+                     (cfg.comm_path == CommPath::kCollective || device),
                  ConfigError,
-                 "weight dtype mxfp8 runs on the flat shard layout without ③/① copies and on the "
-                 "collective comm path (of the baselines only ② quantize-every-gather), got {}",
-                 cfg.redundancies.ToString());
+                 "weight dtype mxfp8 runs on the flat shard layout without ③/① copies and, on "
+                 "the host, on the collective comm path (of the baselines only ② "
+                 "quantize-every-gather), got {}{}",
+                 cfg.redundancies.ToString(),
+                 cfg.comm_path == CommPath::kCollective ? "" : " with comm_path=direct");
   }
   EngineModes m;
   m.grad_dtype = GradDType(cfg.reduce);
@@ -217,13 +226,19 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   up_replica_rs_ = split(world_, sshsdp::Group::kReplicaRS);
   up_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
   up_hsdp_ = split(world_, sshsdp::Group::kHsdp);
-  if (cfg_.backend && !cfg_.backend->host_memory()) SetUpOuterGroupsOnDevice();
+  const bool device = cfg_.backend && !cfg_.backend->host_memory();
+  if (device && cfg_.weight_dtype == DType::kE4M3) {
+    mx_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
+    mx_zero3_ = split(world_, sshsdp::Group::kZero3);
+  }
+  if (device) SetUpOuterGroupsOnDevice();
   comm_thread_ = std::make_unique<CommThread>("runtime");
   up_p2p_ = world_.Duplicate();
   BuildUpdate();
   for (auto& gp : groups_) AllocateState(*gp);
   if (cfg_.weight_dtype == DType::kE4M3)
-    mx_ = MakeMxWeights(groups_, topo_, rank_, cfg_.scale_layout, up_p2p_.get(), &memory_);
+    mx_ = MakeMxWeights(groups_, topo_, rank_, cfg_.scale_layout, up_p2p_.get(), &memory_,
+                        cfg_.backend);
   DataPathContext ctx;
   ctx.cfg = &cfg_;
   ctx.zero3_position = topo_.GroupPosition(Group::kZero3, rank_);
@@ -446,7 +461,8 @@ size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1)
 
 std::unique_ptr<MxWeights> MakeMxWeights(const std::vector<std::unique_ptr<RuntimeGroup>>& groups,
                                          const Topology& topo, int rank, ScaleLayout scale_layout,
-                                         Communicator* p2p, MemoryAccount* memory) {
+                                         Communicator* p2p, MemoryAccount* memory,
+                                         Backend* backend) {
   std::vector<const GroupLayout*> layouts;
   std::vector<const ShardChain*> chains;
   std::vector<bool> mx_groups;
@@ -456,7 +472,7 @@ std::unique_ptr<MxWeights> MakeMxWeights(const std::vector<std::unique_ptr<Runti
     mx_groups.push_back(g->wdt == DType::kE4M3);
   }
   return std::make_unique<MxWeights>(layouts, chains, topo, rank, scale_layout, p2p, memory,
-                                     mx_groups);
+                                     mx_groups, backend);
 }
 
 UpdateOptions UpdateOptionsOf(const EngineConfig& cfg) {
@@ -488,13 +504,20 @@ UpdateOptions UpdateOptionsOf(const EngineConfig& cfg) {
     };
     // Muon's temporaries (u, v) in the backend's memory; split units' fragments staged through
     // the host for the point-to-point exchange.
-    o.device_memory.alloc = [b](size_t bytes) { return b->Alloc(bytes); };
-    o.device_memory.free = [b](void* p) { b->Free(p); };
-    o.device_memory.copy = [b](void* d, const void* s, size_t n) { b->Copy(d, s, n); };
-    o.device_memory.to_host = [b](void* h, const void* s, size_t n) { b->CopyOut(h, s, n); };
-    o.device_memory.from_host = [b](void* d, const void* h, size_t n) { b->CopyIn(d, h, n); };
+    o.device_memory = DeviceMemoryOf(*b);
   }
   return o;
+}
+
+UpdateDeviceMemory DeviceMemoryOf(Backend& backend) {
+  Backend* b = &backend;
+  UpdateDeviceMemory m;
+  m.alloc = [b](size_t bytes) { return b->Alloc(bytes); };
+  m.free = [b](void* p) { b->Free(p); };
+  m.copy = [b](void* d, const void* s, size_t n) { b->Copy(d, s, n); };
+  m.to_host = [b](void* h, const void* s, size_t n) { b->CopyOut(h, s, n); };
+  m.from_host = [b](void* d, const void* h, size_t n) { b->CopyIn(d, h, n); };
+  return m;
 }
 
 UpdateGroupView UpdateViewOf(const RuntimeGroup& g) {

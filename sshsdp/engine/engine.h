@@ -371,6 +371,9 @@ class Engine {
   std::unique_ptr<CommThread> comm_thread_;
   std::unique_ptr<Communicator> up_p2p_;    // structured-update point to point (world duplicate)
   std::unique_ptr<Communicator> up_zero1_;  // ⑥ full_tensor: ZeRO-1 group, ordered by chunk
+  // MXFP8 on a device: S (host memory, mx_weights.h) gathers over MPI in the replica and ZeRO-3
+  // groups while W moves on the device (null otherwise: S uses up_replica_ag_ and rt_zero3_).
+  std::unique_ptr<Communicator> mx_replica_ag_, mx_zero3_;
   std::unique_ptr<StructuredUpdate> update_;
   std::string first_structured_;  // first update parameter on a structured (Muon) unit, or ""
 

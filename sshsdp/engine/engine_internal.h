@@ -123,13 +123,18 @@ inline size_t BufferBytes(size_t bytes) { return bytes < 64 ? 64 : bytes; }
 // (`z1` elements), packed ones their stored runs.
 size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1);
 // The MXFP8 machinery of these groups on `rank` (its MX groups: wdt = kE4M3). A null p2p
-// builds the plan only (plan.h); `memory` may be null (nothing accounted).
+// builds the plan only (plan.h); `memory` may be null (nothing accounted); `backend`: where
+// main and the codes live (null: host memory).
 class MxWeights;
 std::unique_ptr<MxWeights> MakeMxWeights(const std::vector<std::unique_ptr<RuntimeGroup>>& groups,
                                          const Topology& topo, int rank, ScaleLayout scale_layout,
-                                         Communicator* p2p, MemoryAccount* memory);
+                                         Communicator* p2p, MemoryAccount* memory,
+                                         Backend* backend = nullptr);
 // The update's options of an engine configuration, and a group as the update sees it.
 UpdateOptions UpdateOptionsOf(const EngineConfig& cfg);
+// An update executor's roots in this backend's memory, staged through the host for its
+// point-to-point exchanges (update_executor.h).
+UpdateDeviceMemory DeviceMemoryOf(Backend& backend);
 UpdateGroupView UpdateViewOf(const RuntimeGroup& g);
 
 // Transient gather / gradient / copy buffers, reused by size (best fit), accounted as

@@ -132,9 +132,9 @@ void Engine::PrepareAndGatherWeights() {
       // communicator), and Tw relays it out into S′ — once per optimizer step (weight reuse).
       const int gi = g.layout.group;
       ScopedTimer t(&time_.comm_wait);
-      if (up_replica_ag_->size() > 1)
-        up_replica_ag_->AllGatherInPlace(mx_->s_z3(gi), mx_->s_z1_count(gi), DType::kUE8M0);
-      Communicator* z3 = rt_zero3_.get();
+      Communicator* ag = mx_replica_ag_ ? mx_replica_ag_.get() : up_replica_ag_.get();
+      if (ag->size() > 1) ag->AllGatherInPlace(mx_->s_z3(gi), mx_->s_z1_count(gi), DType::kUE8M0);
+      Communicator* z3 = mx_zero3_ ? mx_zero3_.get() : rt_zero3_.get();
       const void* src = mx_->s_z3(gi);
       void* dst = mx_->s_full(gi);
       const size_t count = mx_->s_z3_count(gi);
@@ -227,7 +227,6 @@ std::map<std::string, std::vector<float>> Engine::GatherMainWeights() {
 }
 
 std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
-  // (MXFP8 is refused on a backend: mx_ is null there.)
   std::map<std::string, MxRuntimeWeight> out;
   if (!mx_) return out;
   for (auto& gp : groups_) {
@@ -236,15 +235,20 @@ std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
     if (!mx_->is_mx(gi) || g.sdt != DType::kE4M3) continue;
     const size_t c = g.z1.size();
     std::vector<uint8_t> all(c * world_.size()), full(g.padded);
-    world_.AllGather(g.w_z3->data_as<uint8_t>() + (g.z1.begin - g.z3.begin), all.data(), c,
-                     DType::kE4M3);
+    const uint8_t* mine = g.w_z3->data_as<uint8_t>() + (g.z1.begin - g.z3.begin);
+    if (cfg_.backend) {  // this rank's codes to the host first: world_ moves host memory
+      cfg_.backend->CopyOut(all.data() + static_cast<size_t>(world_.rank()) * c, mine, c);
+      world_.AllGatherInPlace(all.data(), c, DType::kE4M3);
+    } else {
+      world_.AllGather(mine, all.data(), c, DType::kE4M3);
+    }
     for (int j = 0; j < topo_.so(); ++j)
       std::memcpy(full.data() + j * c, all.data() + topo_.Zero1ChunkOwner(j, 0) * c, c);
     for (size_t r = 0; r < g.layout.runtime.size(); ++r) {
       const RuntimeParam& rp = g.layout.runtime[r];
       MxRuntimeWeight& w = out[rp.name];
       w.codes.assign(full.begin() + rp.offset, full.begin() + rp.offset + rp.numel);
-      const uint8_t* s = mx_->scales(gi, static_cast<int>(r));
+      const uint8_t* s = mx_->host_scales(gi, static_cast<int>(r));
       w.scales.assign(s, s + mx_->scales_bytes(gi, static_cast<int>(r)));
     }
   }

@@ -258,9 +258,11 @@ StepStats Engine::Step(const BatchFn& batch) {
          {up_replica_rs_.get(), up_replica_ag_.get(), up_hsdp_.get(), up_p2p_.get(), &world_})
       c += u->counters();
     if (up_zero1_) c += up_zero1_->counters();
+    if (mx_replica_ag_) c += mx_replica_ag_->counters();
     return c;
   };
   const CommCounters rt0 = rt_zero3_->counters(), rt1 = rt_zero2_->counters();
+  const CommCounters rt2 = mx_zero3_ ? mx_zero3_->counters() : CommCounters{};
   const CommCounters up0 = update_comms();
   const uint64_t staged0 = StagedBytes();
 
@@ -306,6 +308,7 @@ StepStats Engine::Step(const BatchFn& batch) {
   st.counters.bytes_copied = st.counters.copies.total();
   st.counters.runtime_comm = Delta(rt_zero3_->counters(), rt0);
   st.counters.runtime_comm += Delta(rt_zero2_->counters(), rt1);
+  if (mx_zero3_) st.counters.runtime_comm += Delta(mx_zero3_->counters(), rt2);
   st.counters.update_comm = Delta(update_comms(), up0);
   st.counters.update_comm += carried_update_comm_;
   carried_update_comm_ = {};

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/engine/engine_internal.h"
 #include "sshsdp/update/update_unit.h"
 
 namespace sshsdp {
@@ -25,13 +26,14 @@ bool MxWeights::GroupIsMx(const GroupLayout& layout) {
 MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
                      const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
                      ScaleLayout layout, Communicator* p2p, MemoryAccount* account,
-                     const std::vector<bool>& mx_groups)
+                     const std::vector<bool>& mx_groups, Backend* backend)
     : topo_(topo),
       rank_(rank),
       replica_(topo.Coord(rank).d),
       layout_(layout),
       p2p_(p2p),
       account_(account),
+      backend_(backend),
       chains_(chains) {
   std::vector<UpdateUnit> units;
   groups_.resize(layouts.size());
@@ -80,6 +82,11 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
       off += (bytes + 63) / 64 * 64;
     }
     G.s_prime.assign(std::max<size_t>(off, 64), 0);
+    if (backend_) {
+      G.s_prime_dev = static_cast<uint8_t*>(backend_->Alloc(G.s_prime.size()));
+      G.s_bands.assign(G.s_list.padded_numel(), 0);
+      G.s_bands_dev = static_cast<uint8_t*>(backend_->Alloc((G.s_bands.size() + 63) / 64 * 64));
+    }
     try {  // dry run on zero scales: a layout the parts cannot use fails here, at setup
       Relayout(static_cast<int>(g));
     } catch (const NumericsError& e) {
@@ -97,50 +104,89 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
       "mx_quantize",
       {{"main", DType::kF32, FieldRole::kState}, {"q", DType::kE4M3, FieldRole::kTemporary}},
       {}};
-  std::map<std::pair<int, size_t>, size_t> index;  // (group, begin) → band unit
-  for (size_t i = 0; i < units.size(); ++i) index[{units[i].group, units[i].begin}] = i;
+  for (size_t i = 0; i < units.size(); ++i) band_index_[{units[i].group, units[i].begin}] = i;
   // f0 (unit = one 32-row band): codes and scales of the whole band on its execution rank.
   prog.stages.push_back({"quantize",
                          {{"main", Extent::Unit()}},
                          {{"q", Extent::Unit()}},
                          {},
                          nullptr,
-                         [this, index](const StageBatch& b) {
-                           for (const StageItem& it : b.items) {
-                             const size_t u = index.at({it.unit->group, it.unit->begin});
-                             const BandRef& br = bands_[u];
-                             const Group& G = groups_[br.group];
-                             std::vector<uint8_t>& s = band_scales_[u];
-                             s.resize(static_cast<size_t>(MxBlocks(G.cols[br.member])));
-                             MxQuantizeWeightBand(static_cast<const float*>(it.data[0]),
-                                                  G.rows[br.member], G.cols[br.member], br.band,
-                                                  static_cast<uint8_t*>(it.data[1]), s.data());
-                             stats_.bands_executed++;
-                           }
-                         }});
+                         [this](const StageBatch& b) { QuantizeBands(b); }});
   // f1 (elementwise): each owner stores its own codes into its ZeRO-1 slice of Wᶻ³.
   prog.stages.push_back(
       {"store", {{"q", Extent::Elements(1)}}, {}, {}, nullptr, [this](const StageBatch& b) {
          for (const StageItem& it : b.items) {
            const int g = it.unit->group;
            const size_t z1 = chains_[g]->LocalRange(Shard::kZero1).begin;
-           std::memcpy(codes_z1_[g] + (it.begin - z1), it.data[0], static_cast<size_t>(it.numel));
+           uint8_t* dst = codes_z1_[g] + (it.begin - z1);
+           if (backend_) {
+             backend_->Copy(dst, it.data[0], static_cast<size_t>(it.numel));
+           } else {
+             std::memcpy(dst, it.data[0], static_cast<size_t>(it.numel));
+           }
          }
        }});
   plan_ = std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica_);
-  exec_ = std::make_unique<UpdateExecutor>(plan_, chains, rank, p2p, account);
+  exec_ =
+      std::make_unique<UpdateExecutor>(plan_, chains, rank, p2p, account,
+                                       backend_ ? DeviceMemoryOf(*backend_) : UpdateDeviceMemory{});
   // Last: a throw above (plan, executor) must not leave the scales accounted.
   if (account_) account_->Allocate("scales", persistent_bytes());
 }
 
 MxWeights::~MxWeights() {
   if (account_) account_->Free("scales", persistent_bytes());
+  exec_.reset();  // its roots are the backend's too
+  if (backend_)
+    for (Group& G : groups_) {
+      backend_->Free(G.s_prime_dev);
+      backend_->Free(G.s_bands_dev);
+    }
 }
 
 size_t MxWeights::persistent_bytes() const {
   size_t b = 0;
-  for (const Group& G : groups_) b += G.s_z3.size() + G.s_full.size() + G.s_prime.size();
+  for (const Group& G : groups_) {
+    b += G.s_z3.size() + G.s_full.size() + G.s_prime.size();
+    if (G.s_prime_dev) b += G.s_prime.size() + (G.s_bands.size() + 63) / 64 * 64;
+  }
   return b;
+}
+
+void MxWeights::QuantizeBands(const StageBatch& b) {
+  // f0: codes and scales of each whole band on its execution rank. On a backend the scales are
+  // written into the group's band-scale buffer there and read back once per group.
+  std::vector<bool> touched(groups_.size(), false);
+  for (const StageItem& it : b.items) {
+    const size_t u = band_index_.at({it.unit->group, it.unit->begin});
+    const BandRef& br = bands_[u];
+    Group& G = groups_[br.group];
+    const int64_t rows = G.rows[br.member], cols = G.cols[br.member];
+    const auto* band = static_cast<const float*>(it.data[0]);
+    auto* q = static_cast<uint8_t*>(it.data[1]);
+    if (backend_) {
+      const MxBand mb = MxWeightBand(rows, cols, br.band);
+      backend_->MxQuantizeWeight(band, mb.row_end - mb.row_begin, cols, q,
+                                 G.s_bands_dev + ScaleBandBegin(u), MxOptions{});
+      touched[br.group] = true;
+    } else {
+      std::vector<uint8_t>& s = band_scales_[u];
+      s.resize(static_cast<size_t>(MxBlocks(cols)));
+      MxQuantizeWeightBand(band, rows, cols, br.band, q, s.data());
+    }
+    stats_.bands_executed++;
+  }
+  if (!backend_) return;
+  for (size_t g = 0; g < groups_.size(); ++g)
+    if (touched[g])
+      backend_->CopyOut(groups_[g].s_bands.data(), groups_[g].s_bands_dev,
+                        groups_[g].s_bands.size());
+  for (const StageItem& it : b.items) {
+    const size_t u = band_index_.at({it.unit->group, it.unit->begin});
+    const Group& G = groups_[bands_[u].group];
+    const auto* s = G.s_bands.data() + ScaleBandBegin(u);
+    band_scales_[u].assign(s, s + MxBlocks(G.cols[bands_[u].member]));
+  }
 }
 
 std::vector<MxScaleGrid> MxWeights::Parts(int g, int r) const {
@@ -217,6 +263,8 @@ std::vector<MxWeights::ScaleMessage> MxWeights::ScaleMessages() const {
 }
 
 void MxWeights::QuantizeFull(int g, const float* full_main, uint8_t* codes) {
+  SSHSDP_CHECK(backend_ == nullptr, PlanError,
+               "MxWeights: quantize-every-gather (②) runs on host memory only");
   Group& G = groups_[g];
   for (size_t m = 0; m < G.rows.size(); ++m) {
     const size_t off = G.layout->list.member(m).offset;
@@ -232,6 +280,7 @@ void MxWeights::Relayout(int g) {
     RelayoutPackedScales(parts, MxOperand::kAsStored, layout_, G.s_prime.data() + G.rt_offset[r],
                          G.rt_bytes[r]);
   }
+  if (backend_) backend_->CopyIn(G.s_prime_dev, G.s_prime.data(), G.s_prime.size());
 }
 
 }  // namespace sshsdp

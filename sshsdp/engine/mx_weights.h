@@ -42,14 +42,24 @@
 //   ... outer AG of codes and of mx.s_z3(g); ZeRO-3 AG of S into mx.s_full(g) ...
 //   mx.Relayout(g);                          // Tw: S → S′
 //   TensorRef{codes, DType::kE4M3, mx.scales(g, r), ScaleLayout::kCublasSwizzle};
+//
+// On a device backend (the engine on a GPU; `backend` set): main and the codes are its memory.
+// G runs on it (Backend::MxQuantizeWeight on each band, the executor's temporaries and fetches
+// staged as the optimizer's are), and each band's scales come back to the host, where S lives:
+// it is 1/1024 of the codes, so its exchange, its gathers (the engine's host communicators) and
+// Tw stay host work, and only S′ is copied to the device after Tw (scales() then points there).
+// ② (QuantizeFull) is host-only.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "sshsdp/base/memory_account.h"
 #include "sshsdp/comm/communicator.h"
+#include "sshsdp/device/backend.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/layout/topology.h"
 #include "sshsdp/numerics/mx.h"
@@ -71,10 +81,11 @@ class MxWeights {
   // and buffers, the band units and the G plan (metadata only). Throws ConfigError when a
   // layout is not usable (e.g. kBlockRowMajor with parts whose rows are not multiples of 32).
   // A null p2p builds the plan only (engine/plan.h): sizes and messages, Quantize refuses.
+  // backend: where main and the codes live (null: host memory; see above).
   MxWeights(const std::vector<const GroupLayout*>& layouts,
             const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
             ScaleLayout layout, Communicator* p2p, MemoryAccount* account,
-            const std::vector<bool>& mx_groups = {});
+            const std::vector<bool>& mx_groups = {}, Backend* backend = nullptr);
   ~MxWeights();
 
   bool is_mx(int g) const { return groups_[g].mx; }
@@ -84,7 +95,8 @@ class MxWeights {
   // replica (point-to-point only between ranks sharing split bands).
   void Quantize(const std::vector<const float*>& main_z1, const std::vector<uint8_t*>& codes_z1);
   // ② "quantize every gather": quantize every member of group g from its FULL fp32 buffer
-  // (gathered) into `codes` (full) and s_full(g). Local; bit-identical to Quantize.
+  // (gathered) into `codes` (full) and s_full(g). Local; bit-identical to Quantize. Host
+  // memory only (PlanError on a backend).
   void QuantizeFull(int g, const float* full_main, uint8_t* codes);
   // Tw: relayout s_full(g) into S′ of every runtime parameter of group g.
   void Relayout(int g);
@@ -94,12 +106,18 @@ class MxWeights {
   size_t s_z3_count(int g) const { return groups_[g].z3.size(); }
   size_t s_z1_count(int g) const { return groups_[g].z1.size(); }
   uint8_t* s_full(int g) { return groups_[g].s_full.data(); }
-  // Relaid-out scales (S′) of runtime parameter r of group g, for its [rows, cols] operand.
+  // Relaid-out scales (S′) of runtime parameter r of group g, for its [rows, cols] operand: in
+  // the backend's memory when there is one (what the model reads), and their host copy.
   const uint8_t* scales(int g, int r) const {
+    return (backend_ ? groups_[g].s_prime_dev : groups_[g].s_prime.data()) +
+           groups_[g].rt_offset[r];
+  }
+  const uint8_t* host_scales(int g, int r) const {
     return groups_[g].s_prime.data() + groups_[g].rt_offset[r];
   }
   size_t scales_bytes(int g, int r) const { return groups_[g].rt_bytes[r]; }
-  // Bytes of all S buffers (Sᶻ³, full S, S′) on this rank (for reports).
+  // Bytes of all S buffers (Sᶻ³, full S, S′; on a backend also its S′ and band-scale
+  // buffers) on this rank (for reports).
   size_t persistent_bytes() const;
   // Statistics of the last Quantize: bands executed here, split bands, point-to-point bytes
   // this rank sent (codes fetch/return + scales).
@@ -130,7 +148,13 @@ class MxWeights {
     size_t s_chunk = 0;  // ZeRO-1 chunk of S (elements = bytes)
     std::vector<uint8_t> s_z3, s_full, s_prime;
     std::vector<size_t> rt_offset, rt_bytes;
+    // On a backend: S′ there, and the scales of the bands G quantizes there (laid out as S),
+    // with their host copy.
+    uint8_t* s_prime_dev = nullptr;
+    uint8_t* s_bands_dev = nullptr;
+    std::vector<uint8_t> s_bands;
   };
+  void QuantizeBands(const StageBatch& b);
   std::vector<MxScaleGrid> Parts(int g, int r) const;
   size_t ScaleBandBegin(size_t unit) const;  // first S element of band unit `unit`
 
@@ -141,6 +165,7 @@ class MxWeights {
   ScaleLayout layout_;
   Communicator* p2p_;  // null: plan only
   MemoryAccount* account_;
+  Backend* backend_;  // null: host memory
   std::vector<const ShardChain*> chains_;
   std::shared_ptr<const UpdatePlan> plan_;
   std::unique_ptr<UpdateExecutor> exec_;
@@ -150,6 +175,7 @@ class MxWeights {
     int64_t band = 0;
   };
   std::vector<BandRef> bands_;
+  std::map<std::pair<int, size_t>, size_t> band_index_;  // (group, begin) → band unit
   std::vector<std::vector<uint8_t>> band_scales_;
   std::vector<uint8_t*> codes_z1_;  // valid during Quantize
   Stats stats_;

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/update/update_unit.h"
 
 namespace sshsdp {
 
@@ -12,6 +13,8 @@ BackendGptModel::BackendGptModel(Backend& b, const GptConfig& c) : b_(b), spec_(
   SSHSDP_CHECK(c.packed_qkv, ConfigError,
                "BackendGptModel runs the packed QKV layout only (GptConfig::packed_qkv = true)");
 }
+
+BackendGptModel::~BackendGptModel() { b_.Free(mx_scratch_); }
 
 void BackendGptModel::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
   if (!gpt_ || gpt_->batch() != B || gpt_->seq_len() != T) {
@@ -25,24 +28,52 @@ void BackendGptModel::SetBatch(const int32_t* tokens, const int32_t* targets, in
 }
 
 std::vector<const void*> BackendGptModel::Weights(int g, const std::vector<TensorRef>& v,
-                                                  DType* dtype) const {
+                                                  DType* dtype) {
   const size_t want = static_cast<size_t>(gpt_->GroupTensors(g));
   SSHSDP_CHECK(v.size() == want, PlanError,
                "BackendGptModel group {}: got {} weight views, expected {}", g, v.size(), want);
+  const bool mx = !v.empty() && v[0].dtype == DType::kE4M3;
   std::vector<const void*> p;
   for (size_t i = 0; i < v.size(); ++i) {
     SSHSDP_CHECK(
-        v[i].dtype == v[0].dtype && (v[i].dtype == DType::kF32 || v[i].dtype == DType::kBF16),
+        v[i].dtype == v[0].dtype && (v[i].dtype == DType::kF32 || v[i].dtype == DType::kBF16 || mx),
         ConfigError,
         "BackendGptModel group {}: weight view {} is {} (view 0: {}); the backend GPT "
-        "runs fp32 or bf16 runtime weights, one dtype per group (--weight-dtype fp32 or "
-        "bf16; MXFP8 on a device is not built yet)",
+        "runs fp32, bf16 or MXFP8 (e4m3) runtime weights, one dtype per group "
+        "(--weight-dtype fp32, bf16 or mxfp8)",
         g, i, DTypeName(v[i].dtype), DTypeName(v[0].dtype));
     SSHSDP_CHECK(v[i].data != nullptr, PlanError,
                  "BackendGptModel group {}: weight view {} is null", g, i);
+    SSHSDP_CHECK(!mx || (v[i].scales != nullptr && v[i].scale_layout == ScaleLayout::kRowMajor),
+                 ConfigError,
+                 "BackendGptModel group {}: MXFP8 weight view {} needs its scales relaid out "
+                 "row-major (--scale-layout row_major), got {}",
+                 g, i, v[i].scales ? ScaleLayoutName(v[i].scale_layout) : "no scales");
     p.push_back(v[i].data);
   }
   *dtype = v.empty() ? DType::kF32 : v[0].dtype;
+  if (!mx) return p;
+  // Dequantize every view of the group (codes [rows, cols], per-row scales) into the scratch.
+  const std::vector<RuntimeParamSpec> specs = spec_.GroupParams(g);
+  int64_t need = 0;
+  for (const RuntimeParamSpec& s : specs) need += (s.numel() + 15) / 16 * 16;
+  if (need > mx_scratch_floats_) {
+    b_.Free(mx_scratch_);
+    mx_scratch_ = nullptr;
+    mx_scratch_floats_ = 0;
+    mx_scratch_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(need) * 4));
+    mx_scratch_floats_ = need;
+  }
+  float* at = mx_scratch_;
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t rows = 0, cols = 0;
+    MatrixView(specs[i].shape, &rows, &cols);
+    b_.MxDequantizeRows(static_cast<const uint8_t*>(v[i].data), v[i].scales, rows, cols, at,
+                        MxOptions{DType::kE4M3});
+    p[i] = at;
+    at += (specs[i].numel() + 15) / 16 * 16;
+  }
+  *dtype = DType::kF32;
   return p;
 }
 

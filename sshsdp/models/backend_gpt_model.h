@@ -7,7 +7,11 @@
 //
 // fp32 or bf16 runtime weights (every view of a group in one dtype; bf16 as Gpt runs it: see
 // BackendGpt), fp32 gradients (ConfigError otherwise: --reduce fp32), the packed QKV layout
-// (GptConfig::packed_qkv), no MXFP8.
+// (GptConfig::packed_qkv). MXFP8 block weights (--weight-dtype mxfp8: E4M3 codes with S′ in
+// ScaleLayout::kRowMajor) are dequantized into fp32 scratch on the backend before each use
+// (Backend::MxDequantizeRows: what a GPU without an MX GEMM, Hopper, does), and the block then
+// runs as with fp32 weights — the function Gpt computes with MXFP8 weights (kernels/mx_linear.h:
+// dequantized weight, fp32 activations and products). The scratch holds one block's weights.
 //
 //   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
 //   BackendGptModel model(*cpu, GptConfig::Preset("small"));
@@ -29,6 +33,9 @@ class BackendGptModel final : public Model {
  public:
   // ConfigError unless c.packed_qkv.
   BackendGptModel(Backend& b, const GptConfig& c);
+  ~BackendGptModel() override;
+  BackendGptModel(const BackendGptModel&) = delete;
+  BackendGptModel& operator=(const BackendGptModel&) = delete;
 
   int num_groups() const override { return spec_.num_groups(); }
   std::vector<RuntimeParamSpec> GroupParams(int g) const override { return spec_.GroupParams(g); }
@@ -39,17 +46,23 @@ class BackendGptModel final : public Model {
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
   double FlopsPerToken() const override { return spec_.FlopsPerToken(); }
-  int64_t ActivationBytes() const override { return gpt_ ? gpt_->activation_bytes() : 0; }
+  int64_t ActivationBytes() const override {
+    return (gpt_ ? gpt_->activation_bytes() : 0) + mx_scratch_floats_ * 4;
+  }
+  bool ConsumesMx() const override { return true; }
 
  private:
   // The fp32 pointers of group g's views (PlanError / ConfigError naming the view otherwise).
-  // Weight views as pointers and their one dtype (fp32 or bf16); gradient views as fp32.
-  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype) const;
+  // Weight views as pointers and their one dtype (fp32 or bf16; MXFP8 views dequantized into
+  // the scratch, fp32); gradient views as fp32.
+  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype);
   std::vector<float*> Grads(int g, const std::vector<TensorRef>& v) const;
 
   Backend& b_;
   Gpt spec_;  // the runtime parameters and FLOPs (no activations: never given a batch)
   std::unique_ptr<BackendGpt> gpt_;
+  float* mx_scratch_ = nullptr;  // backend memory: one group's dequantized MXFP8 weights
+  int64_t mx_scratch_floats_ = 0;
   int fwd_next_ = 0, bwd_next_ = -1;
   bool loss_valid_ = false;
 };

@@ -1,0 +1,248 @@
+// MXFP8 runtime weights with the engine on a device backend (issue 19: "keep MXFP8 as the stored
+// and communicated format and dequantize for the GEMM on sm_90"). G quantizes the ZeRO-1 main
+// weights on the backend band by band (mx_weights.h), the codes move as the weights do (E4M3,
+// one byte), S stays on the host and gathers over MPI, Tw relays it out row-major and S′ goes to
+// the backend, where BackendGptModel dequantizes each weight before its GEMMs
+// (Backend::MxDequantizeRows).
+//
+//  * On the CPU backend (host memory, MPI's collectives) at every (sw, sg, so) layout of this
+//    world size: the same losses, gradient norms, main weights, codes and scales as the host
+//    engine training the host Gpt with MXFP8 weights on the same ranks — bit for bit — and the
+//    same communication, G and Tw counters (AdamW, and Muon per head).
+//  * On a backend whose memory faults when the host touches it and whose ops queue like a GPU
+//    stream (testing/guarded_backend.h): one rank; and on several every layout with the
+//    runtime groups on the direct path over the shared-memory stand-in device (the outer phase
+//    staged through the host). There the gathered codes and S′ equal quantizing the engine's own
+//    consolidated main weights unsharded, and training stays within MXFP8's tolerances of the
+//    host engine on the same ranks (the direct path sums gradients in another order).
+//  * What is refused, by name: another scale layout on a device; MXFP8 views without row-major
+//    scales in the model.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/comm/testing/shm_device_memory.h"
+#include "sshsdp/device/backend.h"
+#include "sshsdp/device/testing/device_mpi_test.h"
+#include "sshsdp/device/testing/guarded_backend.h"
+#include "sshsdp/engine/testing/parity_harness.h"
+#include "sshsdp/models/backend_gpt_model.h"
+#include "sshsdp/models/gpt.h"
+#include "sshsdp/numerics/mx.h"
+#include "sshsdp/numerics/scale_layout.h"
+#include "sshsdp/update/update_unit.h"
+
+namespace sshsdp {
+namespace {
+
+using testing::Describe;
+using testing::Layout;
+using testing::TestGpt;
+using testing::WorldSize;
+
+constexpr bool kDeferred = true;
+
+// The host Gpt the backend's is compared with: attention in fp32, as the backends' attention.
+GptConfig HostReferenceGpt() {
+  GptConfig c = TestGpt();
+  c.bf16_attention = false;
+  return c;
+}
+
+EngineConfig MxConfig(const Layout& l, bool muon) {
+  EngineConfig c =
+      muon ? testing::MuonEngineConfig(l, 2, DType::kE4M3, UnitRule::kHead, DType::kBF16)
+           : testing::BaseConfig(l, 2, DType::kE4M3);
+  c.scale_layout = ScaleLayout::kRowMajor;
+  return c;
+}
+
+// The engine's gathered codes and S′ of every MXFP8 runtime weight equal quantizing its own
+// consolidated main weights unsharded and relaying their scales out row-major.
+void ExpectCodesOfTheMainWeights(Engine& eng, const Model& model) {
+  const auto main = eng.GatherMainWeights();
+  const auto mx = eng.GatherMxWeights();
+  size_t checked = 0;
+  for (int g = 1; g + 1 < model.num_groups(); ++g)
+    for (const RuntimeParamSpec& rp : model.GroupParams(g)) {
+      ASSERT_EQ(mx.count(rp.name), 1u) << rp.name;
+      std::vector<uint8_t> codes;
+      std::vector<std::vector<uint8_t>> grids;
+      std::vector<MxScaleGrid> parts;
+      for (const UpdatePart& part : rp.parts) {
+        int64_t rows = 0, cols = 0;
+        MatrixView(part.shape, &rows, &cols);
+        const std::vector<float>& w = main.at(part.name);
+        std::vector<uint8_t> q(w.size());
+        grids.emplace_back(MxWeightScaleCount(rows, cols));
+        MxQuantizeWeight(w.data(), rows, cols, q.data(), grids.back().data());
+        codes.insert(codes.end(), q.begin(), q.end());
+        parts.push_back({grids.back().data(), rows, cols, 32});
+      }
+      // (grids may have moved while growing: point the parts at where they are now)
+      for (size_t i = 0; i < parts.size(); ++i) parts[i].scales = grids[i].data();
+      std::vector<uint8_t> s(
+          ScaleLayoutBytes(ScaleLayout::kRowMajor, PackedScales(parts, MxOperand::kAsStored)));
+      RelayoutPackedScales(parts, MxOperand::kAsStored, ScaleLayout::kRowMajor, s.data(), s.size());
+      EXPECT_EQ(mx.at(rp.name).codes, codes) << rp.name;
+      EXPECT_EQ(mx.at(rp.name).scales, s) << rp.name;
+      ++checked;
+    }
+  EXPECT_EQ(mx.size(), checked);  // the embedding and head groups stay bf16
+  EXPECT_GT(checked, 0u);
+}
+
+TEST(EngineMxOnBackend, CpuBackendEqualsTheHostEngineBitForBit) {
+  const int W = WorldSize();
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  for (bool muon : {false, true})
+    for (const Layout& l : testing::LayoutsFor(W)) {
+      SCOPED_TRACE(Describe(W, l) + (muon ? " muon" : " adamw"));
+      testing::ParityCase c;
+      c.layout = l;
+      int made = 0;
+      c.make = [&made, &cpu]() -> std::unique_ptr<Model> {
+        if (made++ == 0) return std::make_unique<BackendGptModel>(*cpu, TestGpt());
+        return std::make_unique<Gpt>(HostReferenceGpt());
+      };
+      c.cfg = MxConfig(l, muon);
+      c.cfg.backend = cpu.get();
+      c.ref_cfg = MxConfig(l, muon);
+      c.reference = testing::Reference::kSameWorld;
+      c.tol = {0, 0, testing::kNotCompared};  // the weights: bit for bit, below
+      c.steps = 2;
+      testing::ParityRun run(c);
+      run.Run([&](const testing::StepDiff& d) {
+        const StepCounters &a = d.dist.counters, &b = d.ref.counters;
+        EXPECT_EQ(a.runtime_comm.total(), b.runtime_comm.total());
+        EXPECT_EQ(a.update_comm.total(), b.update_comm.total());
+        EXPECT_EQ(a.weight_preps, b.weight_preps);
+        EXPECT_EQ(a.scale_relayouts, b.scale_relayouts);
+        EXPECT_GT(a.scale_relayouts, 0u);
+        EXPECT_EQ(a.mx_split_bands, b.mx_split_bands);
+        EXPECT_EQ(a.mx_p2p_bytes, b.mx_p2p_bytes);
+        testing::ExpectWeightsBitEqual(run.engine(), run.ref());
+      });
+      const auto mine = run.engine().GatherMxWeights(), theirs = run.ref().GatherMxWeights();
+      EXPECT_FALSE(mine.empty());
+      ASSERT_EQ(mine.size(), theirs.size());
+      for (const auto& [name, w] : mine) {
+        EXPECT_EQ(w.codes, theirs.at(name).codes) << name;
+        EXPECT_EQ(w.scales, theirs.at(name).scales) << name;
+      }
+    }
+}
+
+// What the outer phase stages per step (engine_backend_gpt_test.cc's StagedBytesPerStep) with
+// MXFP8 blocks: their codes are one byte, the embedding and head groups bf16.
+uint64_t StagedBytesPerStep(Engine& e, int num_groups) {
+  const Topology& t = e.topology();
+  const uint64_t r = t.so() / t.sg(), a = t.so() / t.sw(), h = t.world() / t.so();
+  uint64_t bytes = 0;
+  for (const Engine::Zero1Field& f : e.Zero1Fields())
+    if (f.field == "main") {
+      const uint64_t c = f.chunk.size();
+      const uint64_t code = f.group == 0 || f.group == num_groups - 1 ? 2 : 1;
+      if (r > 1) bytes += (r + 1) * c * 4;
+      if (a > 1) bytes += a * c * code;
+      if (h > 1) bytes += 2 * c * 4;
+    }
+  e.ReleaseZero1Mirrors();
+  return bytes;
+}
+
+// The engine on guarded device memory (the direct path's shared-memory stand-in on several
+// ranks) against the host engine on the same ranks and batches.
+void RunOnGuardedDevice(const Layout& l, bool muon) {
+  const int W = WorldSize();
+  testing::ShmDeviceMemory shm;
+  testing::GuardedBackend device(W > 1 ? &shm : nullptr, kDeferred);
+  testing::ParityCase c;
+  c.layout = l;
+  int made = 0;
+  c.make = [&made, &device]() -> std::unique_ptr<Model> {
+    if (made++ == 0) return std::make_unique<BackendGptModel>(device, TestGpt());
+    return std::make_unique<Gpt>(HostReferenceGpt());
+  };
+  c.cfg = MxConfig(l, muon);
+  c.cfg.backend = &device;
+  if (W > 1) {
+    c.cfg.comm_path = CommPath::kDirect;
+    c.cfg.direct_device = &shm;
+  }
+  c.ref_cfg = MxConfig(l, muon);
+  c.reference = testing::Reference::kSameWorld;
+  c.tol_at = testing::MxTolerances;
+  c.steps = 3;
+  testing::ParityRun run(c);
+  ExpectCodesOfTheMainWeights(run.engine(), run.model());
+  const uint64_t staged = W > 1 ? StagedBytesPerStep(run.engine(), run.model().num_groups()) : 0;
+  run.Run([&](const testing::StepDiff& d) {
+    EXPECT_EQ(d.dist.counters.staged_bytes, staged);
+    EXPECT_EQ(d.dist.counters.runtime_comm.total(), d.ref.counters.runtime_comm.total());
+    EXPECT_EQ(d.dist.counters.mx_p2p_bytes, d.ref.counters.mx_p2p_bytes);
+    EXPECT_EQ(d.dist.counters.scale_relayouts, d.ref.counters.scale_relayouts);
+  });
+  ExpectCodesOfTheMainWeights(run.engine(), run.model());
+  EXPECT_GT(device.calls(), 100);
+}
+
+TEST(EngineMxOnBackend, OneRankOnGuardedDeviceMemory) {
+  if (WorldSize() != 1) GTEST_SKIP() << "one rank (the guard is per process)";
+  for (bool muon : {false, true}) {
+    SCOPED_TRACE(muon ? "muon" : "adamw");
+    RunOnGuardedDevice(testing::kOneRank, muon);
+  }
+}
+
+TEST(EngineMxOnBackend, EveryLayoutOnGuardedDeviceMemory) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  for (const Layout& l : testing::LayoutsFor(W)) {
+    SCOPED_TRACE(Describe(W, l));
+    RunOnGuardedDevice(l, /*muon=*/l.so % 2 == 1);
+  }
+}
+
+TEST(EngineMxOnBackend, RefusesWhatTheDevicePathCannotReadByName) {
+  auto world = MpiCommunicator::World(WorldSize());
+  testing::GuardedBackend device;
+  BackendGptModel model(device, TestGpt());
+  EngineConfig cfg = MxConfig(testing::LayoutsFor(WorldSize()).front(), false);
+  cfg.backend = &device;
+  cfg.scale_layout = ScaleLayout::kCublasSwizzle;
+  try {
+    Engine e(model, *world, cfg);
+    ADD_FAILURE() << "accepted cublas_swizzle scales on a device";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--scale-layout row_major"), std::string::npos)
+        << e.what();
+  }
+  // The model: MXFP8 views need row-major scales.
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  BackendGptModel host_model(*cpu, TestGpt());
+  std::vector<int32_t> tokens(2 * 8, 1);
+  host_model.SetBatch(tokens.data(), tokens.data(), 2, 8);
+  std::vector<float> embed(1 << 12);
+  host_model.Forward(0, {{embed.data(), DType::kF32}, {embed.data(), DType::kF32}});
+  std::vector<uint8_t> codes(1 << 12), scales(1 << 10);
+  for (const auto& [s, layout, what] :
+       {std::tuple{static_cast<uint8_t*>(nullptr), ScaleLayout::kRowMajor, "no scales"},
+        std::tuple{scales.data(), ScaleLayout::kCublasSwizzle, "cublas_swizzle"}}) {
+    std::vector<TensorRef> v(6, TensorRef{codes.data(), DType::kE4M3, s, layout});
+    try {
+      host_model.Forward(1, v);
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sshsdp
