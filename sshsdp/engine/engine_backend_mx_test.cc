@@ -15,10 +15,12 @@
 //    staged through the host). There the gathered codes and S′ equal quantizing the engine's own
 //    consolidated main weights unsharded, and training stays within MXFP8's tolerances of the
 //    host engine on the same ranks (the direct path sums gradients in another order).
+//  * On a GPU (SSHSDP_TEST_BACKEND=cuda): the same comparison as on guarded memory.
 //  * What is refused, by name: another scale layout on a device; MXFP8 views without row-major
 //    scales in the model.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -28,6 +30,7 @@
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/testing/shm_device_memory.h"
 #include "sshsdp/device/backend.h"
+#include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
 #include "sshsdp/device/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
@@ -156,12 +159,10 @@ uint64_t StagedBytesPerStep(Engine& e, int num_groups) {
   return bytes;
 }
 
-// The engine on guarded device memory (the direct path's shared-memory stand-in on several
+// The engine on `device` (with the runtime groups on the direct path over `direct` on several
 // ranks) against the host engine on the same ranks and batches.
-void RunOnGuardedDevice(const Layout& l, bool muon) {
+void RunOnDevice(Backend& device, DirectDeviceMemory* direct, const Layout& l, bool muon) {
   const int W = WorldSize();
-  testing::ShmDeviceMemory shm;
-  testing::GuardedBackend device(W > 1 ? &shm : nullptr, kDeferred);
   testing::ParityCase c;
   c.layout = l;
   int made = 0;
@@ -171,9 +172,9 @@ void RunOnGuardedDevice(const Layout& l, bool muon) {
   };
   c.cfg = MxConfig(l, muon);
   c.cfg.backend = &device;
-  if (W > 1) {
+  if (direct) {
     c.cfg.comm_path = CommPath::kDirect;
-    c.cfg.direct_device = &shm;
+    c.cfg.direct_device = direct;
   }
   c.ref_cfg = MxConfig(l, muon);
   c.reference = testing::Reference::kSameWorld;
@@ -189,6 +190,13 @@ void RunOnGuardedDevice(const Layout& l, bool muon) {
     EXPECT_EQ(d.dist.counters.scale_relayouts, d.ref.counters.scale_relayouts);
   });
   ExpectCodesOfTheMainWeights(run.engine(), run.model());
+}
+
+// On guarded memory (the direct path's shared-memory stand-in on several ranks).
+void RunOnGuardedDevice(const Layout& l, bool muon) {
+  testing::ShmDeviceMemory shm;
+  testing::GuardedBackend device(WorldSize() > 1 ? &shm : nullptr, kDeferred);
+  RunOnDevice(device, WorldSize() > 1 ? &shm : nullptr, l, muon);
   EXPECT_GT(device.calls(), 100);
 }
 
@@ -206,6 +214,30 @@ TEST(EngineMxOnBackend, EveryLayoutOnGuardedDeviceMemory) {
   for (const Layout& l : testing::LayoutsFor(W)) {
     SCOPED_TRACE(Describe(W, l));
     RunOnGuardedDevice(l, /*muon=*/l.so % 2 == 1);
+  }
+}
+
+// With SSHSDP_TEST_BACKEND=cuda (scripts/gpu_check.sh; ctest's engine_backend_mx_test_cuda_np*,
+// label gpu, skipped without one): this rank's GPU, several ranks sharing it over CUDA IPC —
+// plain ZeRO-3, and ZeRO-1 across the ranks with the outer phase staged.
+TEST(EngineMxOnBackend, OnTheCudaBackend) {
+  const char* want = std::getenv("SSHSDP_TEST_BACKEND");
+  if (want == nullptr || std::string(want) != "cuda")
+    GTEST_SKIP() << "SSHSDP_TEST_BACKEND=cuda runs it (scripts/gpu_check.sh)";
+  if (!CudaCompiled() || CudaDeviceCount() == 0)
+    GTEST_SKIP() << "no usable GPU (or no CUDA in this build)";
+  const int W = WorldSize();
+  std::unique_ptr<Backend> gpu =
+      MakeBackend(fmt::format("cuda:{}", testing::LocalGpuOrdinal(WorldRankOrMinusOne())));
+  for (bool muon : {false, true}) {
+    SCOPED_TRACE(muon ? "muon" : "adamw");
+    if (W == 1) {
+      RunOnDevice(*gpu, nullptr, testing::kOneRank, muon);
+      continue;
+    }
+    std::unique_ptr<DirectDeviceMemory> ipc = MakeCudaDirectMemory(*gpu);
+    RunOnDevice(*gpu, ipc.get(), Layout{W, W, W, W}, muon);
+    RunOnDevice(*gpu, nullptr, Layout{1, 1, W, W}, muon);
   }
 }
 
