@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # `sshsdp train --backend` as a user runs it (cli/train_backend.h):
 #   * --help names the option and its choices;
-#   * what the engine on a backend does not run yet (MoE, MXFP8 weights, bf16 reductions),
-#     an unknown backend and NCCL on host memory fail fast, by name, on every rank, before any
-#     collective; --backend cuda without a usable GPU says so and names the cpu backend;
+#   * what the engine on a backend does not run yet (MoE, bf16 reductions), MXFP8 scales in a
+#     layout its dequantization cannot read, an unknown backend and NCCL on host memory fail
+#     fast, by name, on every rank, before any collective; --backend cuda without a usable GPU
+#     says so and names the cpu backend;
 #   * --backend cpu on 2 ranks (the device code path: every root, the update's temporaries and
 #     every engine op on the backend; Muon's split units staged through the host) trains the
 #     same losses and gradient norms as the host engine (relative 1e-6 with fp32 weights, 1e-4
 #     with bf16 ones), with the same communicated bytes per step (exact), for AdamW and for
-#     Muon per head, and with the outer phase (ZeRO-1 across the ranks, DDP); and validation
-#     runs on it;
+#     Muon per head, and with the outer phase (ZeRO-1 across the ranks, DDP); with MXFP8
+#     blocks bit for bit; and validation runs on it;
 #   * a checkpoint saved at step 2 of 4 by --backend cpu resumes on --backend cpu and on the
 #     host engine, and one saved by the host engine resumes on --backend cpu, each giving
 #     steps 3-4 the uninterrupted run's losses.
@@ -142,6 +143,37 @@ PY
     check "saved by --backend $saver, resumed by --backend $loader: steps 3-4 as uninterrupted" $rc
   done
 done
+# MXFP8 on the backend: its scale layout (auto: row_major there) is the launch's, so a checkpoint
+# resumes on the backend (and on the host engine, whose auto is cublas_swizzle) and a
+# --dump-config file runs as written.
+mx=(--weight-dtype mxfp8 --steps 4 --log-every 1)
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${mx[@]}" --backend cpu \
+  --metrics "$tmp/mx_straight.jsonl" >/dev/null 2>&1
+check "MXFP8 reference run on --backend cpu exits 0" $?
+rm -rf "$tmp/ck_mx"
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${mx[@]}" --backend cpu --save-every 2 \
+  --ckpt-dir "$tmp/ck_mx" >/dev/null 2>&1
+check "MXFP8 on --backend cpu saves a checkpoint" $?
+for loader in cpu host; do
+  timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${mx[@]}" --backend "$loader" \
+    --resume "$tmp/ck_mx/step_00000002" --metrics "$tmp/mx_resumed.jsonl" >"$tmp/resume.out" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/resume.out" | tail -5
+  python3 - "$tmp/mx_straight.jsonl" "$tmp/mx_resumed.jsonl" <<'PY' || rc=1
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+want = {r["step"]: (r["loss"], r["grad_norm"]) for r in a}
+got = {r["step"]: (r["loss"], r["grad_norm"]) for r in b}
+assert sorted(got) == [3, 4], sorted(got)
+for s in (3, 4):
+    assert got[s] == want[s], (s, got[s], want[s])
+PY
+  check "MXFP8 saved by --backend cpu, resumed by --backend $loader: steps 3-4 bit for bit" $rc
+done
+"$bin" "${tiny[@]}" "${mx[@]}" --backend cpu --dump-config >"$tmp/mx.toml" 2>&1 &&
+  timeout 300 "${mpirun[@]}" -np 2 "$bin" train --config "$tmp/mx.toml" --steps 1 >/dev/null 2>&1
+check "MXFP8 on --backend cpu: its --dump-config file runs as written" $?
+
 # Where a run executes is per launch: a resume without --backend runs on the host engine.
 timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --optimizer muon --steps 3 \
   --resume "$tmp/ck_cpu/step_00000002" >"$tmp/resume.out" 2>&1

@@ -164,7 +164,6 @@ int main(int argc, char** argv) {
     }
     cmd->train.layout_given = t.count("--sw") + t.count("--sg") + t.count("--so") > 0;
     cmd->train.ranks_per_node_given = t.count("--ranks-per-node") > 0;
-    cmd->train.scale_layout_given = t.count("--scale-layout") > 0;
     cmd->train.recorded_config = sshsdp::RecordedConfig(t);
     return sshsdp::RunTrain(argc, argv, cmd->train);
   }

@@ -27,12 +27,14 @@ struct TrainOptions {
   float lr_min = -1;                     // < 0: lr / 10
   int decay_steps = 0;                   // wsd; 0: 20 % of steps
   float lr = 3e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.1f, clip = 1.0f;
-  std::string on_nonfinite = "stop";            // stop | skip (EngineConfig::on_nonfinite)
-  std::string weight_dtype = "bf16";            // bf16 | fp32 | mxfp8
-  std::string attention_dtype = "auto";         // auto (bf16 with bf16 QKV weights) | fp32
-  std::string scale_layout = "cublas_swizzle";  // MXFP8 scale layout of Tw (scale_layout.h)
-  std::string reduce = "fp32";                  // gradient reduction: fp32 | bf16+fp32 | bf16sr
-  uint64_t sr_seed = 0;                         // bf16sr stochastic-rounding seed
+  std::string on_nonfinite = "stop";     // stop | skip (EngineConfig::on_nonfinite)
+  std::string weight_dtype = "bf16";     // bf16 | fp32 | mxfp8
+  std::string attention_dtype = "auto";  // auto (bf16 with bf16 QKV weights) | fp32
+  // MXFP8 scale layout of Tw (scale_layout.h); auto: cublas_swizzle on the host engine,
+  // row_major on a backend (what its dequantize-for-the-GEMM reads).
+  std::string scale_layout = "auto";
+  std::string reduce = "fp32";  // gradient reduction: fp32 | bf16+fp32 | bf16sr
+  uint64_t sr_seed = 0;         // bf16sr stochastic-rounding seed
   uint64_t seed = 1;
   std::string data = "synthetic";
   int vocab_size = 0;  // 0: from the data
@@ -75,7 +77,6 @@ struct TrainOptions {
   double comm_timeout = 600;          // watchdog seconds (comm/watchdog.h); 0: off
   bool layout_given = true;           // false: no --sw/--sg/--so (a resume adopts the saved ones)
   bool ranks_per_node_given = true;   // false: no --ranks-per-node (a resume adopts the saved one)
-  bool scale_layout_given = true;     // false: no --scale-layout (--backend picks row_major)
   std::string recorded_config;        // the options as a --config file (run_config.h)
   std::vector<std::string> restored;  // options a --resume took from the checkpoint
 };

@@ -75,10 +75,10 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
     dev.backend = MakeBackend(b);  // DeviceError naming why (no CUDA in this build, no GPU)
   }
   cfg->backend = dev.backend.get();
-  if (o.weight_dtype == "mxfp8" && !o.scale_layout_given) {
+  if (o.weight_dtype == "mxfp8") {
     // The device dequantizes each MXFP8 weight for its GEMM from per-row scales (no MX GEMM
-    // before Blackwell); another --scale-layout given on purpose is refused by the engine.
-    cfg->scale_layout = ScaleLayout::kRowMajor;
+    // before Blackwell: EngineConfigOf's --scale-layout auto); another --scale-layout given is
+    // refused by the engine.
     dev.notes.push_back(fmt::format(
         "--weight-dtype mxfp8 on --backend {}: E4M3 codes stay the stored and communicated "
         "format and are dequantized to fp32 for each GEMM, their scales relaid out row_major",

@@ -10,8 +10,9 @@
 //                      one GPU), else over NCCL; the outer phase over NCCL with it, else staged
 //                      through host memory over MPI.
 //
-// What the engine on a backend runs so far — the dense GPT presets, bf16 or fp32 runtime
-// weights, fp32 reduction, AdamW or Muon, every --sw/--sg/--so layout, checkpoints
+// What the engine on a backend runs so far — the dense GPT presets, bf16, fp32 or MXFP8 runtime
+// weights (MXFP8 dequantized for each GEMM; --scale-layout auto is row_major there), fp32
+// reduction, AdamW or Muon, every --sw/--sg/--so layout, checkpoints
 // (the state copied through host memory; they load on the host engine and back) — is what this
 // accepts: anything else is refused here by name, before any collective.
 //

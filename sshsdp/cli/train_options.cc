@@ -142,9 +142,11 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
          "otherwise and on --backend, whose attention is fp32) | fp32 (always)")
       ->capture_default_str();
   app.add_option("--scale-layout", o.scale_layout,
-                 "MXFP8 scale layout of packed runtime weights: row_major | block_row_major | "
-                 "deepgemm_mn_major | cublas_swizzle (--backend: row_major, what its "
-                 "dequantize-for-the-GEMM reads, unless given)")
+                 "MXFP8 scale layout of packed runtime weights (Tw): auto | row_major | "
+                 "block_row_major | deepgemm_mn_major | cublas_swizzle. auto: cublas_swizzle on "
+                 "the host engine; row_major on --backend cpu|cuda, the only layout its "
+                 "dequantize-for-the-GEMM reads (another is refused there). A kernel layout: it "
+                 "does not change the numbers, and a resume does not restore it")
       ->capture_default_str();
   app.add_option("--reduce", o.reduce,
                  "gradient reduction precision: fp32 | bf16+fp32 | bf16sr (bf16 partials with "
@@ -258,7 +260,9 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32" || o.weight_dtype == "mxfp8",
                ConfigError, "--weight-dtype must be bf16, fp32 or mxfp8, got '{}'", o.weight_dtype);
   cfg.weight_dtype = o.weight_dtype == "mxfp8" ? DType::kE4M3 : ParseDType(o.weight_dtype);
-  cfg.scale_layout = ParseScaleLayout(o.scale_layout);
+  cfg.scale_layout = o.scale_layout == "auto" ? (o.backend == "host" ? ScaleLayout::kCublasSwizzle
+                                                                     : ScaleLayout::kRowMajor)
+                                              : ParseScaleLayout(o.scale_layout);
   cfg.reduce = ParseReduceMode(o.reduce);
   cfg.sr_seed = o.sr_seed;
   cfg.reshard_after_forward = !o.keep_gathered;

@@ -239,6 +239,7 @@ class RegisteredSlots {
   void* Acquire();
   // Throws CommError unless p was acquired here and not released since.
   void Release(void* p);
+  size_t slot_bytes() const { return slot_bytes_; }
 
  private:
   std::string name_;

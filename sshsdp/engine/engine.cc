@@ -127,17 +127,13 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
     for (int g = 0; g < model.num_groups() && !any_mx; ++g) any_mx = model.GroupConsumesMx(g);
     SSHSDP_CHECK(any_mx, ConfigError,
                  "weight dtype mxfp8: no runtime group of this model consumes MXFP8 weights");
-    // On a device S has MPI groups of its own (Engine::mx_zero3_), so W may take any path.
-    const bool device = cfg.backend && !cfg.backend->host_memory();
+    // (S gathers over MPI groups of its own where W does not: Engine::mx_zero3_.)
     SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.weight_copies &&
-                     !cfg.redundancies.tw_every_use &&
-                     (cfg.comm_path == CommPath::kCollective || device),
+                     !cfg.redundancies.tw_every_use,
                  ConfigError,
-                 "weight dtype mxfp8 runs on the flat shard layout without ③/① copies and, on "
-                 "the host, on the collective comm path (of the baselines only ② "
-                 "quantize-every-gather), got {}{}",
-                 cfg.redundancies.ToString(),
-                 cfg.comm_path == CommPath::kCollective ? "" : " with comm_path=direct");
+                 "weight dtype mxfp8 runs on the flat shard layout without ③/① copies (of the "
+                 "baselines only ② quantize-every-gather), got {}",
+                 cfg.redundancies.ToString());
   }
   EngineModes m;
   m.grad_dtype = GradDType(cfg.reduce);
@@ -227,7 +223,7 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   up_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
   up_hsdp_ = split(world_, sshsdp::Group::kHsdp);
   const bool device = cfg_.backend && !cfg_.backend->host_memory();
-  if (device && cfg_.weight_dtype == DType::kE4M3) {
+  if (cfg_.weight_dtype == DType::kE4M3 && (device || cfg_.comm_path != CommPath::kCollective)) {
     mx_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
     mx_zero3_ = split(world_, sshsdp::Group::kZero3);
   }
@@ -379,15 +375,16 @@ void Engine::SetUpDirectPath() {
   DirectCommunicator* z3 = to_direct(rt_zero3_);
   DirectCommunicator* z2 = to_direct(rt_zero2_);
   const int n = static_cast<int>(groups_.size());
-  size_t max_padded = 0, max_z2 = 0;
+  size_t max_padded = 0, max_z2 = 0, max_gather = 0;
   for (const auto& g : groups_) {
     max_padded = std::max(max_padded, g->padded);
     max_z2 = std::max(max_z2, g->z2.size());
+    // Per group's dtype: with MXFP8 blocks (one byte) the embedding and head stay bf16.
+    max_gather = std::max(max_gather, g->padded * DTypeSize(g->wdt));
   }
   if (!skip_gather_) {
     gather_slots_ = std::make_unique<RegisteredSlots>(
-        *z3, "zero3.gather", max_padded * DTypeSize(cfg_.weight_dtype),
-        cfg_.reshard_after_forward ? std::min(2, n) : n);
+        *z3, "zero3.gather", max_gather, cfg_.reshard_after_forward ? std::min(2, n) : n);
   }
   if (!skip_rs_) {
     grad_slots_ =
@@ -557,7 +554,7 @@ void Engine::BuildGroup(int gi) {
     g->w_full = FullViews(p + ".w_full", g->layout, g->wdt);
     g->g_full = FullViews(p + ".g_full", g->layout, grad_dtype_);
   } else {  // runtime parameters are not views of the buffer: bare roots
-    g->w_full = std::make_unique<DataNode>(p + ".w_full", g->padded * DTypeSize(cfg_.weight_dtype));
+    g->w_full = std::make_unique<DataNode>(p + ".w_full", g->padded * DTypeSize(g->wdt));
     g->w_full->Finalize();
     g->g_full = std::make_unique<DataNode>(p + ".g_full", g->padded * 4);
     g->g_full->Finalize();

@@ -143,8 +143,9 @@ struct EngineConfig {
   // temporaries in the backend's memory, split units' fragments staged through the host) run
   // as its ops; the model must compute on the same backend (models/backend_gpt_model.h). Null:
   // host memory. What it runs so far (ConfigError naming the setting otherwise, at
-  // construction): fp32 reduction, the flat layout without the baselines' redundancies, no
-  // MXFP8; checkpoints through host mirrors (Zero1Fields); every (sw, sg, so) layout. A device's
+  // construction): fp32 reduction, the flat layout without the baselines' redundancies, MXFP8
+  // with row-major scales (mx_weights.h: G on the backend, S on the host); checkpoints through
+  // host mirrors (Zero1Fields); every (sw, sg, so) layout. A device's
   // memory moves in the runtime ZeRO-3 / ZeRO-2 groups on the direct path over `direct_device`
   // (one node) or over NCCL (comm_path = nccl: NcclCommunicators, any node count; not needed
   // when sw = sg = 1), and in the outer groups over NCCL with comm_path = nccl, else staged
@@ -342,6 +343,8 @@ class Engine {
   uint64_t StagedBytes() const;     // device <-> host bytes of the staged outer groups so far
   void BuildUpdate();               // optimizers, units, plans of the structured update
   void AllocateState(RuntimeGroup& g);  // each optimizer's state fields (after BuildUpdate)
+  // The model's activation bytes (ActivationBytes) accounted as "activations", when changed.
+  void AccountActivations();
   void SetModelBatch(const int32_t* tokens, const int32_t* targets);  // + activation accounting
   void ForwardPass(bool release_all);  // every group's forward (Step and Evaluate)
   // Backward of group g in microbatch mb, and the submission of its reduce-scatter.
@@ -371,8 +374,9 @@ class Engine {
   std::unique_ptr<CommThread> comm_thread_;
   std::unique_ptr<Communicator> up_p2p_;    // structured-update point to point (world duplicate)
   std::unique_ptr<Communicator> up_zero1_;  // ⑥ full_tensor: ZeRO-1 group, ordered by chunk
-  // MXFP8 on a device: S (host memory, mx_weights.h) gathers over MPI in the replica and ZeRO-3
-  // groups while W moves on the device (null otherwise: S uses up_replica_ag_ and rt_zero3_).
+  // MXFP8 on a device or off the collective path: S (host memory, mx_weights.h) gathers over
+  // MPI in the replica and ZeRO-3 groups while W moves on the device or the direct path (null
+  // otherwise: S uses up_replica_ag_ and rt_zero3_).
   std::unique_ptr<Communicator> mx_replica_ag_, mx_zero3_;
   std::unique_ptr<StructuredUpdate> update_;
   std::string first_structured_;  // first update parameter on a structured (Muon) unit, or ""

@@ -15,6 +15,8 @@
 //    staged through the host). There the gathered codes and S′ equal quantizing the engine's own
 //    consolidated main weights unsharded, and training stays within MXFP8's tolerances of the
 //    host engine on the same ranks (the direct path sums gradients in another order).
+//  * The host engine's MXFP8 on the direct path (S on MPI groups of its own there too) against
+//    the collective path.
 //  * On a GPU (SSHSDP_TEST_BACKEND=cuda): the same comparison as on guarded memory.
 //  * What is refused, by name: another scale layout on a device; MXFP8 views without row-major
 //    scales in the model.
@@ -33,6 +35,7 @@
 #include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
 #include "sshsdp/device/testing/guarded_backend.h"
+#include "sshsdp/engine/plan.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/backend_gpt_model.h"
 #include "sshsdp/models/gpt.h"
@@ -50,9 +53,19 @@ using testing::WorldSize;
 
 constexpr bool kDeferred = true;
 
+// TestGpt with a vocabulary whose bf16 embedding table (1000 x 24 x 2 bytes) is larger than an
+// MXFP8 block (~7,000 one-byte codes): buffers sized by the blocks' dtype would be too small
+// for the groups that stay bf16.
+constexpr int kVocab = 1000;
+GptConfig MxGpt() {
+  GptConfig c = TestGpt();
+  c.vocab = kVocab;
+  return c;
+}
+
 // The host Gpt the backend's is compared with: attention in fp32, as the backends' attention.
 GptConfig HostReferenceGpt() {
-  GptConfig c = TestGpt();
+  GptConfig c = MxGpt();
   c.bf16_attention = false;
   return c;
 }
@@ -110,13 +123,14 @@ TEST(EngineMxOnBackend, CpuBackendEqualsTheHostEngineBitForBit) {
       c.layout = l;
       int made = 0;
       c.make = [&made, &cpu]() -> std::unique_ptr<Model> {
-        if (made++ == 0) return std::make_unique<BackendGptModel>(*cpu, TestGpt());
+        if (made++ == 0) return std::make_unique<BackendGptModel>(*cpu, MxGpt());
         return std::make_unique<Gpt>(HostReferenceGpt());
       };
       c.cfg = MxConfig(l, muon);
       c.cfg.backend = cpu.get();
       c.ref_cfg = MxConfig(l, muon);
       c.reference = testing::Reference::kSameWorld;
+      c.vocab = kVocab;
       c.tol = {0, 0, testing::kNotCompared};  // the weights: bit for bit, below
       c.steps = 2;
       testing::ParityRun run(c);
@@ -137,6 +151,16 @@ TEST(EngineMxOnBackend, CpuBackendEqualsTheHostEngineBitForBit) {
       for (const auto& [name, w] : mine) {
         EXPECT_EQ(w.codes, theirs.at(name).codes) << name;
         EXPECT_EQ(w.scales, theirs.at(name).scales) << name;
+      }
+      // The plan of a backend run (built without one) accounts what the engine allocated
+      // there: S′ and the band scales on the backend, the executors' roots kept between steps.
+      const RunPlan plan = PlanRun(run.model(), run.W(), c.cfg);
+      const auto& used = run.engine().memory().by_category();
+      for (const char* cat : {"scales", "update_temporaries", "weights", "optimizer_state"}) {
+        const auto it = plan.ranks[run.rank()].memory.find(cat);
+        EXPECT_EQ(it == plan.ranks[run.rank()].memory.end() ? 0 : it->second,
+                  used.count(cat) ? used.at(cat).peak : 0)
+            << cat;
       }
     }
 }
@@ -167,7 +191,7 @@ void RunOnDevice(Backend& device, DirectDeviceMemory* direct, const Layout& l, b
   c.layout = l;
   int made = 0;
   c.make = [&made, &device]() -> std::unique_ptr<Model> {
-    if (made++ == 0) return std::make_unique<BackendGptModel>(device, TestGpt());
+    if (made++ == 0) return std::make_unique<BackendGptModel>(device, MxGpt());
     return std::make_unique<Gpt>(HostReferenceGpt());
   };
   c.cfg = MxConfig(l, muon);
@@ -178,6 +202,7 @@ void RunOnDevice(Backend& device, DirectDeviceMemory* direct, const Layout& l, b
   }
   c.ref_cfg = MxConfig(l, muon);
   c.reference = testing::Reference::kSameWorld;
+  c.vocab = kVocab;
   c.tol_at = testing::MxTolerances;
   c.steps = 3;
   testing::ParityRun run(c);
@@ -217,6 +242,32 @@ TEST(EngineMxOnBackend, EveryLayoutOnGuardedDeviceMemory) {
   }
 }
 
+// S has MPI groups of its own off the collective path too: the host engine's MXFP8 on the direct
+// path (ZeroSM) against the collective path, every layout.
+TEST(EngineMxOnBackend, HostEngineOnTheDirectPath) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  for (const Layout& l : testing::LayoutsFor(W)) {
+    SCOPED_TRACE(Describe(W, l));
+    testing::ParityCase c;
+    c.layout = l;
+    c.make = [] { return std::make_unique<Gpt>(HostReferenceGpt()); };
+    c.cfg = MxConfig(l, /*muon=*/false);
+    c.cfg.comm_path = CommPath::kDirect;
+    c.ref_cfg = MxConfig(l, false);
+    c.reference = testing::Reference::kSameWorld;
+    c.vocab = kVocab;
+    c.tol_at = testing::MxTolerances;
+    c.steps = 2;
+    testing::ParityRun run(c);
+    ExpectCodesOfTheMainWeights(run.engine(), run.model());
+    run.Run([&](const testing::StepDiff& d) {
+      EXPECT_EQ(d.dist.counters.runtime_comm.total(), d.ref.counters.runtime_comm.total());
+      EXPECT_EQ(d.dist.counters.update_comm.total(), d.ref.counters.update_comm.total());
+    });
+  }
+}
+
 // With SSHSDP_TEST_BACKEND=cuda (scripts/gpu_check.sh; ctest's engine_backend_mx_test_cuda_np*,
 // label gpu, skipped without one): this rank's GPU, several ranks sharing it over CUDA IPC —
 // plain ZeRO-3, and ZeRO-1 across the ranks with the outer phase staged.
@@ -244,7 +295,7 @@ TEST(EngineMxOnBackend, OnTheCudaBackend) {
 TEST(EngineMxOnBackend, RefusesWhatTheDevicePathCannotReadByName) {
   auto world = MpiCommunicator::World(WorldSize());
   testing::GuardedBackend device;
-  BackendGptModel model(device, TestGpt());
+  BackendGptModel model(device, MxGpt());
   EngineConfig cfg = MxConfig(testing::LayoutsFor(WorldSize()).front(), false);
   cfg.backend = &device;
   cfg.scale_layout = ScaleLayout::kCublasSwizzle;
@@ -257,10 +308,10 @@ TEST(EngineMxOnBackend, RefusesWhatTheDevicePathCannotReadByName) {
   }
   // The model: MXFP8 views need row-major scales.
   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
-  BackendGptModel host_model(*cpu, TestGpt());
+  BackendGptModel host_model(*cpu, MxGpt());
   std::vector<int32_t> tokens(2 * 8, 1);
   host_model.SetBatch(tokens.data(), tokens.data(), 2, 8);
-  std::vector<float> embed(1 << 12);
+  std::vector<float> embed(kVocab * 24);
   host_model.Forward(0, {{embed.data(), DType::kF32}, {embed.data(), DType::kF32}});
   std::vector<uint8_t> codes(1 << 12), scales(1 << 10);
   for (const auto& [s, layout, what] :

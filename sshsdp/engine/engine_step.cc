@@ -52,6 +52,9 @@ void Engine::StartGather(int gi) {
   RuntimeGroup& g = *groups_[gi];
   if (skip_gather_ || g.gather_started) return;
   const size_t bytes = g.padded * DTypeSize(g.wdt);
+  SSHSDP_CHECK(!gather_slots_ || bytes <= gather_slots_->slot_bytes(), LayoutError,
+               "group {}: its gathered weights ({} bytes) exceed a registered gather slot ({})", gi,
+               bytes, gather_slots_ ? gather_slots_->slot_bytes() : 0);
   g.gather_block = gather_slots_ ? gather_slots_->Acquire() : pool_->Acquire(bytes);
   g.w_full->AttachExternal(g.gather_block, bytes);
   g.gather_started = true;
@@ -97,6 +100,10 @@ void Engine::ReleaseGather(int gi) {
 
 void Engine::SetModelBatch(const int32_t* tokens, const int32_t* targets) {
   model_.SetBatch(tokens, targets, cfg_.batch_size, cfg_.seq_len);
+  AccountActivations();
+}
+
+void Engine::AccountActivations() {
   if (activation_bytes_ != static_cast<uint64_t>(model_.ActivationBytes())) {
     // The model owns its activation arena; account it with the rest of the rank's memory.
     memory_.Free("activations", activation_bytes_);
@@ -141,6 +148,7 @@ double Engine::Evaluate(const BatchFn& batch, int batches) {
     batch(i, tokens.data(), targets.data());
     SetModelBatch(tokens.data(), targets.data());
     ForwardPass(/*release_all=*/true);  // no backward follows: the last layer is released too
+    AccountActivations();  // scratch a model sizes in its first forward (MXFP8 dequantization)
     loss_sum += model_.Loss();
   }
   carried_update_comm_ += Delta(up_replica_ag_->counters(), ag0);
@@ -272,6 +280,7 @@ StepStats Engine::Step(const BatchFn& batch) {
     batch(mb, tokens.data(), targets.data());
     SetModelBatch(tokens.data(), targets.data());
     ForwardPass(/*release_all=*/false);
+    AccountActivations();  // scratch a model sizes in its first forward (MXFP8 dequantization)
     loss_sum += model_.Loss();
     // Backward in reverse; gradients go straight into G′ views, then reduce-scatter. A
     // group's reduce-scatter is waited for after the next group's backward was submitted;

@@ -82,10 +82,12 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
       off += (bytes + 63) / 64 * 64;
     }
     G.s_prime.assign(std::max<size_t>(off, 64), 0);
-    if (backend_) {
-      G.s_prime_dev = static_cast<uint8_t*>(backend_->Alloc(G.s_prime.size()));
+    if (backend_) {  // (freed with the group, a throw below included)
+      const BackendFree free{backend_};
+      G.s_prime_dev = {static_cast<uint8_t*>(backend_->Alloc(G.s_prime.size())), free};
       G.s_bands.assign(G.s_list.padded_numel(), 0);
-      G.s_bands_dev = static_cast<uint8_t*>(backend_->Alloc((G.s_bands.size() + 63) / 64 * 64));
+      G.s_bands_dev = {static_cast<uint8_t*>(backend_->Alloc((G.s_bands.size() + 63) / 64 * 64)),
+                       free};
     }
     try {  // dry run on zero scales: a layout the parts cannot use fails here, at setup
       Relayout(static_cast<int>(g));
@@ -136,19 +138,15 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
 
 MxWeights::~MxWeights() {
   if (account_) account_->Free("scales", persistent_bytes());
-  exec_.reset();  // its roots are the backend's too
-  if (backend_)
-    for (Group& G : groups_) {
-      backend_->Free(G.s_prime_dev);
-      backend_->Free(G.s_bands_dev);
-    }
 }
 
-size_t MxWeights::persistent_bytes() const {
+size_t MxWeights::Bytes(bool on_device) const {
   size_t b = 0;
   for (const Group& G : groups_) {
+    if (!G.mx) continue;
     b += G.s_z3.size() + G.s_full.size() + G.s_prime.size();
-    if (G.s_prime_dev) b += G.s_prime.size() + (G.s_bands.size() + 63) / 64 * 64;
+    const size_t bands = G.s_list.padded_numel();
+    if (on_device) b += G.s_prime.size() + (bands + 63) / 64 * 64 + bands;
   }
   return b;
 }
@@ -167,7 +165,7 @@ void MxWeights::QuantizeBands(const StageBatch& b) {
     if (backend_) {
       const MxBand mb = MxWeightBand(rows, cols, br.band);
       backend_->MxQuantizeWeight(band, mb.row_end - mb.row_begin, cols, q,
-                                 G.s_bands_dev + ScaleBandBegin(u), MxOptions{});
+                                 G.s_bands_dev.get() + ScaleBandBegin(u), MxOptions{});
       touched[br.group] = true;
     } else {
       std::vector<uint8_t>& s = band_scales_[u];
@@ -179,7 +177,7 @@ void MxWeights::QuantizeBands(const StageBatch& b) {
   if (!backend_) return;
   for (size_t g = 0; g < groups_.size(); ++g)
     if (touched[g])
-      backend_->CopyOut(groups_[g].s_bands.data(), groups_[g].s_bands_dev,
+      backend_->CopyOut(groups_[g].s_bands.data(), groups_[g].s_bands_dev.get(),
                         groups_[g].s_bands.size());
   for (const StageItem& it : b.items) {
     const size_t u = band_index_.at({it.unit->group, it.unit->begin});
@@ -280,7 +278,7 @@ void MxWeights::Relayout(int g) {
     RelayoutPackedScales(parts, MxOperand::kAsStored, layout_, G.s_prime.data() + G.rt_offset[r],
                          G.rt_bytes[r]);
   }
-  if (backend_) backend_->CopyIn(G.s_prime_dev, G.s_prime.data(), G.s_prime.size());
+  if (backend_) backend_->CopyIn(G.s_prime_dev.get(), G.s_prime.data(), G.s_prime.size());
 }
 
 }  // namespace sshsdp

@@ -69,6 +69,12 @@
 
 namespace sshsdp {
 
+// Frees a backend allocation (MxWeights' device buffers).
+struct BackendFree {
+  Backend* b = nullptr;
+  void operator()(uint8_t* p) const { b->Free(p); }
+};
+
 class MxWeights {
  public:
   // The default rule (Model::GroupConsumesMx): MXFP8 unless a member is an embedding /
@@ -109,7 +115,7 @@ class MxWeights {
   // Relaid-out scales (S′) of runtime parameter r of group g, for its [rows, cols] operand: in
   // the backend's memory when there is one (what the model reads), and their host copy.
   const uint8_t* scales(int g, int r) const {
-    return (backend_ ? groups_[g].s_prime_dev : groups_[g].s_prime.data()) +
+    return (backend_ ? groups_[g].s_prime_dev.get() : groups_[g].s_prime.data()) +
            groups_[g].rt_offset[r];
   }
   const uint8_t* host_scales(int g, int r) const {
@@ -117,8 +123,10 @@ class MxWeights {
   }
   size_t scales_bytes(int g, int r) const { return groups_[g].rt_bytes[r]; }
   // Bytes of all S buffers (Sᶻ³, full S, S′; on a backend also its S′ and band-scale
-  // buffers) on this rank (for reports).
-  size_t persistent_bytes() const;
+  // buffers and the band scales' host copy) on this rank (for reports), and what they would be
+  // on a backend (the plan of a --backend run, built without one).
+  size_t persistent_bytes() const { return Bytes(backend_ != nullptr); }
+  size_t persistent_bytes_on_device() const { return Bytes(true); }
   // Statistics of the last Quantize: bands executed here, split bands, point-to-point bytes
   // this rank sent (codes fetch/return + scales).
   struct Stats {
@@ -150,10 +158,10 @@ class MxWeights {
     std::vector<size_t> rt_offset, rt_bytes;
     // On a backend: S′ there, and the scales of the bands G quantizes there (laid out as S),
     // with their host copy.
-    uint8_t* s_prime_dev = nullptr;
-    uint8_t* s_bands_dev = nullptr;
+    std::unique_ptr<uint8_t, BackendFree> s_prime_dev, s_bands_dev;
     std::vector<uint8_t> s_bands;
   };
+  size_t Bytes(bool on_device) const;
   void QuantizeBands(const StageBatch& b);
   std::vector<MxScaleGrid> Parts(int g, int r) const;
   size_t ScaleBandBegin(size_t unit) const;  // first S element of band unit `unit`

@@ -169,10 +169,14 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
     std::unique_ptr<MxWeights> mx;
     if (cfg.weight_dtype == DType::kE4M3) {
       mx = MakeMxWeights(groups, topo, r, cfg.scale_layout, /*p2p=*/nullptr, /*memory=*/nullptr);
-      mem["scales"] = mx->persistent_bytes();
+      mem["scales"] = cfg.backend ? mx->persistent_bytes_on_device() : mx->persistent_bytes();
     }
-    const uint64_t temps =
-        std::max<uint64_t>(update.peak_temporary_bytes(), mx ? mx->temporary_bytes() : 0);
+    // On a backend the executors keep their roots between steps (UpdateDeviceMemory): all
+    // at once; on the host each program's roots live only while it runs.
+    const uint64_t mx_temps = mx ? mx->temporary_bytes() : 0;
+    const uint64_t temps = cfg.backend
+                               ? update.temporary_bytes() + mx_temps
+                               : std::max<uint64_t>(update.peak_temporary_bytes(), mx_temps);
     if (temps) mem["update_temporaries"] = temps;
     const ScheduleReplay replay = ReplaySchedule(groups, cfg, modes);
     if (replay.transient_peak) mem["transient"] = replay.transient_peak;
