@@ -10,8 +10,10 @@
 # buffers with 1, 2 and 3 processes sharing the GPU through CUDA IPC, bit for bit against the
 # host direct path; (5) the engine on the GPU backend training the GPT against the host
 # reference, on one rank and with 2 and 3 processes sharing the GPU (plain ZeRO-3 over CUDA
-# IPC); (6) `sshsdp train --backend cuda` (AdamW and Muon per head, 1 rank and 2 processes
-# sharing the GPU) against `--backend cpu` of the same seed.
+# IPC), and with MXFP8 weights (engine_backend_mx_test: G on the GPU, S on the host, weights
+# dequantized for the GEMMs); (6) `sshsdp train --backend cuda` (AdamW and Muon per head, AdamW
+# with MXFP8 blocks; 1 rank and 2 processes sharing the GPU) against `--backend cpu` of the
+# same seed.
 #
 #   scripts/gpu_check.sh prepare   # here (the build machine, no GPU needed): build the CUDA
 #                                  # tests in build-gpu/ and bundle them with the shared
