@@ -2,11 +2,14 @@
 #include "sshsdp/cli/plan_cli.h"
 
 #include <algorithm>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/cli/model_config.h"
+#include "sshsdp/cli/train_backend.h"
+#include "sshsdp/device/backend.h"
 #include "sshsdp/engine/plan.h"
 #include "sshsdp/models/data.h"
 
@@ -244,9 +247,26 @@ int RunPlanCommand(const PlanOptions& o) {
     if (t.data != "synthetic") vocab = TokenFile(t.data, t.vocab_size, T, t.seed).vocab();
     const GptConfig gc = MakeGptConfig(t, vocab);
     const std::unique_ptr<Model> model = MakeModel(t, gc);
-    const EngineConfig cfg = EngineConfigOf(t, o.world_size, T);
+    EngineConfig cfg = EngineConfigOf(t, o.world_size, T);
+    // A run on --backend cpu is planned as one: its refusals (CheckBackendOptions, the
+    // engine's CheckBackendSetup) and what it keeps on the backend (MXFP8's S′ and band scales,
+    // the update's roots between steps). A GPU run's comm-path choice and staging buffers are
+    // not modelled.
+    std::unique_ptr<Backend> cpu;
+    if (t.backend != "host") {
+      CheckBackendOptions(t);
+      SSHSDP_CHECK(t.backend == "cpu", ConfigError,
+                   "sshsdp plan plans the host engine and --backend cpu (what a device keeps on "
+                   "it; a GPU run's direct / NCCL paths and staging buffers are not modelled): "
+                   "plan --backend {} as --backend cpu",
+                   t.backend);
+      cpu = MakeCpuBackend();
+      cfg.backend = cpu.get();
+    }
     const RunPlan plan = PlanRun(*model, o.world_size, cfg);
-    const std::string what = fmt::format("{} {}", t.model, ModelDescription(t, gc));
+    const std::string what =
+        fmt::format("{} {}{}", t.model, ModelDescription(t, gc),
+                    t.backend == "host" ? "" : fmt::format(" on --backend {}", t.backend));
     if (o.json) {
       fmt::print("{}\n", PlanJson(plan, what).dump(1));
     } else {

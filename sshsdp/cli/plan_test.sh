@@ -4,7 +4,8 @@
 # rank 0 — its per-step runtime and update bytes intra / inter node (--metrics) exactly and
 # its accounted memory by category (the final "memory per rank" line, 0.01 MiB rounding);
 # --config is read and --dump-config writes one; Muon's split units and the owner map are printed; bad layouts and what
-# the plan does not model are refused by name. engine_plan_test checks every rank of many
+# the plan does not model are refused by name; a run on --backend cpu (MXFP8, Muon) is planned
+# with what it keeps on the backend, and the backend's refusals are the plan's. engine_plan_test checks every rank of many
 # more layouts against the engine's counters.
 # Usage: plan_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
@@ -52,6 +53,46 @@ assert dict(re.findall(r" (\w+) ([0-9.]+) MiB;", printed)) == {
 print("plan = run:", want, {k: round(v, 3) for k, v in planned.items()})
 PY
 check "plan equals the run's rank-0 bytes and accounted memory; train prints the plan" $?
+
+# A run on --backend is planned as one: what it keeps there (MXFP8's S′ and band scales, the
+# update executors' roots between steps) — the plan's memory is what train --backend cpu
+# accounts — and what it refuses.
+brun=(--model tiny --microbatches 2 --batch-size 2 --seq-len 32 --weight-dtype mxfp8
+  --optimizer muon --backend cpu)
+"$bin" plan -n 2 "${brun[@]}" --json >"$tmp/bplan.json" 2>"$tmp/plan.err" &&
+  "${mpirun[@]}" -np 2 "$bin" train "${brun[@]}" --steps 2 --gemm-peak 10 --log-every 2 \
+    >"$tmp/btrain.out" 2>&1
+check "plan and train of an MXFP8 Muon run on --backend cpu" $?
+python3 - "$tmp/bplan.json" "$tmp/btrain.out" <<'PY'
+import json, re, sys
+r0 = json.load(open(sys.argv[1]))["ranks"][0]
+line = [l for l in open(sys.argv[2]) if l.startswith("memory per rank (accounted, rank 0)")][0]
+measured = {k: float(v) for k, v in re.findall(r" (\w+) ([0-9.]+) MiB;", line)}
+measured.pop("activations", None)
+planned = {k: v / 1048576 for k, v in r0["memory_bytes"].items()}
+assert set(measured) == set(planned), (measured, planned)
+for k in planned:
+    assert abs(measured[k] - planned[k]) <= 0.006, (k, measured[k], planned[k])
+assert "scales" in planned and "update_temporaries" in planned, planned
+PY
+check "plan --backend cpu equals the backend run's accounted memory" $?
+"$bin" plan -n 2 "${brun[@]}" --backend host --scale-layout row_major --json >"$tmp/hplan.json" \
+  2>"$tmp/plan.err"
+python3 - "$tmp/bplan.json" "$tmp/hplan.json" <<'PY'
+import json, sys
+dev, host = (json.load(open(f))["ranks"][0]["memory_bytes"] for f in sys.argv[1:3])
+# The same S′ layout (row_major); on the backend also S′ and the band scales kept there, and
+# the executors' roots kept between steps.
+assert dev["scales"] > host["scales"], (dev["scales"], host["scales"])
+assert dev["update_temporaries"] > host["update_temporaries"], (dev, host)
+PY
+check "plan --backend cpu counts what the backend keeps beyond the host engine's plan" $?
+expect_error "plan --backend: the backend's refusals" "set the scale layout to row_major" \
+  "$bin" plan -n 2 --backend cpu --weight-dtype mxfp8 --scale-layout cublas_swizzle
+expect_error "plan --backend: what a backend does not run" "pass --reduce fp32" \
+  "$bin" plan -n 2 --backend cpu --reduce bf16sr
+expect_error "plan --backend cuda: planned as --backend cpu" "plan --backend cuda as --backend cpu" \
+  "$bin" plan -n 2 --backend cuda
 
 printf 'model = "tiny"\nsw = 2\nseq-len = 32\noptimizer = "muon"\n' >"$tmp/run.toml"
 "$bin" plan -n 4 --config "$tmp/run.toml" >"$tmp/text" 2>&1 &&

@@ -52,9 +52,8 @@ DeviceCommChoice ChooseDeviceCommPath(int world, int ranks_per_node, int sw, int
   return {CommPath::kCollective, outer ? "sw = sg = 1: no per-microbatch collective" + staged : ""};
 }
 
-DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
-  DeviceRun dev;
-  if (o.backend == "host") return dev;
+void CheckBackendOptions(const TrainOptions& o) {
+  if (o.backend == "host") return;
   SSHSDP_CHECK(o.backend == "cpu" || o.backend == "cuda" || o.backend.starts_with("cuda:"),
                ConfigError, "--backend must be host, cpu, cuda or cuda:<ordinal>, got '{}'",
                o.backend);
@@ -67,6 +66,13 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
                "device are not built yet), got --reduce {}",
                b, o.reduce);
+}
+
+DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
+  DeviceRun dev;
+  if (o.backend == "host") return dev;
+  CheckBackendOptions(o);
+  const std::string b = o.backend;
   if (b == "cuda") {
     const int count = CudaDeviceCount();
     const int local = LocalRankFromEnvironment();

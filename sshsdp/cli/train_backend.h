@@ -39,6 +39,10 @@ struct DeviceRun {
   std::vector<std::string> notes;              // what the backend chose for the run (rank 0 prints)
 };
 
+// ConfigError naming the option for what the engine on o.backend does not run (an unknown
+// backend, MoE, bf16 reductions); nothing for the host engine. MakeDeviceRun runs it.
+void CheckBackendOptions(const TrainOptions& o);
+
 // Makes o.backend's backend and sets cfg->backend (and for a device on several ranks
 // cfg->comm_path = direct, cfg->direct_device).
 // ConfigError naming the option for what the engine on a backend does not run; DeviceError

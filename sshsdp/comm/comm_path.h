@@ -26,4 +26,8 @@ inline CommPath ParseCommPath(std::string_view s) {
   throw ConfigError(fmt::format("unknown comm path '{}': use collective, direct or nccl", s));
 }
 
+inline const char* CommPathName(CommPath p) {
+  return p == CommPath::kCollective ? "collective" : p == CommPath::kDirect ? "direct" : "nccl";
+}
+
 }  // namespace sshsdp

@@ -134,6 +134,11 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
                  "weight dtype mxfp8 runs on the flat shard layout without ③/① copies (of the "
                  "baselines only ② quantize-every-gather), got {}",
                  cfg.redundancies.ToString());
+    SSHSDP_CHECK(!cfg.redundancies.cast_every_gather || cfg.comm_path == CommPath::kCollective,
+                 ConfigError,
+                 "weight dtype mxfp8 with ② quantize-every-gather gathers fp32 shards into "
+                 "transient buffers: it runs on the collective comm path, got {}",
+                 CommPathName(cfg.comm_path));
   }
   EngineModes m;
   m.grad_dtype = GradDType(cfg.reduce);

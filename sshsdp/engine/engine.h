@@ -375,8 +375,9 @@ class Engine {
   std::unique_ptr<Communicator> up_p2p_;    // structured-update point to point (world duplicate)
   std::unique_ptr<Communicator> up_zero1_;  // ⑥ full_tensor: ZeRO-1 group, ordered by chunk
   // MXFP8 on a device or off the collective path: S (host memory, mx_weights.h) gathers over
-  // MPI in the replica and ZeRO-3 groups while W moves on the device or the direct path (null
-  // otherwise: S uses up_replica_ag_ and rt_zero3_).
+  // MPI in the replica and ZeRO-3 groups of its own while W moves on the device, or in the
+  // ZeRO-3 groups on the direct path (null otherwise: S uses up_replica_ag_ and rt_zero3_; on
+  // the host's direct path the replica group is plain MPI, duplicated for symmetry).
   std::unique_ptr<Communicator> mx_replica_ag_, mx_zero3_;
   std::unique_ptr<StructuredUpdate> update_;
   std::string first_structured_;  // first update parameter on a structured (Muon) unit, or ""

@@ -15,8 +15,8 @@
 //    staged through the host). There the gathered codes and S′ equal quantizing the engine's own
 //    consolidated main weights unsharded, and training stays within MXFP8's tolerances of the
 //    host engine on the same ranks (the direct path sums gradients in another order).
-//  * The host engine's MXFP8 on the direct path (S on MPI groups of its own there too) against
-//    the collective path.
+//  * MXFP8 on the direct path in host memory (S on MPI groups of its own there too), host engine
+//    and CPU backend, against the collective path; ② with it is refused by name.
 //  * On a GPU (SSHSDP_TEST_BACKEND=cuda): the same comparison as on guarded memory.
 //  * What is refused, by name: another scale layout on a device; MXFP8 views without row-major
 //    scales in the model.
@@ -242,30 +242,38 @@ TEST(EngineMxOnBackend, EveryLayoutOnGuardedDeviceMemory) {
   }
 }
 
-// S has MPI groups of its own off the collective path too: the host engine's MXFP8 on the direct
-// path (ZeroSM) against the collective path, every layout.
-TEST(EngineMxOnBackend, HostEngineOnTheDirectPath) {
+// S has MPI groups of its own off the collective path too: MXFP8 on the direct path (ZeroSM),
+// on the host engine and on the CPU backend, against the host engine's collective path, every
+// layout.
+TEST(EngineMxOnBackend, HostMemoryOnTheDirectPath) {
   const int W = WorldSize();
   if (W == 1) GTEST_SKIP() << "several ranks";
-  for (const Layout& l : testing::LayoutsFor(W)) {
-    SCOPED_TRACE(Describe(W, l));
-    testing::ParityCase c;
-    c.layout = l;
-    c.make = [] { return std::make_unique<Gpt>(HostReferenceGpt()); };
-    c.cfg = MxConfig(l, /*muon=*/false);
-    c.cfg.comm_path = CommPath::kDirect;
-    c.ref_cfg = MxConfig(l, false);
-    c.reference = testing::Reference::kSameWorld;
-    c.vocab = kVocab;
-    c.tol_at = testing::MxTolerances;
-    c.steps = 2;
-    testing::ParityRun run(c);
-    ExpectCodesOfTheMainWeights(run.engine(), run.model());
-    run.Run([&](const testing::StepDiff& d) {
-      EXPECT_EQ(d.dist.counters.runtime_comm.total(), d.ref.counters.runtime_comm.total());
-      EXPECT_EQ(d.dist.counters.update_comm.total(), d.ref.counters.update_comm.total());
-    });
-  }
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  for (Backend* b : {static_cast<Backend*>(nullptr), cpu.get()})
+    for (const Layout& l : testing::LayoutsFor(W)) {
+      SCOPED_TRACE(Describe(W, l) + (b ? " backend cpu" : " host engine"));
+      testing::ParityCase c;
+      c.layout = l;
+      int made = 0;
+      c.make = [&made, b]() -> std::unique_ptr<Model> {
+        if (made++ == 0 && b) return std::make_unique<BackendGptModel>(*b, MxGpt());
+        return std::make_unique<Gpt>(HostReferenceGpt());
+      };
+      c.cfg = MxConfig(l, /*muon=*/false);
+      c.cfg.backend = b;
+      c.cfg.comm_path = CommPath::kDirect;
+      c.ref_cfg = MxConfig(l, false);
+      c.reference = testing::Reference::kSameWorld;
+      c.vocab = kVocab;
+      c.tol_at = testing::MxTolerances;
+      c.steps = 2;
+      testing::ParityRun run(c);
+      ExpectCodesOfTheMainWeights(run.engine(), run.model());
+      run.Run([&](const testing::StepDiff& d) {
+        EXPECT_EQ(d.dist.counters.runtime_comm.total(), d.ref.counters.runtime_comm.total());
+        EXPECT_EQ(d.dist.counters.update_comm.total(), d.ref.counters.update_comm.total());
+      });
+    }
 }
 
 // With SSHSDP_TEST_BACKEND=cuda (scripts/gpu_check.sh; ctest's engine_backend_mx_test_cuda_np*,
@@ -304,6 +312,19 @@ TEST(EngineMxOnBackend, RefusesWhatTheDevicePathCannotReadByName) {
     ADD_FAILURE() << "accepted cublas_swizzle scales on a device";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--scale-layout row_major"), std::string::npos)
+        << e.what();
+  }
+  // ② gathers fp32 shards into transient (unregistered) buffers: collective path only.
+  Gpt host(HostReferenceGpt());
+  EngineConfig every = MxConfig(testing::LayoutsFor(WorldSize()).front(), false);
+  every.redundancies.cast_every_gather = true;
+  every.comm_path = CommPath::kDirect;
+  try {
+    Engine e(host, *world, every);
+    ADD_FAILURE() << "accepted ② with MXFP8 on the direct path";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("runs on the collective comm path, got direct"),
+              std::string::npos)
         << e.what();
   }
   // The model: MXFP8 views need row-major scales.
