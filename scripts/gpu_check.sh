@@ -200,23 +200,27 @@ PY
     # AdamW with fp32 weights: the first 5 losses of --backend cuda within 1e-4 of --backend
     # cpu's (same seed; the GPU sums in another order). Muon per head with bf16 weights (tensor-
     # core products; bf16 u amplifies summation order): within 2e-2. AdamW with MXFP8 blocks
-    # (dequantized for fp32 GEMMs; a main weight off in its last bits can flip a code): 2e-3.
+    # (dequantized for fp32 GEMMs; a main weight off in its last bits can flip a code): 2e-3;
+    # dequantized to bf16 for tensor-core GEMMs (--mx-gemm bf16, the fast path): 2e-2.
     # All: loss falls over 30.
     for np in 1 2; do
-      for run in "adamw fp32 1e-4" "muon bf16 2e-2" "adamw mxfp8 2e-3"; do
-        read -r opt wdt tol <<<"$run"
+      for run in "adamw fp32 1e-4 fp32" "muon bf16 2e-2 fp32" "adamw mxfp8 2e-3 fp32" \
+        "adamw mxfp8 2e-2 bf16"; do
+        read -r opt wdt tol mxg <<<"$run"
         for b in cpu cuda; do
           steps=5
           [ $b = cuda ] && steps=30
-          tag="${b}_${opt}_${wdt}_np$np"
+          tag="${b}_${opt}_${wdt}_${mxg}_np$np"
+          extra=()
+          [ "$wdt" = mxfp8 ] && extra=(--mx-gemm "$mxg")
           timeout 240 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np \
             "$bundle/sshsdp" train --backend $b --model small --optimizer $opt \
-            --weight-dtype $wdt --steps $steps --log-every 1 --metrics "$out/train_$tag.jsonl" \
-            >"$out/train_$tag.log" 2>&1 || rc=1
+            --weight-dtype $wdt "${extra[@]}" --steps $steps --log-every 1 \
+            --metrics "$out/train_$tag.jsonl" >"$out/train_$tag.log" 2>&1 || rc=1
           tail -2 "$out/train_$tag.log"
         done
-        python3 - "$out/train_cpu_${opt}_${wdt}_np$np.jsonl" \
-          "$out/train_cuda_${opt}_${wdt}_np$np.jsonl" "$opt $wdt" "$tol" <<'PY' || rc=1
+        python3 - "$out/train_cpu_${opt}_${wdt}_${mxg}_np$np.jsonl" \
+          "$out/train_cuda_${opt}_${wdt}_${mxg}_np$np.jsonl" "$opt $wdt $mxg" "$tol" <<'PY' || rc=1
 import json, sys
 cpu, gpu = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 tol = float(sys.argv[4])

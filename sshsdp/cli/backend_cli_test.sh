@@ -170,6 +170,23 @@ for s in (3, 4):
 PY
   check "MXFP8 saved by --backend cpu, resumed by --backend $loader: steps 3-4 bit for bit" $rc
 done
+# --mx-gemm bf16: the MXFP8 blocks' GEMMs in bf16 (the GPU's fast path), named in the header;
+# a host run or other weights refuse it by name.
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${mx[@]}" --backend cpu --mx-gemm bf16 \
+  --metrics "$tmp/mx_bf16.jsonl" >"$tmp/mx_bf16.out" 2>&1
+rc=$?
+grep -q "MXFP8 weights dequantized to bf16 (the peak's path)" "$tmp/mx_bf16.out" || rc=1
+python3 - "$tmp/mx_bf16.jsonl" "$tmp/mx_straight.jsonl" <<'PY' || rc=1
+import json, sys
+b, f = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+assert b[-1]["loss"] < b[0]["loss"], [r["loss"] for r in b]
+# bf16-rounded inputs: close to the fp32 GEMMs' run, not equal to it.
+assert b[0]["loss"] != f[0]["loss"] and abs(b[0]["loss"] - f[0]["loss"]) < 1e-2 * f[0]["loss"]
+PY
+check "--mx-gemm bf16 on --backend cpu trains, names its GEMM path and stays near fp32's" $rc
+expect_error "--mx-gemm bf16 on the host engine is refused by name" \
+  "use it with --backend and --weight-dtype mxfp8" \
+  "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" "${mx[@]}" --mx-gemm bf16
 "$bin" "${tiny[@]}" "${mx[@]}" --backend cpu --dump-config >"$tmp/mx.toml" 2>&1 &&
   timeout 300 "${mpirun[@]}" -np 2 "$bin" train --config "$tmp/mx.toml" --steps 1 >/dev/null 2>&1
 check "MXFP8 on --backend cpu: its --dump-config file runs as written" $?

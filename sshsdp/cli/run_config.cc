@@ -96,12 +96,13 @@ std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string
 std::vector<std::string> RestoredArgs(const CLI::App& train, const std::string& recorded_toml,
                                       const std::string& resumed_checkpoint) {
   static const std::set<std::string> kLaunchOnly = {
-      "resume",      "config",      "dump-config", "init-weights",   "fault", "ckpt-fault",
-      "sw",          "sg",          "so",          "ranks-per-node", "help",  "trace",
-      "trace-steps",                   // a trace is per launch
-      "backend",                       // where it runs, and how its collectives move, too
-      "comm-path",   "scale-layout"};  // a kernel layout of that backend (older records hold
-                                       // cublas_swizzle)
+      "resume",      "config", "dump-config", "init-weights",   "fault", "ckpt-fault",
+      "sw",          "sg",     "so",          "ranks-per-node", "help",  "trace",
+      "trace-steps",  // a trace is per launch
+      "backend",      // where it runs, and how its collectives move, too
+      "comm-path",
+      "mx-gemm",        // the dtype that backend dequantizes MXFP8 weights to
+      "scale-layout"};  // a kernel layout of that backend (older records hold cublas_swizzle)
   std::istringstream in(recorded_toml);
   std::vector<CLI::ConfigItem> items;
   try {

@@ -352,16 +352,18 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
 
     // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak.
     // On a backend: its GEMM of the weights' dtype.
+    // --mx-gemm bf16: MXFP8 weights' GEMMs run in bf16, the peak's dtype then.
+    const DType backend_gemm = o.mx_gemm == "bf16" ? DType::kBF16 : cfg.weight_dtype;
     GemmPeak gemm_peak =
-        dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, cfg.weight_dtype, o.gemm_peak, 9,
+        dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, backend_gemm, o.gemm_peak, 9,
                                              dev.backend->host_memory() ? 1024 : 4096)
                     : MeasureJobGemmPeak(
                           *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
                           o.gemm_peak);
     if (cfg.weight_dtype == DType::kE4M3) {  // the header names both paths
       gemm_peak.path = fmt::format(
-          "MXFP8 weights dequantized to fp32 (the peak's path): {}; groups kept in bf16: {}",
-          gemm_peak.path,
+          "MXFP8 weights dequantized to {} (the peak's path): {}; groups kept in bf16: {}",
+          o.mx_gemm, gemm_peak.path,
           dev.backend ? std::string("the backend's bf16 GEMM")
                       : kernels::GemmPathDescription(DType::kBF16));
     }

@@ -33,8 +33,9 @@ struct TrainOptions {
   // MXFP8 scale layout of Tw (scale_layout.h); auto: cublas_swizzle on the host engine,
   // row_major on a backend (what its dequantize-for-the-GEMM reads).
   std::string scale_layout = "auto";
-  std::string reduce = "fp32";  // gradient reduction: fp32 | bf16+fp32 | bf16sr
-  uint64_t sr_seed = 0;         // bf16sr stochastic-rounding seed
+  std::string mx_gemm = "fp32";  // GEMM dtype of MXFP8 weights on --backend: fp32 | bf16
+  std::string reduce = "fp32";   // gradient reduction: fp32 | bf16+fp32 | bf16sr
+  uint64_t sr_seed = 0;          // bf16sr stochastic-rounding seed
   uint64_t seed = 1;
   std::string data = "synthetic";
   int vocab_size = 0;  // 0: from the data

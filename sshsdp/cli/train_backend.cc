@@ -104,7 +104,9 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
 
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev) {
-  if (dev.backend) return std::make_unique<BackendGptModel>(*dev.backend, gc);
+  if (dev.backend)
+    return std::make_unique<BackendGptModel>(*dev.backend, gc,
+                                             o.mx_gemm == "bf16" ? DType::kBF16 : DType::kF32);
   return MakeModel(o, gc);
 }
 

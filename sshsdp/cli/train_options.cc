@@ -148,6 +148,12 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "dequantize-for-the-GEMM reads (another is refused there). A kernel layout: it "
                  "does not change the numbers, and a resume does not restore it")
       ->capture_default_str();
+  app.add_option("--mx-gemm", o.mx_gemm,
+                 "--backend cpu|cuda with --weight-dtype mxfp8: the dtype each MXFP8 weight is "
+                 "dequantized to for its GEMMs: fp32 (the host engine's function, bit for bit) "
+                 "| bf16 (tensor-core products on a GPU; bf16-rounded inputs, as bf16 weights). "
+                 "Per launch, like --backend")
+      ->capture_default_str();
   app.add_option("--reduce", o.reduce,
                  "gradient reduction precision: fp32 | bf16+fp32 | bf16sr (bf16 partials with "
                  "stochastic rounding)")
@@ -260,6 +266,14 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   SSHSDP_CHECK(o.weight_dtype == "bf16" || o.weight_dtype == "fp32" || o.weight_dtype == "mxfp8",
                ConfigError, "--weight-dtype must be bf16, fp32 or mxfp8, got '{}'", o.weight_dtype);
   cfg.weight_dtype = o.weight_dtype == "mxfp8" ? DType::kE4M3 : ParseDType(o.weight_dtype);
+  SSHSDP_CHECK(o.mx_gemm == "fp32" || o.mx_gemm == "bf16", ConfigError,
+               "--mx-gemm must be fp32 or bf16, got '{}'", o.mx_gemm);
+  SSHSDP_CHECK(o.mx_gemm == "fp32" || (o.backend != "host" && o.weight_dtype == "mxfp8"),
+               ConfigError,
+               "--mx-gemm bf16 dequantizes MXFP8 weights to bf16 for their GEMMs on --backend "
+               "cpu|cuda: use it with --backend and --weight-dtype mxfp8 (the host engine's "
+               "MXFP8 GEMMs run in fp32), got --backend {} --weight-dtype {}",
+               o.backend, o.weight_dtype);
   cfg.scale_layout = o.scale_layout == "auto" ? (o.backend == "host" ? ScaleLayout::kCublasSwizzle
                                                                      : ScaleLayout::kRowMajor)
                                               : ParseScaleLayout(o.scale_layout);

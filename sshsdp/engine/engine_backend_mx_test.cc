@@ -23,6 +23,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -298,6 +299,69 @@ TEST(EngineMxOnBackend, OnTheCudaBackend) {
     RunOnDevice(*gpu, ipc.get(), Layout{W, W, W, W}, muon);
     RunOnDevice(*gpu, nullptr, Layout{1, 1, W, W}, muon);
   }
+}
+
+// --mx-gemm bf16 (BackendGptModel's mx_gemm = kBF16): MXFP8 blocks dequantized to bf16 run the
+// model's bf16 path — forward, loss and every gradient bit for bit those of bf16 weights holding
+// the dequantized values — and differ from the fp32 GEMMs (so the switch is not a no-op).
+TEST(EngineMxOnBackend, Bf16GemmsEqualBf16WeightsHoldingTheDequantizedValues) {
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  BackendGptModel mx(*cpu, MxGpt(), DType::kBF16), ref(*cpu, MxGpt()), f32(*cpu, MxGpt());
+  const int B = 2, T = 8, n = mx.num_groups();
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = (i * 7 + 3) % kVocab;
+    targets[i] = (i * 5 + 1) % kVocab;
+  }
+  for (BackendGptModel* m : {&mx, &ref, &f32}) m->SetBatch(tokens.data(), targets.data(), B, T);
+  std::vector<std::vector<uint8_t>> bytes;  // every view's storage
+  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<TensorRef>> w_mx(n), w_ref(n), g_mx(n), g_ref(n), g_f32(n);
+  uint32_t seed = 1;
+  auto next = [&seed] { return seed = seed * 1664525u + 1013904223u; };
+  for (int g = 0; g < n; ++g)
+    for (const RuntimeParamSpec& rp : mx.GroupParams(g)) {
+      int64_t rows = 0, cols = 0;
+      MatrixView(rp.shape, &rows, &cols);
+      const size_t count = static_cast<size_t>(rows * cols);
+      std::vector<float> values(count);
+      std::vector<uint16_t> b16(count);
+      if (g > 0 && g + 1 < n) {  // an MXFP8 block weight: codes, per-row scales 2^-9..2^-6
+        auto& q = bytes.emplace_back(count);
+        for (uint8_t& c : q) c = static_cast<uint8_t>(next() >> 24) & 0xF7;  // no NaN codes
+        auto& s = bytes.emplace_back(static_cast<size_t>(rows * MxBlocks(cols)));
+        for (uint8_t& c : s) c = static_cast<uint8_t>(118 + (next() >> 30));
+        MxDequantizeActivation(q.data(), s.data(), rows, cols, values.data());
+        w_mx[g].push_back({q.data(), DType::kE4M3, s.data(), ScaleLayout::kRowMajor});
+      } else {
+        for (float& v : values) v = 0.02f * (static_cast<float>(next() >> 8) / 16777216.0f - 0.5f);
+      }
+      for (size_t i = 0; i < count; ++i) b16[i] = FloatToBf16(values[i]).bits;
+      auto& r = bytes.emplace_back(count * 2);
+      std::memcpy(r.data(), b16.data(), count * 2);
+      w_ref[g].push_back({r.data(), DType::kBF16});
+      if (g == 0 || g + 1 == n) w_mx[g].push_back(w_ref[g].back());
+      for (auto* gv : {&g_mx[g], &g_ref[g], &g_f32[g]})
+        gv->push_back({grads.emplace_back(count).data(), DType::kF32});
+    }
+  for (int g = 0; g < n; ++g) {
+    mx.Forward(g, w_mx[g]);
+    ref.Forward(g, w_ref[g]);
+    f32.Forward(g, w_mx[g]);
+  }
+  EXPECT_EQ(mx.Loss(), ref.Loss());
+  EXPECT_NE(mx.Loss(), f32.Loss());
+  for (int g = n - 1; g >= 0; --g) {
+    mx.Backward(g, w_mx[g], g_mx[g], GradWrite::kOverwrite);
+    ref.Backward(g, w_ref[g], g_ref[g], GradWrite::kOverwrite);
+    f32.Backward(g, w_mx[g], g_f32[g], GradWrite::kOverwrite);
+    for (size_t i = 0; i < g_mx[g].size(); ++i)
+      EXPECT_EQ(std::memcmp(g_mx[g][i].data, g_ref[g][i].data,
+                            static_cast<size_t>(NumElements(mx.GroupParams(g)[i].shape)) * 4),
+                0)
+          << "group " << g << " view " << i;
+  }
+  EXPECT_THROW(BackendGptModel(*cpu, MxGpt(), DType::kE4M3), ConfigError);
 }
 
 TEST(EngineMxOnBackend, RefusesWhatTheDevicePathCannotReadByName) {

@@ -9,12 +9,19 @@
 
 namespace sshsdp {
 
-BackendGptModel::BackendGptModel(Backend& b, const GptConfig& c) : b_(b), spec_(c) {
+BackendGptModel::BackendGptModel(Backend& b, const GptConfig& c, DType mx_gemm)
+    : b_(b), spec_(c), mx_gemm_(mx_gemm) {
   SSHSDP_CHECK(c.packed_qkv, ConfigError,
                "BackendGptModel runs the packed QKV layout only (GptConfig::packed_qkv = true)");
+  SSHSDP_CHECK(mx_gemm == DType::kF32 || mx_gemm == DType::kBF16, ConfigError,
+               "the GEMMs of MXFP8 weights run in fp32 or bf16 (--mx-gemm), got {}",
+               DTypeName(mx_gemm));
 }
 
-BackendGptModel::~BackendGptModel() { b_.Free(mx_scratch_); }
+BackendGptModel::~BackendGptModel() {
+  b_.Free(mx_scratch_);
+  b_.Free(mx_scratch_bf16_);
+}
 
 void BackendGptModel::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
   if (!gpt_ || gpt_->batch() != B || gpt_->seq_len() != T) {
@@ -57,23 +64,32 @@ std::vector<const void*> BackendGptModel::Weights(int g, const std::vector<Tenso
   const std::vector<RuntimeParamSpec> specs = spec_.GroupParams(g);
   int64_t need = 0;
   for (const RuntimeParamSpec& s : specs) need += (s.numel() + 15) / 16 * 16;
+  const bool b16 = mx_gemm_ == DType::kBF16;
   if (need > mx_scratch_floats_) {
     b_.Free(mx_scratch_);
+    b_.Free(mx_scratch_bf16_);
     mx_scratch_ = nullptr;
+    mx_scratch_bf16_ = nullptr;
     mx_scratch_floats_ = 0;
     mx_scratch_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(need) * 4));
+    if (b16) mx_scratch_bf16_ = static_cast<bf16*>(b_.Alloc(static_cast<size_t>(need) * 2));
     mx_scratch_floats_ = need;
   }
-  float* at = mx_scratch_;
+  int64_t at = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     int64_t rows = 0, cols = 0;
     MatrixView(specs[i].shape, &rows, &cols);
-    b_.MxDequantizeRows(static_cast<const uint8_t*>(v[i].data), v[i].scales, rows, cols, at,
+    float* f = mx_scratch_ + at;
+    b_.MxDequantizeRows(static_cast<const uint8_t*>(v[i].data), v[i].scales, rows, cols, f,
                         MxOptions{DType::kE4M3});
-    p[i] = at;
+    p[i] = f;
+    if (b16) {
+      b_.CastF32ToBf16(f, mx_scratch_bf16_ + at, rows * cols);
+      p[i] = mx_scratch_bf16_ + at;
+    }
     at += (specs[i].numel() + 15) / 16 * 16;
   }
-  *dtype = DType::kF32;
+  *dtype = mx_gemm_;
   return p;
 }
 
