@@ -12,8 +12,8 @@
 # reference, on one rank and with 2 and 3 processes sharing the GPU (plain ZeRO-3 over CUDA
 # IPC), and with MXFP8 weights (engine_backend_mx_test: G on the GPU, S on the host, weights
 # dequantized for the GEMMs); (6) `sshsdp train --backend cuda` (AdamW and Muon per head, AdamW
-# with MXFP8 blocks; 1 rank and 2 processes sharing the GPU) against `--backend cpu` of the
-# same seed.
+# with MXFP8 blocks dequantized for fp32 and for bf16 GEMMs (--mx-gemm); 1 rank and 2
+# processes sharing the GPU) against `--backend cpu` of the same seed.
 #
 #   scripts/gpu_check.sh prepare   # here (the build machine, no GPU needed): build the CUDA
 #                                  # tests in build-gpu/ and bundle them with the shared
@@ -215,7 +215,7 @@ PY
           [ "$wdt" = mxfp8 ] && extra=(--mx-gemm "$mxg")
           timeout 240 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np \
             "$bundle/sshsdp" train --backend $b --model small --optimizer $opt \
-            --weight-dtype $wdt "${extra[@]}" --steps $steps --log-every 1 \
+            --weight-dtype $wdt ${extra[@]+"${extra[@]}"} --steps $steps --log-every 1 \
             --metrics "$out/train_$tag.jsonl" >"$out/train_$tag.log" 2>&1 || rc=1
           tail -2 "$out/train_$tag.log"
         done

@@ -350,9 +350,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       engine.LoadMainWeights(init);
     }
 
-    // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak.
-    // On a backend: its GEMM of the weights' dtype.
-    // --mx-gemm bf16: MXFP8 weights' GEMMs run in bf16, the peak's dtype then.
+    // MX weights are dequantized to fp32 for their GEMMs: the fp32 path is their peak. On a
+    // backend: its GEMM of the weights' dtype, or bf16 with --mx-gemm bf16.
     const DType backend_gemm = o.mx_gemm == "bf16" ? DType::kBF16 : cfg.weight_dtype;
     GemmPeak gemm_peak =
         dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, backend_gemm, o.gemm_peak, 9,

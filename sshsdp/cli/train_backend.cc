@@ -87,8 +87,9 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
     // refused by the engine.
     dev.notes.push_back(fmt::format(
         "--weight-dtype mxfp8 on --backend {}: E4M3 codes stay the stored and communicated "
-        "format and are dequantized to fp32 for each GEMM, their scales relaid out row_major",
-        b));
+        "format and are dequantized to {} for each GEMM (--mx-gemm), their scales relaid out "
+        "row_major",
+        b, o.mx_gemm));
   }
   if (WorldSize() == 1 || dev.backend->host_memory()) return dev;
   const DeviceCommChoice c = ChooseDeviceCommPath(WorldSize(), cfg->ranks_per_node, cfg->sw,

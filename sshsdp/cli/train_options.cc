@@ -150,7 +150,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--mx-gemm", o.mx_gemm,
                  "--backend cpu|cuda with --weight-dtype mxfp8: the dtype each MXFP8 weight is "
-                 "dequantized to for its GEMMs: fp32 (the host engine's function, bit for bit) "
+                 "dequantized to for its GEMMs: fp32 (the host engine's function: bit for bit on "
+                 "--backend cpu) "
                  "| bf16 (tensor-core products on a GPU; bf16-rounded inputs, as bf16 weights). "
                  "Per launch, like --backend")
       ->capture_default_str();

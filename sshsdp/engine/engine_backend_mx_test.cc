@@ -328,7 +328,10 @@ TEST(EngineMxOnBackend, Bf16GemmsEqualBf16WeightsHoldingTheDequantizedValues) {
       std::vector<uint16_t> b16(count);
       if (g > 0 && g + 1 < n) {  // an MXFP8 block weight: codes, per-row scales 2^-9..2^-6
         auto& q = bytes.emplace_back(count);
-        for (uint8_t& c : q) c = static_cast<uint8_t>(next() >> 24) & 0xF7;  // no NaN codes
+        for (uint8_t& c : q) {  // every code but NaN's (S.1111.111)
+          c = static_cast<uint8_t>(next() >> 24);
+          if ((c & 0x7F) == 0x7F) c = 0x7E;
+        }
         auto& s = bytes.emplace_back(static_cast<size_t>(rows * MxBlocks(cols)));
         for (uint8_t& c : s) c = static_cast<uint8_t>(118 + (next() >> 30));
         MxDequantizeActivation(q.data(), s.data(), rows, cols, values.data());

@@ -139,7 +139,7 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
   EngineConfig cfg = cfg_in;
   cfg.so = topo.so();
   const EngineModes modes = CheckEngineSetup(model, cfg, topo);
-  CheckBackendSetup(cfg, topo);  // (nothing without a backend)
+  CheckBackendSetup(cfg, topo);  // what the engine on cfg.backend refuses (sshsdp plan --backend)
   RunPlan plan{topo, cfg, {}, {}, {}, {}, 0, 0};
   const int n = model.num_groups();
   const UpdateOptions uopt = UpdateOptionsOf(cfg);
