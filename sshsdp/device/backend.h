@@ -29,6 +29,8 @@
 //   SumSquares                                                 1e-12 relative (any order)
 //   NewtonSchulz                                               1e-4 of the largest entry
 //   EmbeddingForward/Backward, Add                             bit for bit
+//   GatherRows, MoeCombine, MoeUnpermuteSum, MoeCombineBackward's dyp   bit for bit
+//   MoeCombineBackward's dgate (a dot product in another order)       1e-5 of Σ|dy·yp|
 //   the other layer ops and Gemm                               the tolerances backend_test.cc
 //                                                              states per op (fp32 sums in
 //                                                              another order, libm-class exp)
@@ -158,6 +160,23 @@ class Backend {
   virtual void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
                         const bf16* b, float* c, bool accumulate) = 0;
 
+  // ---- The MoE GPT's permutation ops (kernels/moe_kernels.h: the same contracts; rows of d
+  // floats, indices and gates in backend memory, each index in range). The routing itself
+  // (top-k, gates, aux loss, counting sort) runs on the host (models/backend_moe.h). ----
+  // dst[r] = src[idx[r]], r < rows.
+  virtual void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
+                          int64_t d) = 0;
+  // out[t] (=|+=) Σ_j gate[t·k+j] · yp[row[t·k+j]], t < N, j < k in order.
+  virtual void MoeCombine(const float* yp, const int32_t* row, const float* gate, float* out,
+                          int64_t N, int k, int64_t d, bool accumulate) = 0;
+  // dgate[t·k+j] = ⟨dy[t], yp[row[t·k+j]]⟩ and dyp[row[t·k+j]] = gate[t·k+j] · dy[t].
+  virtual void MoeCombineBackward(const float* dy, const float* yp, const int32_t* row,
+                                  const float* gate, float* dgate, float* dyp, int64_t N, int k,
+                                  int64_t d) = 0;
+  // dx[t] = Σ_j dxp[row[t·k+j]], j < k in order.
+  virtual void MoeUnpermuteSum(const float* dxp, const int32_t* row, float* dx, int64_t N, int k,
+                               int64_t d) = 0;
+
   // out[i] = out_scale · NS(in[i]) for i < batch, [rows, cols] row-major matrices, in[i] fp32
   // or bf16 (in_dtype; NumericsError otherwise), out[i] fp32 (update/newton_schulz.h: the same
   // iteration and normalisation). The matrices are backend memory; the pointer arrays `in` and
@@ -176,6 +195,12 @@ class Backend {
 // NumericsError naming the op unless n >= 0 (every backend checks its counts with it).
 inline void CheckCount(int64_t n, const char* op) {
   SSHSDP_CHECK(n >= 0, NumericsError, "{}: element count must be >= 0, got {}", op, n);
+}
+
+// NumericsError naming the op unless N >= 0, k >= 1 and the row width d > 0 (the MoE ops).
+inline void CheckMoeShape(int64_t N, int k, int64_t d, const char* op) {
+  SSHSDP_CHECK(N >= 0 && k >= 1 && d > 0, NumericsError,
+               "{}: need N >= 0, k >= 1 and a row width > 0, got N={} k={} width={}", op, N, k, d);
 }
 
 // NumericsError naming the op unless rows >= 0 and the row width d > 0.

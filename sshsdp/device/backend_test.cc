@@ -27,6 +27,7 @@
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/layer_kernels.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/moe_kernels.h"
 #include "sshsdp/models/layers.h"
 
 namespace sshsdp {
@@ -611,6 +612,68 @@ TEST_F(BackendTest, CausalAttentionForwardAndBackward) {
     EXPECT_EQ(FirstOutside(bl.Read(), lse, 2e-6f, 1e-5f), "") << at << " lse";
     EXPECT_EQ(FirstOutside(bdq.Read(), dqkv, 1e-5f, 1e-4f), "") << at << " dqkv";
   }
+}
+
+// The MoE GPT's permutation ops on the routing MoeRoute makes of random logits (every row a
+// valid permutation), against kernels/moe_kernels.h's loops: bit for bit, except the gate
+// gradients' dot products (summed in another order on a GPU).
+TEST_F(BackendTest, MoePermutationOps) {
+  for (int64_t N : {0, 1, 5, 37})
+    for (int k : {1, 2, 3})
+      for (int64_t d : {1, 7, 300}) {
+        const int E = 4;
+        const int64_t Nk = N * k;
+        std::vector<float> score = Normal(static_cast<size_t>(N * E), 11);
+        std::vector<int32_t> sel(Nk), offsets(E + 1), row(Nk), token(Nk);
+        std::vector<float> gate(Nk), frac(E);
+        kernels::MoeRoute(
+            score.data(), N, E, k, {},
+            {sel.data(), gate.data(), frac.data(), offsets.data(), row.data(), token.data()});
+        const auto x = Normal(static_cast<size_t>(N * d), 1), yp = Normal(Nk * d, 2),
+                   dy = Normal(N * d, 3), init = Normal(N * d, 4);
+        Buffer<float> bx(*b_, x), byp(*b_, yp), bdy(*b_, dy), bgate(*b_, gate);
+        Buffer<int32_t> brow(*b_, row), btok(*b_, token);
+        const std::string at = fmt::format("{} N={} k={} d={}", b_->name(), N, k, d);
+
+        std::vector<float> xp(Nk * d);
+        kernels::MoeGatherRows(x.data(), token.data(), xp.data(), Nk, d);
+        Buffer<float> bxp(*b_, Nk * d);
+        b_->GatherRows(bx.get(), btok.get(), bxp.get(), Nk, d);
+        EXPECT_EQ(FirstMismatch(bxp.Read(), xp), "") << "GatherRows " << at;
+
+        for (bool acc : {false, true}) {
+          std::vector<float> out = init;
+          kernels::MoeCombine(yp.data(), row.data(), gate.data(), out.data(), N, k, d, acc);
+          Buffer<float> bout(*b_, init);
+          b_->MoeCombine(byp.get(), brow.get(), bgate.get(), bout.get(), N, k, d, acc);
+          EXPECT_EQ(FirstMismatch(bout.Read(), out), "") << "MoeCombine acc=" << acc << " " << at;
+        }
+
+        std::vector<float> dgate(Nk), dyp(Nk * d);
+        kernels::MoeCombineBackward(dy.data(), yp.data(), row.data(), gate.data(), dgate.data(),
+                                    dyp.data(), N, k, d);
+        Buffer<float> bdgate(*b_, Nk), bdyp(*b_, Nk * d);
+        b_->MoeCombineBackward(bdy.get(), byp.get(), brow.get(), bgate.get(), bdgate.get(),
+                               bdyp.get(), N, k, d);
+        EXPECT_EQ(FirstMismatch(bdyp.Read(), dyp), "") << "MoeCombineBackward dyp " << at;
+        const std::vector<float> got = bdgate.Read();
+        for (int64_t t = 0; t < N; ++t)
+          for (int j = 0; j < k; ++j) {
+            double mag = 0.0;  // Σ|dy·yp|: the scale of the dot product's rounding
+            for (int64_t i = 0; i < d; ++i)
+              mag += std::fabs(double{dy[t * d + i]} * yp[row[t * k + j] * d + i]);
+            EXPECT_NEAR(got[t * k + j], dgate[t * k + j], 1e-5 * mag + 1e-30)
+                << "MoeCombineBackward dgate t=" << t << " j=" << j << " " << at;
+          }
+
+        std::vector<float> dx(N * d);
+        kernels::MoeUnpermuteSum(dyp.data(), row.data(), dx.data(), N, k, d);
+        Buffer<float> bdx(*b_, N * d);
+        b_->MoeUnpermuteSum(bdyp.get(), brow.get(), bdx.get(), N, k, d);
+        EXPECT_EQ(FirstMismatch(bdx.Read(), dx), "") << "MoeUnpermuteSum " << at;
+      }
+  EXPECT_THROW(b_->MoeCombine(nullptr, nullptr, nullptr, nullptr, 1, 0, 4, false), NumericsError);
+  EXPECT_THROW(b_->GatherRows(nullptr, nullptr, nullptr, -1, 4), NumericsError);
 }
 
 TEST_F(BackendTest, NegativeCountsAreRefused) {

@@ -10,6 +10,7 @@
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/layer_kernels.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/moe_kernels.h"
 
 namespace sshsdp {
 namespace {
@@ -158,6 +159,26 @@ class CpuBackend final : public Backend {
     SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "GemmBf16: negative shape [{}, {}, {}]",
                  m, n, k);
     kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kBF16, c, DType::kF32, accumulate);
+  }
+  void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
+                  int64_t d) override {
+    CheckMoeShape(rows, 1, d, "GatherRows");
+    kernels::MoeGatherRows(src, idx, dst, rows, d);
+  }
+  void MoeCombine(const float* yp, const int32_t* row, const float* gate, float* out, int64_t N,
+                  int k, int64_t d, bool accumulate) override {
+    CheckMoeShape(N, k, d, "MoeCombine");
+    kernels::MoeCombine(yp, row, gate, out, N, k, d, accumulate);
+  }
+  void MoeCombineBackward(const float* dy, const float* yp, const int32_t* row, const float* gate,
+                          float* dgate, float* dyp, int64_t N, int k, int64_t d) override {
+    CheckMoeShape(N, k, d, "MoeCombineBackward");
+    kernels::MoeCombineBackward(dy, yp, row, gate, dgate, dyp, N, k, d);
+  }
+  void MoeUnpermuteSum(const float* dxp, const int32_t* row, float* dx, int64_t N, int k,
+                       int64_t d) override {
+    CheckMoeShape(N, k, d, "MoeUnpermuteSum");
+    kernels::MoeUnpermuteSum(dxp, row, dx, N, k, d);
   }
   void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
                     int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,

@@ -326,6 +326,34 @@ class CudaBackend final : public Backend {
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchAdd(a, b, y, n, stream_));
   }
+  void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
+                  int64_t d) override {
+    CheckMoeShape(rows, 1, d, "GatherRows");
+    if (rows == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchGatherRows(src, idx, dst, rows, d, stream_));
+  }
+  void MoeCombine(const float* yp, const int32_t* row, const float* gate, float* out, int64_t N,
+                  int k, int64_t d, bool accumulate) override {
+    CheckMoeShape(N, k, d, "MoeCombine");
+    if (N == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMoeCombine(yp, row, gate, out, N, k, d, accumulate, stream_));
+  }
+  void MoeCombineBackward(const float* dy, const float* yp, const int32_t* row, const float* gate,
+                          float* dgate, float* dyp, int64_t N, int k, int64_t d) override {
+    CheckMoeShape(N, k, d, "MoeCombineBackward");
+    if (N == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMoeCombineBackward(dy, yp, row, gate, dgate, dyp, N, k, d, stream_));
+  }
+  void MoeUnpermuteSum(const float* dxp, const int32_t* row, float* dx, int64_t N, int k,
+                       int64_t d) override {
+    CheckMoeShape(N, k, d, "MoeUnpermuteSum");
+    if (N == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMoeUnpermuteSum(dxp, row, dx, N, k, d, stream_));
+  }
   void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a,
             const float* b, float* c, bool accumulate) override {
     SSHSDP_CHECK(m >= 0 && n >= 0 && k >= 0, NumericsError, "Gemm: negative shape [{}, {}, {}]", m,

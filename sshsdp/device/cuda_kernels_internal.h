@@ -92,6 +92,17 @@ cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int 
                                     float* dwte, float* dwpe, cudaStream_t s);
 cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
 
+// The MoE permutation ops (kernels/moe_kernels.h; cuda_moe_kernels.cu), rows / N > 0, d > 0.
+cudaError_t LaunchGatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
+                             int64_t d, cudaStream_t s);
+cudaError_t LaunchMoeCombine(const float* yp, const int32_t* row, const float* gate, float* out,
+                             int64_t N, int k, int64_t d, bool accumulate, cudaStream_t s);
+cudaError_t LaunchMoeCombineBackward(const float* dy, const float* yp, const int32_t* row,
+                                     const float* gate, float* dgate, float* dyp, int64_t N, int k,
+                                     int64_t d, cudaStream_t s);
+cudaError_t LaunchMoeUnpermuteSum(const float* dxp, const int32_t* row, float* dx, int64_t N, int k,
+                                  int64_t d, cudaStream_t s);
+
 // The direct path's reduction (cuda_direct_kernels.cu): out[i] (=|+=) Σ_{j<m} src[j][i] in
 // fp32, in the order of j; sources fp32 or bf16, out fp32 or bf16 (RNE). 1 <= m <= kMaxSlices.
 constexpr int kMaxSlices = 64;

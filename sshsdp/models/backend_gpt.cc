@@ -144,7 +144,7 @@ void BackendGpt::ForwardGroup(int g, const void* const* w, DType wdt) {
                "BackendGpt: weights must be fp32 or bf16, got {}", DTypeName(wdt));
   if (wdt == DType::kBF16) RequireBf16Scratch();
   const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
-  const int H = c_.n_head, dh = c_.head_dim(), L = c_.n_layer;
+  const int L = c_.n_layer;
   if (g == 0) {  // wte, wpe
     const float* wte = Wide(w[0], wdt, Vp * d, wide_);
     const float* wpe = Wide(w[1], wdt, c_.seq_len * d, wide_ ? wide_ + Vp * d : nullptr);
@@ -161,15 +161,27 @@ void BackendGpt::ForwardGroup(int g, const void* const* w, DType wdt) {
   }
   // ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2
   const int l = g - 1;
-  const float* x = a_.residual + l * BT * d;
+  ForwardAttention(l, w, wdt);
   float* out = a_.residual + (l + 1) * BT * d;
+  const float* res_mid = a_.res_mid + l * BT * d;
+  float* fch = a_.fch + l * BT * ff;
+  float* fch_gelu = a_.fch_gelu + l * BT * ff;
+  Linear(a_.ln2 + l * BT * d, w[4], wdt, fch, BT, ff, d);
+  b_.GeluForward(fch, fch_gelu, BT * ff);
+  Linear(fch_gelu, w[5], wdt, out, BT, d, ff);
+  b_.Add(res_mid, out, out, BT * d);
+}
+
+void BackendGpt::ForwardAttention(int l, const void* const* w, DType wdt) {
+  if (wdt == DType::kBF16) RequireBf16Scratch();
+  const int64_t BT = int64_t{B_} * T_, d = c_.d_model;
+  const int H = c_.n_head, dh = c_.head_dim();
+  const float* x = a_.residual + l * BT * d;
   float* ln1 = a_.ln1 + l * BT * d;
   float* qkv = a_.qkv + l * BT * 3 * d;
   float* atty = a_.atty + l * BT * d;
   float* res_mid = a_.res_mid + l * BT * d;
   float* ln2 = a_.ln2 + l * BT * d;
-  float* fch = a_.fch + l * BT * ff;
-  float* fch_gelu = a_.fch_gelu + l * BT * ff;
   const float* g1 = Wide(w[0], wdt, d, wide_);
   const float* g2 = Wide(w[3], wdt, d, wide_ ? wide_ + d : nullptr);
   b_.RmsNormForward(x, g1, ln1, a_.ln1_rstd + l * BT, BT, static_cast<int>(d));
@@ -178,10 +190,6 @@ void BackendGpt::ForwardGroup(int g, const void* const* w, DType wdt) {
   Linear(atty, w[2], wdt, res_mid, BT, d, d);
   b_.Add(x, res_mid, res_mid, BT * d);
   b_.RmsNormForward(res_mid, g2, ln2, a_.ln2_rstd + l * BT, BT, static_cast<int>(d));
-  Linear(ln2, w[4], wdt, fch, BT, ff, d);
-  b_.GeluForward(fch, fch_gelu, BT * ff);
-  Linear(fch_gelu, w[5], wdt, out, BT, d, ff);
-  b_.Add(res_mid, out, out, BT * d);
 }
 
 void BackendGpt::GainGrad(const float* dy, const float* x, const float* g, const float* rstd,
@@ -198,7 +206,7 @@ void BackendGpt::BackwardGroup(int g, const void* const* w, DType wdt, float* co
                "BackendGpt: weights must be fp32 or bf16, got {}", DTypeName(wdt));
   if (wdt == DType::kBF16) RequireBf16Scratch();
   const int64_t BT = int64_t{B_} * T_, d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
-  const int H = c_.n_head, dh = c_.head_dim(), L = c_.n_layer;
+  const int L = c_.n_layer;
   if (g == L + 1) {
     b_.SoftmaxCrossEntropyBackward(a_.probs, tokens_ + BT, a_.dlogits, BT, Vp,
                                    static_cast<float>(1.0 / static_cast<double>(BT)));
@@ -213,21 +221,29 @@ void BackendGpt::BackwardGroup(int g, const void* const* w, DType wdt, float* co
     return;
   }
   const int l = g - 1;
+  const float* ln2 = a_.ln2 + l * BT * d;
+  const float* fch = a_.fch + l * BT * ff;
+  const float* fch_gelu = a_.fch_gelu + l * BT * ff;
+  // MLP.
+  LinearBackward(a_.dres, fch_gelu, w[5], wdt, a_.dfch, grad[5], BT, d, ff, acc);
+  b_.GeluBackwardInPlace(fch, a_.dfch, BT * ff);
+  LinearBackward(a_.dfch, ln2, w[4], wdt, a_.dtmp, grad[4], BT, ff, d, acc);
+  BackwardAttention(l, w, wdt, grad, acc, a_.dtmp);
+}
+
+void BackendGpt::BackwardAttention(int l, const void* const* w, DType wdt, float* const* grad,
+                                   bool acc, const float* dln2) {
+  if (wdt == DType::kBF16) RequireBf16Scratch();
+  const int64_t BT = int64_t{B_} * T_, d = c_.d_model;
+  const int H = c_.n_head, dh = c_.head_dim();
   const float* x = a_.residual + l * BT * d;
   const float* ln1 = a_.ln1 + l * BT * d;
   const float* qkv = a_.qkv + l * BT * 3 * d;
   const float* atty = a_.atty + l * BT * d;
   const float* res_mid = a_.res_mid + l * BT * d;
-  const float* ln2 = a_.ln2 + l * BT * d;
-  const float* fch = a_.fch + l * BT * ff;
-  const float* fch_gelu = a_.fch_gelu + l * BT * ff;
   const float* g1 = Wide(w[0], wdt, d, wide_);
   const float* g2 = Wide(w[3], wdt, d, wide_ ? wide_ + d : nullptr);
-  // MLP.
-  LinearBackward(a_.dres, fch_gelu, w[5], wdt, a_.dfch, grad[5], BT, d, ff, acc);
-  b_.GeluBackwardInPlace(fch, a_.dfch, BT * ff);
-  LinearBackward(a_.dfch, ln2, w[4], wdt, a_.dtmp, grad[4], BT, ff, d, acc);
-  GainGrad(a_.dtmp, res_mid, g2, a_.ln2_rstd + l * BT, a_.dres, grad[3], true, acc);
+  GainGrad(dln2, res_mid, g2, a_.ln2_rstd + l * BT, a_.dres, grad[3], true, acc);
   // Attention.
   LinearBackward(a_.dres, atty, w[2], wdt, a_.dtmp, grad[2], BT, d, d, acc);
   b_.CausalAttentionBackward(a_.dtmp, qkv, atty, a_.lse + l * int64_t{B_} * H * T_, a_.dqkv, B_, T_,

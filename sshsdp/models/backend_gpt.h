@@ -80,6 +80,19 @@ class BackendGpt {
   // overwritten (acc = false) or added to.
   void BackwardGroup(int g, const void* const* w, DType w_dtype, float* const* grad, bool acc);
   double loss() const { return loss_; }
+
+  // ---- Halves of block l, for a model whose blocks' MLPs differ (BackendMoeModel). The
+  // attention half runs ln1.g, attn.qkv, attn.proj, ln2.g (w[0..3]) up to ln2(l) =
+  // RMSNorm(res_mid(l)); its backward takes dln2 = ∂/∂ln2 with dres() holding ∂/∂(block
+  // output) from the MLP's residual path on entry, and leaves ∂/∂(block input) there. ----
+  void ForwardAttention(int l, const void* const* w, DType w_dtype);
+  void BackwardAttention(int l, const void* const* w, DType w_dtype, float* const* grad, bool acc,
+                         const float* dln2);
+  const float* ln2(int l) const { return a_.ln2 + l * int64_t{B_} * T_ * c_.d_model; }
+  const float* res_mid(int l) const { return a_.res_mid + l * int64_t{B_} * T_ * c_.d_model; }
+  // Block l's output, the residual stream after it [B·T, d].
+  float* block_output(int l) { return a_.residual + (l + 1) * int64_t{B_} * T_ * c_.d_model; }
+  float* dres() { return a_.dres; }
   // Activations, and the bf16 path's scratch once a bf16 weight was seen.
   int64_t activation_bytes() const { return activation_bytes_; }
   int batch() const { return B_; }

@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "sshsdp/base/op_profile.h"
+#include "sshsdp/kernels/moe_kernels.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/params/model.h"
 
@@ -223,6 +224,7 @@ class MoeGpt final : public Model {
   const float* Gain(const TensorRef& t);
   // The router weight as fp32: the view itself, or widened from bf16 into scratch.
   const float* RouterF32(const TensorRef& t);
+  kernels::MoeRouterOptions RouterOptions() const;
 
   MoeConfig c_;
   Gpt trunk_;  // declares the trunk's runtime parameters (identical to the dense GPT's)

@@ -11,6 +11,7 @@
 
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/matmul.h"
+#include "sshsdp/kernels/moe_kernels.h"
 #include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
 
@@ -26,11 +27,7 @@ using kernels::LinearForward;
 // an expert's token count changes every step, so an expert's rows are multiplied in chunks
 // of sizes from {2^i} ∪ {3·2^i} (greedy, largest first): a bounded set of about 2·log2(N·k)
 // shapes per matrix, a few calls per expert, every row computed exactly once (no padding).
-int64_t ChunkRows(int64_t rows) {
-  int64_t p = 1;
-  while (p * 2 <= rows) p *= 2;
-  return p >= 2 && p / 2 * 3 <= rows ? p / 2 * 3 : p;
-}
+using kernels::MoeChunkRows;
 
 // Expert e's [out, in] matrix inside a packed [E, out, in] view.
 const void* Slice(const TensorRef& t, int64_t e, int64_t per_expert) {
@@ -44,7 +41,7 @@ void* MutableSlice(const TensorRef& t, int64_t e, int64_t per_expert) {
 void ExpertForward(const float* x, const void* w, DType w_dtype, float* y, int64_t rows, int64_t n,
                    int64_t k) {
   for (int64_t r = 0; r < rows;) {
-    const int64_t c = ChunkRows(rows - r);
+    const int64_t c = MoeChunkRows(rows - r);
     LinearForward(x + r * k, w, w_dtype, y + r * n, c, n, k);
     r += c;
   }
@@ -54,7 +51,7 @@ void ExpertForward(const float* x, const void* w, DType w_dtype, float* y, int64
 void ExpertBackwardData(const float* dy, const void* w, DType w_dtype, float* dx, int64_t rows,
                         int64_t n, int64_t k, bool accumulate) {
   for (int64_t r = 0; r < rows;) {
-    const int64_t c = ChunkRows(rows - r);
+    const int64_t c = MoeChunkRows(rows - r);
     LinearBackwardData(dy + r * n, w, w_dtype, dx + r * k, c, n, k, accumulate);
     r += c;
   }
@@ -65,7 +62,7 @@ void ExpertBackwardData(const float* dy, const void* w, DType w_dtype, float* dx
 void ExpertBackwardWeight(const float* dy, const float* x, DType compute_dtype, void* dw,
                           DType dw_dtype, int64_t rows, int64_t n, int64_t k, bool accumulate,
                           std::vector<float>& scratch) {
-  if (ChunkRows(rows) == rows) {
+  if (MoeChunkRows(rows) == rows) {
     LinearBackwardWeight(dy, x, compute_dtype, dw, dw_dtype, rows, n, k, accumulate);
     return;
   }
@@ -74,19 +71,12 @@ void ExpertBackwardWeight(const float* dy, const float* x, DType compute_dtype, 
   void* dst = direct ? dw : scratch.data();
   bool acc = direct && accumulate;
   for (int64_t r = 0; r < rows;) {
-    const int64_t c = ChunkRows(rows - r);
+    const int64_t c = MoeChunkRows(rows - r);
     LinearBackwardWeight(dy + r * n, x + r * k, compute_dtype, dst, DType::kF32, c, n, k, acc);
     acc = true;
     r += c;
   }
   if (!direct) kernels::WriteOrAccumulate(scratch.data(), dw, dw_dtype, n * k, accumulate);
-}
-
-float Dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
 }
 
 // The hidden activation of an expert MLP from its first projection(s).
@@ -174,13 +164,7 @@ void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
     });
   }
   Op(OpCategory::kRouting, [&] {  // combination: out[t] (+)= Σ_j gate_j · yp[row]
-    if (!c_.shared_expert) kernels::Fill(out, N * d, 0.0f);
-    for (int64_t t = 0; t < N; ++t) {
-      for (int j = 0; j < k; ++j) {
-        kernels::Axpy(A.gate[t * k + j], A.yp + static_cast<int64_t>(A.row[t * k + j]) * d,
-                      out + t * d, d);
-      }
-    }
+    kernels::MoeCombine(A.yp, A.row, A.gate, out, N, k, d, /*accumulate=*/c_.shared_expert);
   });
   Op(OpCategory::kElementwise, [&] { kernels::AddThreaded(A.res_mid, out, out, N * d); });
 }
@@ -195,18 +179,8 @@ void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, boo
 
   // 1. Un-permutation backward: ∂/∂gate_j = ⟨dy_t, yp[row]⟩ and dyp[row] = gate_j · dy_t
   //    (a permuted copy of the output gradient, every row written once).
-  Op(OpCategory::kRouting, [&] {
-    for (int64_t t = 0; t < N; ++t) {
-      const float* dyt = dy + t * d;
-      for (int j = 0; j < k; ++j) {
-        const int64_t r = A.row[t * k + j];
-        dgate_[t * k + j] = Dot(dyt, A.yp + r * d, d);
-        const float g = A.gate[t * k + j];
-        float* dst = dyp_ + r * d;
-        for (int64_t i = 0; i < d; ++i) dst[i] = g * dyt[i];
-      }
-    }
-  });
+  Op(OpCategory::kRouting,
+     [&] { kernels::MoeCombineBackward(dy, A.yp, A.row, A.gate, dgate_, dyp_, N, k, d); });
 
   // 2. Experts: weight gradients straight into each expert's slice of the packed gradient
   //    views; dxp = ∂/∂(permuted input). No tokens: explicit zeros (overwrite) or nothing.
@@ -260,14 +234,7 @@ void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, boo
   }
 
   // 3. Un-permute the input gradient: dx_t = Σ_j dxp[row(t, j)] (a gather: deterministic).
-  Op(OpCategory::kRouting, [&] {
-    for (int64_t t = 0; t < N; ++t) {
-      float* dxt = dx + t * d;
-      std::copy_n(dxp_ + static_cast<int64_t>(A.row[t * k]) * d, d, dxt);
-      for (int j = 1; j < k; ++j)
-        kernels::Add(dxt, dxp_ + static_cast<int64_t>(A.row[t * k + j]) * d, dxt, d);
-    }
-  });
+  Op(OpCategory::kRouting, [&] { kernels::MoeUnpermuteSum(dxp_, A.row, dx, N, k, d); });
 }
 
 void MoeGpt::BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, bool acc,

@@ -190,6 +190,22 @@ class GuardedBackend final : public Backend {
   void Add(const float* a, const float* b, float* y, int64_t n) override {
     SSHSDP_GUARDED(Add(a, b, y, n));
   }
+  void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
+                  int64_t d) override {
+    SSHSDP_GUARDED(GatherRows(src, idx, dst, rows, d));
+  }
+  void MoeCombine(const float* yp, const int32_t* row, const float* gate, float* out, int64_t N,
+                  int k, int64_t d, bool acc) override {
+    SSHSDP_GUARDED(MoeCombine(yp, row, gate, out, N, k, d, acc));
+  }
+  void MoeCombineBackward(const float* dy, const float* yp, const int32_t* row, const float* gate,
+                          float* dgate, float* dyp, int64_t N, int k, int64_t d) override {
+    SSHSDP_GUARDED(MoeCombineBackward(dy, yp, row, gate, dgate, dyp, N, k, d));
+  }
+  void MoeUnpermuteSum(const float* dxp, const int32_t* row, float* dx, int64_t N, int k,
+                       int64_t d) override {
+    SSHSDP_GUARDED(MoeUnpermuteSum(dxp, row, dx, N, k, d));
+  }
   void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const float* a, const float* b,
             float* c, bool acc) override {
     SSHSDP_GUARDED(Gemm(ta, tb, m, n, k, a, b, c, acc));

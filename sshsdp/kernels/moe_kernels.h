@@ -1,0 +1,66 @@
+// Mixture-of-Experts kernels on fp32 host arrays: the router's top-k gating, load-balancing loss
+// and counting-sort permutation (forward and backward), the row gathers that permute tokens to
+// their experts and back, and the gated combination of the experts' outputs. The reference MoE
+// GPT (models/moe.h) runs them; the device backends' MoE ops (device/backend.h) are checked
+// against them, and the CPU backend calls them, so the MoE GPT on a backend trains bit for bit
+// as the host one does (models/backend_moe.h).
+//
+//   N tokens, E experts, k = top_k; assignment (t, j) is token t's j-th best expert.
+//   std::vector<float> score(logits);                         // [N, E] in, scores out
+//   MoeRouting r = ...;                                       // sel, gate [N·k], frac [E], ...
+//   double aux = MoeRoute(score.data(), N, E, k, opt, r);     // top-k, gates, aux, permutation
+//   MoeGatherRows(x, r.token, xp, N * k, d);                  // permuted input
+//   ... experts on xp's rows [offsets[e], offsets[e+1]) ...
+//   MoeCombine(yp, r.row, r.gate, out, N, k, d, /*accumulate=*/false);
+#pragma once
+
+#include <cstdint>
+
+namespace sshsdp::kernels {
+
+struct MoeRouterOptions {
+  bool softmax = true;       // scores softmax(z); false: σ(z)
+  bool renormalize = true;   // gates divided by the sum of the k chosen scores
+  float aux_weight = 0.01f;  // α of the load-balancing loss
+};
+
+// The routing of one batch (host arrays the caller owns).
+struct MoeRouting {
+  int32_t* sel;      // [N·k] expert of assignment (t, j), best first (ties: lower index)
+  float* gate;       // [N·k] gate weight of assignment (t, j)
+  float* frac;       // [E] f_e = assignments to e / (N·k)
+  int32_t* offsets;  // [E+1] expert e owns permuted rows [offsets[e], offsets[e+1])
+  int32_t* row;      // [N·k] permuted row of assignment (t, j)
+  int32_t* token;    // [N·k] token of permuted row r
+};
+
+// Rows of an expert's grouped GEMM go in chunks of sizes from {2^i} ∪ {3·2^i}, greedy,
+// largest first: the first chunk of `rows` rows (every row computed once; a bounded set of
+// GEMM shapes, so oneDNN's primitive cache stays small).
+int64_t MoeChunkRows(int64_t rows);
+
+// score [N, E]: the router logits in, the scores (softmax or σ) out. Top-k by logit, gates,
+// f_e, the counting-sort permutation (experts in index order, tokens in index order inside
+// each). Returns the load-balancing loss α·E·Σ_e f_e·P_e (P_e: the mean normalised score).
+double MoeRoute(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt,
+                const MoeRouting& r);
+// dz [N, E] = ∂loss/∂logits from dgate [N·k] = ∂loss/∂gate and the aux loss, through the
+// renormalisation and softmax / σ (score, sel, gate, frac as MoeRoute left them).
+void MoeRouterBackward(const float* score, const int32_t* sel, const float* gate, const float* frac,
+                       const float* dgate, int64_t N, int E, int k, const MoeRouterOptions& opt,
+                       float* dz);
+
+// dst[r] = src[idx[r]] for r < rows, rows of d floats (the permuted input xp = x[token[r]]).
+void MoeGatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows, int64_t d);
+// out[t] (=|+=) Σ_j gate[t·k+j] · yp[row[t·k+j]], j in order (without accumulate out starts
+// at zero): the un-permutation, a per-token gather (deterministic, no races).
+void MoeCombine(const float* yp, const int32_t* row, const float* gate, float* out, int64_t N,
+                int k, int64_t d, bool accumulate);
+// Its backward: dgate[t·k+j] = ⟨dy[t], yp[row]⟩ and dyp[row] = gate[t·k+j] · dy[t] (every
+// permuted row written once).
+void MoeCombineBackward(const float* dy, const float* yp, const int32_t* row, const float* gate,
+                        float* dgate, float* dyp, int64_t N, int k, int64_t d);
+// dx[t] = Σ_j dxp[row[t·k+j]], j in order: the permutation's backward.
+void MoeUnpermuteSum(const float* dxp, const int32_t* row, float* dx, int64_t N, int k, int64_t d);
+
+}  // namespace sshsdp::kernels

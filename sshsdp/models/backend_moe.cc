@@ -1,0 +1,298 @@
+// BackendMoeModel (backend_moe.h): Model's contract around BackendGpt's trunk and the MoE blocks'
+// MLPs on the backend — the groups, views, activations and the per-group dispatch. The MoE MLP
+// itself (router, experts, shared expert) is in backend_moe_mlp.cc.
+#include "sshsdp/models/backend_moe.h"
+
+#include <algorithm>
+#include <string>
+
+#include "sshsdp/base/error.h"
+
+namespace sshsdp {
+
+BackendMoeModel::BackendMoeModel(Backend& b, const MoeConfig& c) : b_(b), c_(c), spec_(c) {
+  c_ = spec_.config();  // d_ff resolved
+  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
+  int next = 7;
+  if (swiglu) slots_.w3 = next++;
+  if (c_.shared_expert) {
+    slots_.s1 = next++;
+    slots_.s2 = next++;
+    if (swiglu) slots_.s3 = next++;
+  }
+  slots_.count = next;
+  roles_.push_back({Role::kEmbed, -1});
+  for (int l = 0; l < c_.trunk.n_layer; ++l) {
+    if (!c_.IsMoeLayer(l)) {
+      roles_.push_back({Role::kDense, l});
+    } else if (!c_.expert_group) {
+      roles_.push_back({Role::kMoe, l});
+    } else {
+      roles_.push_back({Role::kAttnRouter, l});
+      roles_.push_back({Role::kExperts, l});
+    }
+  }
+  roles_.push_back({Role::kHead, -1});
+  SSHSDP_CHECK(static_cast<int>(roles_.size()) == spec_.num_groups(), PlanError,
+               "BackendMoeModel: {} groups where MoeGpt has {}", roles_.size(), spec_.num_groups());
+}
+
+BackendMoeModel::~BackendMoeModel() { b_.Free(arena_); }
+
+void BackendMoeModel::Allocate(int B, int T) {
+  gpt_.reset();  // free the old activations first
+  b_.Free(arena_);
+  arena_ = nullptr;
+  gpt_ = std::make_unique<BackendGpt>(b_, c_.trunk, B, T, /*own_params=*/false);
+  B_ = B, T_ = T;
+  const int64_t N = int64_t{B} * T, d = c_.trunk.d_model, E = c_.n_expert, k = c_.top_k;
+  const int64_t Nk = N * k, f = c_.expert_ff(), fs = c_.shared_ff();
+  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU, shared = c_.shared_expert;
+  // A table of (slot, floats): int32 arrays take a float's 4 bytes, bf16 arrays half of one.
+  std::vector<std::pair<float**, int64_t>> table;
+  std::vector<std::pair<int32_t**, int64_t>> ints;
+  blocks_.assign(static_cast<size_t>(c_.trunk.n_layer), Block{});
+  for (int l = 0; l < c_.trunk.n_layer; ++l) {
+    if (!c_.IsMoeLayer(l)) continue;
+    Block& A = blocks_[static_cast<size_t>(l)];
+    for (auto [slot, n] : {std::pair{&A.gate, Nk},
+                           {&A.xp, Nk * d},
+                           {&A.h1, Nk * f},
+                           {&A.act, Nk * f},
+                           {&A.yp, Nk * d}})
+      table.push_back({slot, n});
+    if (swiglu) table.push_back({&A.h3, Nk * f});
+    if (shared) {
+      table.push_back({&A.sh1, N * fs});
+      table.push_back({&A.sha, N * fs});
+      if (swiglu) table.push_back({&A.sh3, N * fs});
+    }
+    ints.push_back({&A.row, Nk});
+    ints.push_back({&A.token, Nk});
+    A.score.resize(static_cast<size_t>(N * E));
+    A.gate_h.resize(static_cast<size_t>(Nk));
+    A.frac.resize(static_cast<size_t>(E));
+    A.sel.resize(static_cast<size_t>(Nk));
+    A.offsets.resize(static_cast<size_t>(E + 1));
+    A.row_h.resize(static_cast<size_t>(Nk));
+    A.token_h.resize(static_cast<size_t>(Nk));
+  }
+  for (auto [slot, n] : {std::pair{&logits_, N * E},
+                         {&dz_, N * E},
+                         {&dgate_, Nk},
+                         {&dyp_, Nk * d},
+                         {&dh1_, Nk * f},
+                         {&dh3_, Nk * f},
+                         {&dxp_, Nk * d},
+                         {&dln2_, N * d},
+                         {&router32_, E * d}})
+    table.push_back({slot, n});
+  dsh1_ = dsh3_ = nullptr;
+  if (shared) {
+    table.push_back({&dsh1_, N * fs});
+    table.push_back({&dsh3_, N * fs});
+  }
+  // bf16 operands of the products (bf16 weights): the largest x and dy of any product.
+  const int64_t b16 = std::max(Nk * std::max(d, f), N * std::max(d, fs));
+  float *x16 = nullptr, *dy16 = nullptr;
+  table.push_back({&x16, (b16 + 1) / 2});
+  table.push_back({&dy16, (b16 + 1) / 2});
+  int64_t total = 0;
+  std::vector<int64_t> at;
+  auto place = [&](int64_t n) {
+    at.push_back(total);
+    total += (n + 15) / 16 * 16;  // 64-byte aligned
+  };
+  for (auto& [slot, n] : table) place(n);
+  for (auto& [slot, n] : ints) place(n);
+  arena_bytes_ = total * 4;
+  arena_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(arena_bytes_)));
+  size_t i = 0;
+  for (auto& [slot, n] : table) *slot = arena_ + at[i++];
+  for (auto& [slot, n] : ints) *slot = reinterpret_cast<int32_t*>(arena_ + at[i++]);
+  x16_ = reinterpret_cast<bf16*>(x16);
+  dy16_ = reinterpret_cast<bf16*>(dy16);
+  dgate_h_.resize(static_cast<size_t>(Nk));
+  dz_h_.resize(static_cast<size_t>(N * E));
+}
+
+void BackendMoeModel::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
+  if (!gpt_ || B != B_ || T != T_) Allocate(B, T);
+  gpt_->SetTokens(tokens, targets);
+  fwd_next_ = 0;
+  bwd_next_ = -1;
+  loss_valid_ = false;
+}
+
+size_t BackendMoeModel::NumViews(int g) const {
+  switch (roles_[static_cast<size_t>(g)].role) {
+    case Role::kEmbed:
+    case Role::kHead:
+      return 2;
+    case Role::kDense:
+      return 6;
+    case Role::kMoe:
+      return static_cast<size_t>(slots_.count);
+    case Role::kAttnRouter:
+      return static_cast<size_t>(slots_.w1);
+    case Role::kExperts:
+      return static_cast<size_t>(slots_.count - slots_.w1);
+  }
+  return 0;
+}
+
+std::vector<const void*> BackendMoeModel::Weights(int g, const std::vector<TensorRef>& v,
+                                                  DType* dtype) const {
+  SSHSDP_CHECK(v.size() == NumViews(g), PlanError,
+               "BackendMoeModel group {}: got {} weight views, expected {}", g, v.size(),
+               NumViews(g));
+  std::vector<const void*> p;
+  for (size_t i = 0; i < v.size(); ++i) {
+    SSHSDP_CHECK(
+        v[i].dtype == v[0].dtype && (v[i].dtype == DType::kF32 || v[i].dtype == DType::kBF16),
+        ConfigError,
+        "BackendMoeModel group {}: weight view {} is {} (view 0: {}); the MoE GPT on a "
+        "backend runs fp32 or bf16 runtime weights, one dtype per group "
+        "(--weight-dtype fp32 or bf16; MXFP8 experts on a device are not built)",
+        g, i, DTypeName(v[i].dtype), DTypeName(v[0].dtype));
+    SSHSDP_CHECK(v[i].data != nullptr, PlanError,
+                 "BackendMoeModel group {}: weight view {} is null", g, i);
+    p.push_back(v[i].data);
+  }
+  *dtype = v.empty() ? DType::kF32 : v[0].dtype;
+  return p;
+}
+
+std::vector<float*> BackendMoeModel::Grads(int g, const std::vector<TensorRef>& v) const {
+  SSHSDP_CHECK(v.size() == NumViews(g), PlanError,
+               "BackendMoeModel group {}: got {} gradient views, expected {}", g, v.size(),
+               NumViews(g));
+  std::vector<float*> p;
+  for (size_t i = 0; i < v.size(); ++i) {
+    SSHSDP_CHECK(v[i].dtype == DType::kF32, ConfigError,
+                 "BackendMoeModel group {}: gradient view {} is {}; the MoE GPT on a backend "
+                 "writes fp32 gradients (--reduce fp32)",
+                 g, i, DTypeName(v[i].dtype));
+    SSHSDP_CHECK(v[i].data != nullptr, PlanError,
+                 "BackendMoeModel group {}: gradient view {} is null", g, i);
+    p.push_back(static_cast<float*>(v[i].data));
+  }
+  return p;
+}
+
+void BackendMoeModel::Forward(int g, const std::vector<TensorRef>& w) {
+  SSHSDP_CHECK(gpt_ != nullptr, PlanError, "BackendMoeModel Forward({}) before SetBatch", g);
+  SSHSDP_CHECK(g == fwd_next_, PlanError,
+               "BackendMoeModel Forward({}) out of order: expected group {} (forward runs 0..{})",
+               g, fwd_next_, num_groups() - 1);
+  DType wdt = DType::kF32;
+  const std::vector<const void*> p = Weights(g, w, &wdt);
+  const GroupRole r = roles_[static_cast<size_t>(g)];
+  const int L = c_.trunk.n_layer;
+  switch (r.role) {
+    case Role::kEmbed:
+      gpt_->ForwardGroup(0, p.data(), wdt);
+      break;
+    case Role::kHead:
+      gpt_->ForwardGroup(L + 1, p.data(), wdt);
+      break;
+    case Role::kDense:
+      gpt_->ForwardGroup(r.layer + 1, p.data(), wdt);
+      break;
+    case Role::kMoe:
+      gpt_->ForwardAttention(r.layer, p.data(), wdt);
+      ForwardRouter(r.layer, p[static_cast<size_t>(slots_.router)], wdt);
+      ForwardExperts(r.layer, p.data() + slots_.w1, wdt);
+      break;
+    case Role::kAttnRouter:
+      gpt_->ForwardAttention(r.layer, p.data(), wdt);
+      ForwardRouter(r.layer, p[static_cast<size_t>(slots_.router)], wdt);
+      break;
+    case Role::kExperts:
+      ForwardExperts(r.layer, p.data(), wdt);
+      break;
+  }
+  fwd_next_ = g + 1;
+  if (g == num_groups() - 1) {
+    loss_valid_ = true;
+    bwd_next_ = g;
+  }
+}
+
+double BackendMoeModel::AuxLoss() const {
+  SSHSDP_CHECK(loss_valid_, PlanError,
+               "BackendMoeModel: loss read before the last group's Forward");
+  double aux = 0.0;
+  for (int l = 0; l < c_.trunk.n_layer; ++l)
+    if (c_.IsMoeLayer(l)) aux += blocks_[static_cast<size_t>(l)].aux;
+  return aux;
+}
+
+double BackendMoeModel::Loss() const { return gpt_->loss() + AuxLoss(); }
+
+void BackendMoeModel::Backward(int g, const std::vector<TensorRef>& w,
+                               const std::vector<TensorRef>& grad, GradWrite mode) {
+  SSHSDP_CHECK(gpt_ != nullptr && g == bwd_next_, PlanError,
+               "BackendMoeModel Backward({}) out of order: expected group {} (backward runs "
+               "{}..0 after the whole forward)",
+               g, bwd_next_, num_groups() - 1);
+  DType wdt = DType::kF32;
+  const std::vector<const void*> p = Weights(g, w, &wdt);
+  const std::vector<float*> d = Grads(g, grad);
+  const bool acc = mode == GradWrite::kAccumulate;
+  const GroupRole r = roles_[static_cast<size_t>(g)];
+  const int L = c_.trunk.n_layer;
+  const auto router = static_cast<size_t>(slots_.router);
+  switch (r.role) {
+    case Role::kEmbed:
+      gpt_->BackwardGroup(0, p.data(), wdt, d.data(), acc);
+      break;
+    case Role::kHead:
+      gpt_->BackwardGroup(L + 1, p.data(), wdt, d.data(), acc);
+      break;
+    case Role::kDense:
+      gpt_->BackwardGroup(r.layer + 1, p.data(), wdt, d.data(), acc);
+      break;
+    case Role::kMoe:  // MoeGpt's order: routed experts, router, shared expert
+      BackwardRouted(r.layer, p.data() + slots_.w1, wdt, d.data() + slots_.w1, acc);
+      BackwardRouter(r.layer, p[router], wdt, d[router], acc);
+      BackwardShared(r.layer, p.data() + slots_.w1, wdt, d.data() + slots_.w1, acc);
+      gpt_->BackwardAttention(r.layer, p.data(), wdt, d.data(), acc, dln2_);
+      break;
+    case Role::kExperts:  // dln2_ from the experts; dres (∂/∂ block output) left as is
+      BackwardRouted(r.layer, p.data(), wdt, d.data(), acc);
+      BackwardShared(r.layer, p.data(), wdt, d.data(), acc);
+      break;
+    case Role::kAttnRouter:
+      BackwardRouter(r.layer, p[router], wdt, d[router], acc);
+      gpt_->BackwardAttention(r.layer, p.data(), wdt, d.data(), acc, dln2_);
+      break;
+  }
+  bwd_next_ = g - 1;
+}
+
+std::vector<int32_t> BackendMoeModel::Routing(int l) const {
+  SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l) && gpt_, PlanError,
+               "BackendMoeModel: block {} is not an MoE block, or no batch was run", l);
+  return blocks_[static_cast<size_t>(l)].sel;
+}
+
+std::vector<int64_t> BackendMoeModel::ExpertTokens(int l) const {
+  SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l) && gpt_, PlanError,
+               "BackendMoeModel: block {} is not an MoE block, or no batch was run", l);
+  const Block& A = blocks_[static_cast<size_t>(l)];
+  std::vector<int64_t> n(static_cast<size_t>(c_.n_expert));
+  for (int e = 0; e < c_.n_expert; ++e) n[static_cast<size_t>(e)] = A.offsets[e + 1] - A.offsets[e];
+  return n;
+}
+
+int64_t BackendMoeModel::ActivationBytes() const {
+  int64_t host = static_cast<int64_t>(dgate_h_.size() + dz_h_.size()) * 4;
+  for (const Block& A : blocks_)
+    host += static_cast<int64_t>(A.score.size() + A.gate_h.size() + A.frac.size() + A.sel.size() +
+                                 A.offsets.size() + A.row_h.size() + A.token_h.size()) *
+            4;
+  return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + host;
+}
+
+}  // namespace sshsdp

@@ -1,0 +1,140 @@
+// BackendMoeModel: the MoE GPT of moe.h as a Model (params/model.h) whose kernels run on a device
+// backend (device/backend.h) — the engine trains it like MoeGpt, handing it views of its flat
+// buffers, so per-expert Muon, the packed [E, out, in] expert weights and every layout run on a
+// GPU as on the host. With the CPU backend it trains bit for bit as MoeGpt does
+// (engine_backend_moe_test), because every op is the one MoeGpt runs: the trunk (embeddings,
+// attention, dense blocks, head) is BackendGpt's, and an MoE block's MLP is
+//
+//   device:  ln2 (BackendGpt's attention half) → router logits z = ln2·W_rᵀ (fp32 GEMM)
+//   host:    z copied out [N, E] → top-k, gates, aux loss, counting sort (kernels/moe_kernels.h)
+//            → gates, rows and tokens copied in [N·k each]
+//   device:  xp = ln2[token] (GatherRows) → per expert, GEMMs on its slice of the packed weights
+//            over its rows [offsets[e], offsets[e+1]) in MoeGpt's row chunks → shared expert →
+//            out = Σ_j gate·yp[row] (MoeCombine) + res_mid
+//
+// and its backward mirrors it: MoeCombineBackward gives ∂/∂gate on the device, copied out
+// [N·k]; the router's backward through the renormalisation, softmax / σ and the aux loss runs on
+// the host and ∂/∂z [N, E] is copied in for the router's GEMMs. The routing is on the host: a
+// grouped GEMM needs each expert's row count on the host anyway (one wait per MoE block and
+// pass, as Megatron's token counts), and the host's top-k is the reference's, so a GPU routes
+// exactly as the CPU does given the same logits. Device-side routing kernels are not built.
+//
+// fp32 or bf16 runtime weights (one dtype per group; the router multiplies in fp32, widened
+// from bf16), fp32 gradients, fp32 attention (GptConfig::bf16_attention is not run on a
+// backend), both group structures (MoeConfig::expert_group). MXFP8 expert weights are not built
+// on a backend (ConsumesMx() is false: the engine refuses --weight-dtype mxfp8 by name).
+//
+//   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+//   BackendMoeModel model(*cpu, MoeConfig::Preset("moe-tiny"));
+//   EngineConfig cfg;  cfg.backend = cpu.get();
+//   Engine engine(model, *world, cfg);                   // as with MoeGpt
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "sshsdp/device/backend.h"
+#include "sshsdp/models/backend_gpt.h"
+#include "sshsdp/models/moe.h"
+
+namespace sshsdp {
+
+class BackendMoeModel final : public Model {
+ public:
+  // ConfigError for a config MoeGpt refuses.
+  BackendMoeModel(Backend& b, const MoeConfig& c);
+  ~BackendMoeModel() override;
+  BackendMoeModel(const BackendMoeModel&) = delete;
+  BackendMoeModel& operator=(const BackendMoeModel&) = delete;
+
+  int num_groups() const override { return spec_.num_groups(); }
+  std::vector<RuntimeParamSpec> GroupParams(int g) const override { return spec_.GroupParams(g); }
+  // Sizes the backend's activations for (B, T) when they change, and copies the batch in.
+  void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
+  void Forward(int g, const std::vector<TensorRef>& w) override;
+  // Mean cross-entropy plus the MoE blocks' auxiliary losses (MoeGpt::Loss).
+  double Loss() const override;
+  void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                GradWrite mode) override;
+  double FlopsPerToken() const override { return spec_.FlopsPerToken(); }
+  // The trunk's activations and scratch plus the MoE blocks' (backend memory), and the host
+  // copies of the routing.
+  int64_t ActivationBytes() const override;
+
+  // The routing of MoE block l in the last forward, as MoeGpt::Routing / ExpertTokens.
+  std::vector<int32_t> Routing(int l) const;
+  std::vector<int64_t> ExpertTokens(int l) const;
+  double AuxLoss() const;
+
+ private:
+  enum class Role { kEmbed, kDense, kMoe, kAttnRouter, kExperts, kHead };
+  struct GroupRole {
+    Role role = Role::kEmbed;
+    int layer = -1;
+  };
+  // View indices of an MoE block (MoeGpt's order); -1 when absent.
+  struct Slots {
+    int router = 4, w1 = 5, w2 = 6, w3 = -1, s1 = -1, s2 = -1, s3 = -1, count = 7;
+  };
+  // An MoE block's device activations and the host copy of its routing.
+  struct Block {
+    float *gate = nullptr, *xp = nullptr, *h1 = nullptr, *h3 = nullptr, *act = nullptr,
+          *yp = nullptr, *sh1 = nullptr, *sh3 = nullptr, *sha = nullptr;
+    int32_t *row = nullptr, *token = nullptr;
+    std::vector<float> score, gate_h, frac;  // host
+    std::vector<int32_t> sel, offsets, row_h, token_h;
+    double aux = 0.0;
+  };
+
+  size_t NumViews(int g) const;
+  // Group g's weight views as pointers in their one dtype (fp32 or bf16), gradients as fp32
+  // (PlanError / ConfigError naming the view otherwise).
+  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype) const;
+  std::vector<float*> Grads(int g, const std::vector<TensorRef>& v) const;
+  void Allocate(int B, int T);
+
+  // The MoE MLP of block l; wx: the router's view first when `router`, then the experts'.
+  void ForwardRouter(int l, const void* router, DType wdt);
+  void ForwardExperts(int l, const void* const* wx, DType wdt);
+  // dln2_ = ∂/∂ln2 from the experts (overwritten) and ∂/∂gate into dgate_; weight gradients.
+  void BackwardRouted(int l, const void* const* wx, DType wdt, float* const* gx, bool acc);
+  void BackwardShared(int l, const void* const* wx, DType wdt, float* const* gx, bool acc);
+  // dln2_ += the router's part; the router's gradient.
+  void BackwardRouter(int l, const void* router, DType wdt, float* grad, bool acc);
+  const float* RouterF32(const void* router, DType wdt);
+
+  // MoeGpt's linear layers on the backend (kernels/matmul.h's contracts; bf16 weights: bf16
+  // roundings of the fp32 operand), and the grouped GEMM's row chunks (MoeChunkRows).
+  void Linear(const float* x, const void* w, DType wdt, float* y, int64_t m, int64_t n, int64_t k);
+  void LinearBackwardData(const float* dy, const void* w, DType wdt, float* dx, int64_t m,
+                          int64_t n, int64_t k, bool acc);
+  void LinearBackwardWeight(const float* dy, const float* x, DType wdt, float* dw, int64_t m,
+                            int64_t n, int64_t k, bool acc);
+  void ExpertForward(const float* x, const void* w, DType wdt, float* y, int64_t rows, int64_t n,
+                     int64_t k);
+  void ExpertBackwardData(const float* dy, const void* w, DType wdt, float* dx, int64_t rows,
+                          int64_t n, int64_t k, bool acc);
+  void ExpertBackwardWeight(const float* dy, const float* x, DType wdt, float* dw, int64_t rows,
+                            int64_t n, int64_t k, bool acc);
+
+  Backend& b_;
+  MoeConfig c_;
+  MoeGpt spec_;  // the runtime parameters and FLOPs (never given a batch)
+  Slots slots_;
+  std::vector<GroupRole> roles_;
+  std::unique_ptr<BackendGpt> gpt_;  // the trunk, on the engine's views
+  int B_ = 0, T_ = 0;
+  std::vector<Block> blocks_;  // per layer (unused for dense blocks)
+  float* arena_ = nullptr;     // every MoE activation and scratch, one allocation
+  int64_t arena_bytes_ = 0;
+  float *logits_ = nullptr, *dz_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr,
+        *dh3_ = nullptr, *dxp_ = nullptr, *dln2_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr,
+        *router32_ = nullptr;
+  bf16 *x16_ = nullptr, *dy16_ = nullptr;
+  std::vector<float> dgate_h_, dz_h_;  // host
+  int fwd_next_ = 0, bwd_next_ = -1;
+  bool loss_valid_ = false;
+};
+
+}  // namespace sshsdp
