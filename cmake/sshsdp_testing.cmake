@@ -70,3 +70,16 @@ function(sshsdp_mpi_test)
                          ENVIRONMENT "${SSHSDP_MPI_ENV};${SSHSDP_WIDENED_ENV}" PROCESSORS 2)
   endforeach()
 endfunction()
+
+# A GoogleTest MPI program's GPU case: NAME_cuda_np<n> for each of RANKS, running only FILTER with
+# SSHSDP_TEST_BACKEND=cuda (label gpu; reported skipped where there is no GPU or no CUDA).
+function(sshsdp_gpu_mpi_test)
+  cmake_parse_arguments(T "" "NAME;FILTER" "RANKS" ${ARGN})
+  foreach(np ${T_RANKS})
+    add_test(NAME ${T_NAME}_cuda_np${np}
+             COMMAND ${SSHSDP_MPIRUN} -np ${np} $<TARGET_FILE:${T_NAME}> --gtest_filter=${T_FILTER})
+    set_tests_properties(${T_NAME}_cuda_np${np} PROPERTIES TIMEOUT 300 LABELS gpu
+                         ENVIRONMENT "${SSHSDP_MPI_ENV};SSHSDP_TEST_BACKEND=cuda"
+                         SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]" PROCESSORS ${np})
+  endforeach()
+endfunction()

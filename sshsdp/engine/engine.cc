@@ -120,9 +120,9 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
                DTypeName(cfg.weight_dtype));
   if (cfg.weight_dtype == DType::kE4M3) {
     SSHSDP_CHECK(model.ConsumesMx(), ConfigError,
-                 "weight dtype mxfp8: this model does not consume MXFP8 weight views (an MoE "
-                 "model does only with its experts in their own runtime groups: "
-                 "MoeConfig::expert_group)");
+                 "weight dtype mxfp8: this model does not consume MXFP8 weight views (the MoE "
+                 "model does only on the host, with its experts in their own runtime groups: "
+                 "MoeConfig::expert_group; MXFP8 experts on a device backend are not built)");
     bool any_mx = false;
     for (int g = 0; g < model.num_groups() && !any_mx; ++g) any_mx = model.GroupConsumesMx(g);
     SSHSDP_CHECK(any_mx, ConfigError,

@@ -367,14 +367,10 @@ TEST(EngineOnBackend, StatePathsOnDeferredGuardedMemoryMatchTheCpuBackend) {
 }
 
 TEST(EngineOnBackend, OnTheCudaBackend) {
-  const char* want = std::getenv("SSHSDP_TEST_BACKEND");
-  if (want == nullptr || std::string(want) != "cuda")
-    GTEST_SKIP() << "SSHSDP_TEST_BACKEND=cuda runs it (scripts/gpu_check.sh)";
-  if (!CudaCompiled() || CudaDeviceCount() == 0)
-    GTEST_SKIP() << "no usable GPU (or no CUDA in this build)";
+  std::string skip;
+  std::unique_ptr<Backend> gpu = testing::TestGpuOrSkip(&skip);
+  if (!gpu) GTEST_SKIP() << skip;
   const int W = WorldSize();
-  std::unique_ptr<Backend> gpu =
-      MakeBackend(fmt::format("cuda:{}", testing::LocalGpuOrdinal(WorldRankOrMinusOne())));
   for (DType wdt : {DType::kF32, DType::kBF16})
     for (Optimizer opt : {kAdamW, kMuonF32, kMuonBf16}) {
       SCOPED_TRACE(

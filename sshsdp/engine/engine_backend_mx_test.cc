@@ -300,14 +300,10 @@ TEST(EngineMxOnBackend, HostMemoryOnTheDirectPath) {
 // label gpu, skipped without one): this rank's GPU, several ranks sharing it over CUDA IPC —
 // plain ZeRO-3, and ZeRO-1 across the ranks with the outer phase staged.
 TEST(EngineMxOnBackend, OnTheCudaBackend) {
-  const char* want = std::getenv("SSHSDP_TEST_BACKEND");
-  if (want == nullptr || std::string(want) != "cuda")
-    GTEST_SKIP() << "SSHSDP_TEST_BACKEND=cuda runs it (scripts/gpu_check.sh)";
-  if (!CudaCompiled() || CudaDeviceCount() == 0)
-    GTEST_SKIP() << "no usable GPU (or no CUDA in this build)";
+  std::string skip;
+  std::unique_ptr<Backend> gpu = testing::TestGpuOrSkip(&skip);
+  if (!gpu) GTEST_SKIP() << skip;
   const int W = WorldSize();
-  std::unique_ptr<Backend> gpu =
-      MakeBackend(fmt::format("cuda:{}", testing::LocalGpuOrdinal(WorldRankOrMinusOne())));
   for (bool muon : {false, true}) {
     SCOPED_TRACE(muon ? "muon" : "adamw");
     if (W == 1) {

@@ -1,7 +1,7 @@
 // What the device layer's multi-rank test programs share (device_nccl_test,
 // device_direct_test): failure counting across ranks, the all-ranks-agree GPU skip (ctest's
-// 77), this rank's GPU, and main()'s error report. Plain programs rather than GoogleTest, so
-// every rank can exit 77 together.
+// 77), this rank's GPU (also for the engine's GoogleTest GPU cases), and main()'s error report.
+// Plain programs rather than GoogleTest, so every rank can exit 77 together.
 //
 //   int Run(int argc, char** argv) {
 //     MpiRuntime runtime(&argc, &argv);
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <memory>
 #include <string>
 
 #include "sshsdp/comm/communicator.h"
@@ -61,6 +62,22 @@ inline int LocalGpuOrdinal(int rank) {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   const int count = CudaDeviceCount();
   return count > 0 ? (local ? std::atoi(local) : rank) % count : 0;
+}
+
+// The GoogleTest engine tests' GPU cases (ctest's *_cuda entries and scripts/gpu_check.sh set
+// SSHSDP_TEST_BACKEND=cuda): this rank's GPU backend, or nullptr with *skip saying why there is
+// none to run on (the test then reports GTEST_SKIP() << *skip).
+inline std::unique_ptr<Backend> TestGpuOrSkip(std::string* skip) {
+  const char* want = std::getenv("SSHSDP_TEST_BACKEND");
+  if (want == nullptr || std::string(want) != "cuda") {
+    *skip = "SSHSDP_TEST_BACKEND=cuda runs it (scripts/gpu_check.sh)";
+    return nullptr;
+  }
+  if (!CudaCompiled() || CudaDeviceCount() == 0) {
+    *skip = "no usable GPU (or no CUDA in this build)";
+    return nullptr;
+  }
+  return MakeBackend("cuda:" + std::to_string(LocalGpuOrdinal(WorldRankOrMinusOne())));
 }
 
 // Failed checks summed over world; rank 0 prints the verdict. The process's exit code.

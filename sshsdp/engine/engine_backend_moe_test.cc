@@ -1,0 +1,209 @@
+// The engine training the MoE GPT on a device backend (models/backend_moe.h): per-expert Muon
+// next to AdamW, packed [E, out, in] expert weights, every (sw, sg, so) layout of this world.
+//
+// On the CPU backend the engine and the model run the host's ops in the host's order, so the
+// run equals the host engine training MoeGpt on the same ranks and batches BIT FOR BIT
+// (losses, gradient norms, every main weight), fp32 and bf16 runtime weights, AdamW and Muon
+// per expert, both group structures (MoeConfig::expert_group), with the same communication
+// bytes. On the deferred guarded backend (memory the host cannot touch, ops queued like a GPU
+// stream; the direct path over the shared-memory stand-in device on several ranks, the outer
+// phase staged) it is bit for bit the host engine on the same path — every access of the model
+// and the engine to backend memory goes through the backend, and every hand-off synchronizes.
+// With SSHSDP_TEST_BACKEND=cuda (ctest's engine_backend_moe_test_cuda_np*, label gpu, skipped
+// without one) the same comparison runs on this rank's GPU within the optimizers' tolerances.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+
+#include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/comm/testing/shm_device_memory.h"
+#include "sshsdp/device/backend.h"
+#include "sshsdp/device/cuda_direct_memory.h"
+#include "sshsdp/device/testing/device_mpi_test.h"
+#include "sshsdp/device/testing/guarded_backend.h"
+#include "sshsdp/engine/testing/parity_harness.h"
+#include "sshsdp/models/backend_moe.h"
+#include "sshsdp/models/moe.h"
+
+namespace sshsdp {
+namespace {
+
+using testing::Describe;
+using testing::Layout;
+using testing::WorldSize;
+
+// Two MoE blocks of 4 SwiGLU experts (width 20: ZeRO-1 boundaries fall inside expert
+// matrices), top-2 softmax, a shared expert; attention fp32 as on the backends.
+MoeConfig TestModel() {
+  MoeConfig c = testing::TestMoe();
+  c.shared_expert = true;
+  c.d_shared = 12;
+  c.trunk.bf16_attention = false;
+  return c;
+}
+
+// Sigmoid gating without renormalisation, GELU experts, block 0 dense, expert groups.
+MoeConfig TestModelVariant() {
+  MoeConfig c = TestModel();
+  c.gating = Gating::kSigmoid;
+  c.renormalize = false;
+  c.expert_mlp = ExpertMlp::kGelu;
+  c.shared_expert = false;
+  c.moe_every = 2;
+  c.expert_group = true;
+  return c;
+}
+
+struct Case {
+  MoeConfig model = TestModel();
+  DType wdt = DType::kF32;
+  bool muon = false;
+  Backend* backend = nullptr;
+  DirectDeviceMemory* direct = nullptr;
+  bool exact = true;  // bit for bit (the CPU's ops underneath); else the optimizers' tolerances
+  int steps = 2;
+};
+
+std::string Name(const Case& k) {
+  return fmt::format("{} {} {}{}", DTypeName(k.wdt), k.muon ? "muon per expert" : "adamw",
+                     k.model.expert_group ? "expert groups" : "one group per block",
+                     k.direct ? " direct path" : "");
+}
+
+// The engine on k.backend training BackendMoeModel against the host engine training MoeGpt on
+// the same ranks, batches and communication path.
+void RunOnBackend(const Case& k, const Layout& l) {
+  testing::ParityCase c;
+  c.layout = l;
+  int made = 0;
+  c.make = [&made, &k]() -> std::unique_ptr<Model> {
+    if (made++ == 0) return std::make_unique<BackendMoeModel>(*k.backend, k.model);
+    return std::make_unique<MoeGpt>(k.model);
+  };
+  c.cfg = k.muon ? testing::MuonEngineConfig(l, 2, k.wdt, UnitRule::kHead, DType::kBF16)
+                 : testing::BaseConfig(l, 2, k.wdt);
+  c.ref_cfg = c.cfg;
+  c.cfg.backend = k.backend;
+  if (k.direct) {
+    c.cfg.comm_path = CommPath::kDirect;
+    c.cfg.direct_device = k.direct;
+    c.ref_cfg.comm_path = CommPath::kDirect;  // the direct path reduces in its own order
+  }
+  c.reference = testing::Reference::kSameWorld;
+  if (k.exact) {
+    c.tol = {0, 0, testing::kNotCompared};  // the weights: bit for bit, below
+  } else if (k.muon) {
+    c.tol = testing::MuonTolerances(false);
+  } else {
+    c.tol = testing::AdamWTolerances(k.wdt);
+  }
+  c.steps = k.steps;
+  testing::ParityRun run(c);
+  ASSERT_NE(dynamic_cast<BackendMoeModel*>(&run.model()), nullptr);
+  run.Run([&](const testing::StepDiff& d) {
+    const StepCounters &a = d.dist.counters, &b = d.ref.counters;
+    EXPECT_EQ(a.runtime_comm.total(), b.runtime_comm.total());
+    EXPECT_EQ(a.update_comm.total(), b.update_comm.total());
+    EXPECT_EQ(a.update_p2p.total(), b.update_p2p.total());
+    EXPECT_EQ(a.add_passes, 0u);
+    EXPECT_EQ(a.bytes_copied, 0u);
+    if (k.exact) testing::ExpectWeightsBitEqual(run.engine(), run.ref());
+  });
+}
+
+TEST(EngineBackendMoe, CpuBackendEqualsTheHostEngineBitForBit) {
+  const int W = WorldSize();
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  int i = 0;
+  for (const Layout& l : testing::LayoutsFor(W))
+    for (bool muon : {false, true}) {
+      Case k;
+      k.wdt = muon ? DType::kBF16 : DType::kF32;  // bf16 weights with Muon's bf16 u
+      k.muon = muon;
+      k.backend = cpu.get();
+      // The variant (expert groups, a dense block, sigmoid / GELU) on every other case.
+      if (i++ % 2 == 1) k.model = TestModelVariant();
+      SCOPED_TRACE(Describe(W, l) + " " + Name(k));
+      RunOnBackend(k, l);
+    }
+}
+
+// On guarded memory (the direct path's shared-memory stand-in device on several ranks).
+void RunOnGuardedDevice(const Layout& l, bool muon, DType wdt) {
+  testing::ShmDeviceMemory shm;
+  testing::GuardedBackend device(WorldSize() > 1 ? &shm : nullptr, /*deferred=*/true);
+  Case k;
+  k.wdt = wdt;
+  k.muon = muon;
+  k.backend = &device;
+  k.direct = WorldSize() > 1 ? &shm : nullptr;
+  k.steps = 3;
+  if (muon) k.model = TestModelVariant();
+  SCOPED_TRACE(Name(k));
+  RunOnBackend(k, l);
+  EXPECT_GT(device.calls(), 100);
+}
+
+TEST(EngineBackendMoe, OneRankOnGuardedDeviceMemory) {
+  if (WorldSize() != 1) GTEST_SKIP() << "one rank (the guard is per process)";
+  RunOnGuardedDevice(testing::kOneRank, /*muon=*/false, DType::kF32);
+  RunOnGuardedDevice(testing::kOneRank, /*muon=*/true, DType::kBF16);
+}
+
+TEST(EngineBackendMoe, EveryLayoutOnGuardedDeviceMemory) {
+  const int W = WorldSize();
+  if (W == 1) GTEST_SKIP() << "several ranks";
+  for (const Layout& l : testing::LayoutsFor(W)) {
+    SCOPED_TRACE(Describe(W, l));
+    RunOnGuardedDevice(l, /*muon=*/l.so % 2 == 1, l.sw % 2 ? DType::kF32 : DType::kBF16);
+  }
+}
+
+// MXFP8 experts on a device are not built: the engine refuses them before any collective.
+TEST(EngineBackendMoe, RefusesMxfp8ExpertsByName) {
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  MoeConfig m = TestModel();
+  m.expert_group = true;
+  BackendMoeModel model(*cpu, m);
+  EngineConfig cfg = testing::BaseConfig(testing::LayoutsFor(WorldSize()).front(), 1, DType::kE4M3);
+  cfg.scale_layout = ScaleLayout::kRowMajor;
+  cfg.backend = cpu.get();
+  auto world = MpiCommunicator::World(WorldSize());
+  try {
+    Engine engine(model, *world, cfg);
+    ADD_FAILURE() << "MXFP8 experts accepted on a backend";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("MXFP8 experts on a device backend are not built"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(EngineBackendMoe, OnTheCudaBackend) {
+  std::string skip;
+  std::unique_ptr<Backend> gpu = testing::TestGpuOrSkip(&skip);
+  if (!gpu) GTEST_SKIP() << skip;
+  const int W = WorldSize();
+  for (bool muon : {false, true}) {
+    Case k;
+    k.muon = muon;
+    k.backend = gpu.get();
+    k.exact = false;
+    k.steps = 3;
+    if (muon) k.model = TestModelVariant();
+    SCOPED_TRACE(Name(k));
+    if (W == 1) {
+      RunOnBackend(k, testing::kOneRank);
+      continue;
+    }
+    std::unique_ptr<DirectDeviceMemory> ipc = MakeCudaDirectMemory(*gpu);
+    k.direct = ipc.get();
+    RunOnBackend(k, Layout{W, W, W, W});
+    k.direct = nullptr;
+    RunOnBackend(k, Layout{1, 1, W, W});
+  }
+}
+
+}  // namespace
+}  // namespace sshsdp
