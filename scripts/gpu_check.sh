@@ -13,7 +13,8 @@
 # IPC), and with MXFP8 weights (engine_backend_mx_test: G on the GPU, S on the host, weights
 # dequantized for the GEMMs); (6) `sshsdp train --backend cuda` (AdamW and Muon per head, AdamW
 # with MXFP8 blocks dequantized for fp32 and for bf16 GEMMs (--mx-gemm); 1 rank and 2
-# processes sharing the GPU) against `--backend cpu` of the same seed.
+# processes sharing the GPU), and the MoE preset moe-small (AdamW, fp32; the engine_backend_moe_test
+# cases run the MoE GPT on the GPU too) against `--backend cpu` of the same seed.
 #
 #   scripts/gpu_check.sh prepare   # here (the build machine, no GPU needed): build the CUDA
 #                                  # tests in build-gpu/ and bundle them with the shared
@@ -73,13 +74,13 @@ case "$mode" in
   prepare)
     # Its own build directory: -DSSHSDP_CUDA=ON is not left in build/'s cache.
     BUILD_DIR=build-gpu \
-      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check engine_backend_gpt_test engine_backend_mx_test sshsdp" \
+      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check engine_backend_gpt_test engine_backend_mx_test engine_backend_moe_test sshsdp" \
       scripts/build.sh -DSSHSDP_CUDA=ON
     rm -rf "$bundle" && mkdir -p "$bundle/lib"
     cp build-gpu/sshsdp/device/device_backend_test build-gpu/sshsdp/device/device_nccl_test \
       build-gpu/sshsdp/device/device_direct_test build-gpu/sshsdp/models/models_backend_gpt_check \
       build-gpu/sshsdp/engine/engine_backend_gpt_test build-gpu/sshsdp/engine/engine_backend_mx_test \
-      build-gpu/bin/sshsdp "$bundle/"
+      build-gpu/sshsdp/engine/engine_backend_moe_test build-gpu/bin/sshsdp "$bundle/"
     # Every shared library outside the C library and CUDA's own (the GPU image has those; NCCL
     # too: the toolkit's, or the nvidia-nccl wheel next to PyTorch).
     ldd "$bundle"/device_*_test "$bundle"/models_backend_gpt_check \
@@ -184,8 +185,8 @@ PY
       timeout 180 mpirun --allow-run-as-root --oversubscribe -np $np \
         "$bundle/device_direct_test" --memory=cuda || rc=1
     done
-    echo "== the engine on the GPU backend vs the host reference (engine_backend_{gpt,mx}_test) =="
-    for t in gpt:EngineOnBackend mx:EngineMxOnBackend; do
+    echo "== the engine on the GPU backend vs the host reference (engine_backend_{gpt,mx,moe}_test) =="
+    for t in gpt:EngineOnBackend mx:EngineMxOnBackend moe:EngineBackendMoe; do
       for np in 1 2 3; do
         log="${OUT:-/tmp}/engine_${t%%:*}_cuda_np$np.log"
         r=0
@@ -202,25 +203,27 @@ PY
     # core products; bf16 u amplifies summation order): within 2e-2. AdamW with MXFP8 blocks
     # (dequantized for fp32 GEMMs; a main weight off in its last bits can flip a code): 2e-3;
     # dequantized to bf16 for tensor-core GEMMs (--mx-gemm bf16, the fast path): 2e-2.
-    # All: loss falls over 30.
+    # The MoE preset (moe-small, AdamW, fp32; the routing on the host from the GPU's logits, a
+    # near-tie may route a token elsewhere): 1e-3. All: loss falls over 30.
     for np in 1 2; do
-      for run in "adamw fp32 1e-4 fp32" "muon bf16 2e-2 fp32" "adamw mxfp8 2e-3 fp32" \
-        "adamw mxfp8 2e-2 bf16"; do
-        read -r opt wdt tol mxg <<<"$run"
+      for run in "small adamw fp32 1e-4 fp32" "small muon bf16 2e-2 fp32" \
+        "small adamw mxfp8 2e-3 fp32" "small adamw mxfp8 2e-2 bf16" "moe-small adamw fp32 1e-3 fp32"; do
+        read -r model opt wdt tol mxg <<<"$run"
         for b in cpu cuda; do
           steps=5
           [ $b = cuda ] && steps=30
-          tag="${b}_${opt}_${wdt}_${mxg}_np$np"
+          tag="${b}_${model}_${opt}_${wdt}_${mxg}_np$np"
           extra=()
           [ "$wdt" = mxfp8 ] && extra=(--mx-gemm "$mxg")
           timeout 240 mpirun --allow-run-as-root --oversubscribe --bind-to none -np $np \
-            "$bundle/sshsdp" train --backend $b --model small --optimizer $opt \
+            "$bundle/sshsdp" train --backend $b --model $model --optimizer $opt \
             --weight-dtype $wdt ${extra[@]+"${extra[@]}"} --steps $steps --log-every 1 \
             --metrics "$out/train_$tag.jsonl" >"$out/train_$tag.log" 2>&1 || rc=1
           tail -2 "$out/train_$tag.log"
         done
-        python3 - "$out/train_cpu_${opt}_${wdt}_${mxg}_np$np.jsonl" \
-          "$out/train_cuda_${opt}_${wdt}_${mxg}_np$np.jsonl" "$opt $wdt $mxg" "$tol" <<'PY' || rc=1
+        python3 - "$out/train_cpu_${model}_${opt}_${wdt}_${mxg}_np$np.jsonl" \
+          "$out/train_cuda_${model}_${opt}_${wdt}_${mxg}_np$np.jsonl" "$model $opt $wdt $mxg" \
+          "$tol" <<'PY' || rc=1
 import json, sys
 cpu, gpu = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
 tol = float(sys.argv[4])

@@ -11,6 +11,7 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/models/backend_gpt_model.h"
+#include "sshsdp/models/backend_moe.h"
 
 namespace sshsdp {
 
@@ -58,9 +59,9 @@ void CheckBackendOptions(const TrainOptions& o) {
                ConfigError, "--backend must be host, cpu, cuda or cuda:<ordinal>, got '{}'",
                o.backend);
   const std::string b = o.backend;
-  SSHSDP_CHECK(!IsMoePreset(o.model), ConfigError,
-               "--backend {} trains the dense GPT presets (tiny, small, base); --model {} (MoE) "
-               "on a device is not built yet: use --backend host",
+  SSHSDP_CHECK(!IsMoePreset(o.model) || o.weight_dtype != "mxfp8", ConfigError,
+               "--backend {} --model {}: MXFP8 experts on a device are not built; use "
+               "--weight-dtype fp32 or bf16 there, or --backend host for MXFP8 experts",
                b, o.model);
   SSHSDP_CHECK(o.reduce == "fp32", ConfigError,
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
@@ -105,6 +106,11 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
 
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev) {
+  if (dev.backend && IsMoePreset(o.model)) {
+    MoeConfig c = MakeMoeConfig(o, gc);
+    c.trunk = gc;
+    return std::make_unique<BackendMoeModel>(*dev.backend, c);
+  }
   if (dev.backend)
     return std::make_unique<BackendGptModel>(*dev.backend, gc,
                                              o.mx_gemm == "bf16" ? DType::kBF16 : DType::kF32);

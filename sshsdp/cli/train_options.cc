@@ -243,18 +243,20 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "device buffers: --backend cuda only, where it is the default when the ZeRO-2 "
                  "groups span nodes, else direct over CUDA IPC)")
       ->capture_default_str();
-  app.add_option("--backend", o.backend,
-                 "where the engine and the model run: host (the host engine, every feature) | "
-                 "cpu (the device code path on the CPU backend: checks a device run anywhere) | "
-                 "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. A backend "
-                 "runs the dense GPT presets, bf16, fp32 or mxfp8 weights (mxfp8 dequantized for "
-                 "each GEMM), --reduce fp32, AdamW or Muon, "
-                 "every --sw/--sg/--so layout, and checkpoints (which load on the host engine "
-                 "and back); several ranks on CUDA move the ZeRO-3/ZeRO-2 groups on the direct "
-                 "path over CUDA IPC (one node; ranks may share a GPU) or over NCCL (groups "
-                 "spanning nodes, or --comm-path nccl), and the outer phase (replica "
-                 "reduce-scatter / all-gather, HSDP all-reduce) over NCCL with it, else staged "
-                 "through host memory over MPI")
+  app.add_option(
+         "--backend", o.backend,
+         "where the engine and the model run: host (the host engine, every feature) | "
+         "cpu (the device code path on the CPU backend: checks a device run anywhere) | "
+         "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. A backend "
+         "runs the dense GPT presets with bf16, fp32 or mxfp8 weights (mxfp8 dequantized for "
+         "each GEMM) and the MoE presets with bf16 or fp32 weights (routing on the host), "
+         "--reduce fp32, AdamW or Muon (per head, per expert), "
+         "every --sw/--sg/--so layout, and checkpoints (which load on the host engine "
+         "and back); several ranks on CUDA move the ZeRO-3/ZeRO-2 groups on the direct "
+         "path over CUDA IPC (one node; ranks may share a GPU) or over NCCL (groups "
+         "spanning nodes, or --comm-path nccl), and the outer phase (replica "
+         "reduce-scatter / all-gather, HSDP all-reduce) over NCCL with it, else staged "
+         "through host memory over MPI")
       ->capture_default_str();
 }
 

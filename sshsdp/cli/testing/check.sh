@@ -28,6 +28,40 @@ expect_error() {
     check "$name" 0
   fi
 }
+# same_training A.jsonl B.jsonl TOL [STEPS]: two runs' --metrics files agree — STEPS records
+# each (default 4), loss and gradient norm within TOL relative (0: equal), the communicated
+# bytes equal, and run A's loss falls. Exit code 0 or 1 (the assertion shown).
+same_training() {
+  python3 - "$1" "$2" "$3" "${4:-4}" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+tol, steps = float(sys.argv[3]), int(sys.argv[4])
+assert len(a) == len(b) == steps, (len(a), len(b))
+for x, y in zip(a, b):
+    for k in ("loss", "grad_norm"):
+        assert abs(x[k] - y[k]) <= tol * abs(y[k]), (x["step"], k, x[k], y[k])
+    for k in ("update_p2p_bytes", "runtime_comm_intra_bytes", "runtime_comm_inter_bytes",
+              "update_comm_intra_bytes", "update_comm_inter_bytes"):
+        assert x[k] == y[k], (x["step"], k, x[k], y[k])
+assert a[-1]["loss"] < a[0]["loss"], [x["loss"] for x in a]
+PY
+}
+# resumed_like STRAIGHT.jsonl RESUMED.jsonl TOL: a run resumed at step 2 logged steps 3-4 only,
+# with the uninterrupted run's losses (and, for TOL 0, gradient norms) within TOL relative.
+resumed_like() {
+  python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+a, b = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
+tol = float(sys.argv[3])
+keys = ("loss", "grad_norm") if tol == 0 else ("loss",)
+want = {r["step"]: r for r in a}
+got = {r["step"]: r for r in b}
+assert sorted(got) == [3, 4], sorted(got)
+for s in (3, 4):
+    for k in keys:
+        assert abs(got[s][k] - want[s][k]) <= tol * abs(want[s][k]), (s, k, got[s][k], want[s][k])
+PY
+}
 finish_checks() {
   echo "$pass passed, $fails failed"
   [ "$fails" -eq 0 ]
