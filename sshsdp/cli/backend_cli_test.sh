@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `sshsdp train --backend` as a user runs it (cli/train_backend.h):
 #   * --help names the option and its choices;
-#   * what the engine on a backend does not run yet (MXFP8 experts, bf16 reductions), MXFP8 scales in a
+#   * what the engine on a backend does not run yet (bf16 reductions, --mx-gemm bf16 for MoE), MXFP8 scales in a
 #     layout its dequantization cannot read, an unknown backend and NCCL on host memory fail
 #     fast, by name, on every rank, before any collective; --backend cuda without a usable GPU
 #     says so and names the cpu backend;
@@ -10,8 +10,8 @@
 #     same losses and gradient norms as the host engine (relative 1e-6 with fp32 weights, 1e-4
 #     with bf16 ones), with the same communicated bytes per step (exact), for AdamW and for
 #     Muon per head, and with the outer phase (ZeRO-1 across the ranks, DDP); with MXFP8
-#     blocks bit for bit; the MoE preset bit for bit (AdamW, Muon per expert); and validation
-#     runs on it;
+#     blocks bit for bit; the MoE preset bit for bit (AdamW, Muon per expert, MXFP8 experts);
+#     and validation runs on it;
 #   * a checkpoint saved at step 2 of 4 by --backend cpu resumes on --backend cpu and on the
 #     host engine, and one saved by the host engine resumes on --backend cpu, each giving
 #     steps 3-4 the uninterrupted run's losses.
@@ -34,9 +34,10 @@ tiny=(train --attention-dtype fp32 --model tiny --layers 2 --d-model 32 --heads 
 expect_error "an unknown backend is refused, naming the choices" \
   "--backend must be host, cpu, cuda or cuda:<ordinal>, got 'tpu'" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend tpu --steps 1
-expect_error "MXFP8 experts on a backend are refused by name" \
-  "--model moe-tiny: MXFP8 experts on a device are not built" \
-  "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --backend cpu --weight-dtype mxfp8 --steps 1
+expect_error "--mx-gemm bf16 with MXFP8 experts on a backend is refused by name" \
+  "--model moe-tiny: MXFP8 experts are dequantized for fp32 GEMMs" \
+  "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --backend cpu --weight-dtype mxfp8 \
+  --mx-gemm bf16 --steps 1
 expect_error "MXFP8 on a backend with scales the device cannot read is refused by name" \
   "set the scale layout to row_major (--scale-layout row_major" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cpu --weight-dtype mxfp8 \
@@ -102,10 +103,12 @@ for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" 
 done
 # The MoE preset on the backend (models/backend_moe.h: routing on the host, the experts' GEMMs
 # on the backend): bit for bit with the host engine training MoeGpt — AdamW with fp32 weights,
-# and Muon per expert with bf16 weights and the outer phase (ZeRO-1 across the ranks).
+# Muon per expert with bf16 weights and the outer phase (ZeRO-1 across the ranks), and MXFP8
+# experts (their scales row-major on both: the host dequantizes them as the device does).
 moe=(train --attention-dtype fp32 --model moe-tiny --layers 2 --d-model 32 --heads 4 --seq-len 16
-  --batch-size 2 --microbatches 2 --shared-expert --steps 4 --log-every 1)
-for run in "adamw fp32" "muon bf16 1 1 2"; do
+  --batch-size 2 --microbatches 2 --shared-expert --steps 4 --log-every 1
+  --scale-layout row_major)
+for run in "adamw fp32" "muon bf16 1 1 2" "muon mxfp8"; do
   read -r opt wdt sw sg so <<<"$run"
   layout=()
   [ -n "$sw" ] && layout=(--sw "$sw" --sg "$sg" --so "$so")

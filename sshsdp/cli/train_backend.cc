@@ -59,9 +59,9 @@ void CheckBackendOptions(const TrainOptions& o) {
                ConfigError, "--backend must be host, cpu, cuda or cuda:<ordinal>, got '{}'",
                o.backend);
   const std::string b = o.backend;
-  SSHSDP_CHECK(!IsMoePreset(o.model) || o.weight_dtype != "mxfp8", ConfigError,
-               "--backend {} --model {}: MXFP8 experts on a device are not built; use "
-               "--weight-dtype fp32 or bf16 there, or --backend host for MXFP8 experts",
+  SSHSDP_CHECK(!IsMoePreset(o.model) || o.mx_gemm == "fp32", ConfigError,
+               "--backend {} --model {}: MXFP8 experts are dequantized for fp32 GEMMs (as on "
+               "the host); --mx-gemm bf16 runs the dense presets only: drop it",
                b, o.model);
   SSHSDP_CHECK(o.reduce == "fp32", ConfigError,
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "

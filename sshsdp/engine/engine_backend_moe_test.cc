@@ -3,14 +3,15 @@
 //
 // On the CPU backend the engine and the model run the host's ops in the host's order, so the
 // run equals the host engine training MoeGpt on the same ranks and batches BIT FOR BIT
-// (losses, gradient norms, every main weight), fp32 and bf16 runtime weights, AdamW and Muon
-// per expert, both group structures (MoeConfig::expert_group), with the same communication
-// bytes. On the deferred guarded backend (memory the host cannot touch, ops queued like a GPU
-// stream; the direct path over the shared-memory stand-in device on several ranks, the outer
-// phase staged) it is bit for bit the host engine on the same path — every access of the model
-// and the engine to backend memory goes through the backend, and every hand-off synchronizes.
-// With SSHSDP_TEST_BACKEND=cuda (ctest's engine_backend_moe_test_cuda_np*, label gpu, skipped
-// without one) the same comparison runs on this rank's GPU within the optimizers' tolerances.
+// (losses, gradient norms, every main weight), fp32 and bf16 runtime weights and MXFP8 experts
+// (their codes and scales too), AdamW and Muon per expert, both group structures
+// (MoeConfig::expert_group), with the same communication bytes. On the deferred guarded backend
+// (memory the host cannot touch, ops queued like a GPU stream; the direct path over the
+// shared-memory stand-in device on several ranks, the outer phase staged) it is bit for bit the
+// host engine on the same path — every access of the model and the engine to backend memory goes
+// through the backend, and every hand-off synchronizes. With SSHSDP_TEST_BACKEND=cuda (ctest's
+// engine_backend_moe_test_cuda_np*, label gpu, skipped without one) the same comparison runs on
+// this rank's GPU within the optimizers' tolerances.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -83,6 +84,7 @@ void RunOnBackend(const Case& k, const Layout& l) {
   };
   c.cfg = k.muon ? testing::MuonEngineConfig(l, 2, k.wdt, UnitRule::kHead, DType::kBF16)
                  : testing::BaseConfig(l, 2, k.wdt);
+  c.cfg.scale_layout = ScaleLayout::kRowMajor;  // MXFP8: what the device reads
   c.ref_cfg = c.cfg;
   c.cfg.backend = k.backend;
   if (k.direct) {
@@ -93,6 +95,8 @@ void RunOnBackend(const Case& k, const Layout& l) {
   c.reference = testing::Reference::kSameWorld;
   if (k.exact) {
     c.tol = {0, 0, testing::kNotCompared};  // the weights: bit for bit, below
+  } else if (k.wdt == DType::kE4M3) {
+    c.tol_at = testing::MxTolerances;
   } else if (k.muon) {
     c.tol = testing::MuonTolerances(false);
   } else {
@@ -110,6 +114,20 @@ void RunOnBackend(const Case& k, const Layout& l) {
     EXPECT_EQ(a.bytes_copied, 0u);
     if (k.exact) testing::ExpectWeightsBitEqual(run.engine(), run.ref());
   });
+  if (k.wdt != DType::kE4M3) return;
+  // Only the expert groups (routed and shared experts) are MX, and their codes and row-major scales
+  // are the host's.
+  const auto mine = run.engine().GatherMxWeights(), theirs = run.ref().GatherMxWeights();
+  ASSERT_EQ(mine.size(), theirs.size());
+  EXPECT_FALSE(mine.empty());
+  for (const auto& [name, w] : mine) {
+    EXPECT_TRUE(name.find(".moe.w") != std::string::npos ||
+                name.find(".moe.shared.w") != std::string::npos)
+        << name << " is MX outside the experts";
+    if (!k.exact) continue;
+    EXPECT_EQ(w.codes, theirs.at(name).codes) << name;
+    EXPECT_EQ(w.scales, theirs.at(name).scales) << name;
+  }
 }
 
 TEST(EngineBackendMoe, CpuBackendEqualsTheHostEngineBitForBit) {
@@ -129,6 +147,24 @@ TEST(EngineBackendMoe, CpuBackendEqualsTheHostEngineBitForBit) {
     }
 }
 
+// MXFP8 experts (expert groups; the router, attention, dense blocks, embeddings and head stay
+// bf16): the CPU backend dequantizes the same codes with the same row-major scales.
+TEST(EngineBackendMoe, Mxfp8ExpertsOnTheCpuBackendBitForBit) {
+  const int W = WorldSize();
+  std::unique_ptr<Backend> cpu = MakeBackend("cpu");
+  int i = 0;
+  for (const Layout& l : testing::LayoutsFor(W)) {
+    Case k;
+    k.wdt = DType::kE4M3;
+    k.muon = i++ % 2 == 1;
+    k.backend = cpu.get();
+    k.model = k.muon ? TestModelVariant() : TestModel();
+    k.model.expert_group = true;
+    SCOPED_TRACE(Describe(W, l) + " " + Name(k));
+    RunOnBackend(k, l);
+  }
+}
+
 // On guarded memory (the direct path's shared-memory stand-in device on several ranks).
 void RunOnGuardedDevice(const Layout& l, bool muon, DType wdt) {
   testing::ShmDeviceMemory shm;
@@ -140,6 +176,7 @@ void RunOnGuardedDevice(const Layout& l, bool muon, DType wdt) {
   k.direct = WorldSize() > 1 ? &shm : nullptr;
   k.steps = 3;
   if (muon) k.model = TestModelVariant();
+  if (wdt == DType::kE4M3) k.model.expert_group = true;
   SCOPED_TRACE(Name(k));
   RunOnBackend(k, l);
   EXPECT_GT(device.calls(), 100);
@@ -149,6 +186,7 @@ TEST(EngineBackendMoe, OneRankOnGuardedDeviceMemory) {
   if (WorldSize() != 1) GTEST_SKIP() << "one rank (the guard is per process)";
   RunOnGuardedDevice(testing::kOneRank, /*muon=*/false, DType::kF32);
   RunOnGuardedDevice(testing::kOneRank, /*muon=*/true, DType::kBF16);
+  RunOnGuardedDevice(testing::kOneRank, /*muon=*/true, DType::kE4M3);
 }
 
 TEST(EngineBackendMoe, EveryLayoutOnGuardedDeviceMemory) {
@@ -156,26 +194,35 @@ TEST(EngineBackendMoe, EveryLayoutOnGuardedDeviceMemory) {
   if (W == 1) GTEST_SKIP() << "several ranks";
   for (const Layout& l : testing::LayoutsFor(W)) {
     SCOPED_TRACE(Describe(W, l));
-    RunOnGuardedDevice(l, /*muon=*/l.so % 2 == 1, l.sw % 2 ? DType::kF32 : DType::kBF16);
+    const DType wdts[] = {DType::kF32, DType::kBF16, DType::kE4M3};
+    RunOnGuardedDevice(l, /*muon=*/l.so % 2 == 1, wdts[(l.sw + l.so) % 3]);
   }
 }
 
-// MXFP8 experts on a device are not built: the engine refuses them before any collective.
-TEST(EngineBackendMoe, RefusesMxfp8ExpertsByName) {
+// MXFP8 without expert groups (the router would be FP8 too), and scales the device cannot read,
+// are refused by name before any collective.
+TEST(EngineBackendMoe, RefusesWhatTheDeviceCannotRunByName) {
   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
-  MoeConfig m = TestModel();
-  m.expert_group = true;
-  BackendMoeModel model(*cpu, m);
+  auto world = MpiCommunicator::World(WorldSize());
   EngineConfig cfg = testing::BaseConfig(testing::LayoutsFor(WorldSize()).front(), 1, DType::kE4M3);
   cfg.scale_layout = ScaleLayout::kRowMajor;
   cfg.backend = cpu.get();
-  auto world = MpiCommunicator::World(WorldSize());
+  BackendMoeModel one_group(*cpu, TestModel());
+  try {
+    Engine engine(one_group, *world, cfg);
+    ADD_FAILURE() << "MXFP8 accepted without expert groups";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("MoeConfig::expert_group"), std::string::npos) << e.what();
+  }
+  MoeConfig m = TestModel();
+  m.expert_group = true;
+  BackendMoeModel model(*cpu, m);
+  cfg.scale_layout = ScaleLayout::kCublasSwizzle;
   try {
     Engine engine(model, *world, cfg);
-    ADD_FAILURE() << "MXFP8 experts accepted on a backend";
+    ADD_FAILURE() << "cublas_swizzle scales accepted on a backend";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("MXFP8 experts on a device backend are not built"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("--scale-layout row_major"), std::string::npos)
         << e.what();
   }
 }
@@ -185,13 +232,15 @@ TEST(EngineBackendMoe, OnTheCudaBackend) {
   std::unique_ptr<Backend> gpu = testing::TestGpuOrSkip(&skip);
   if (!gpu) GTEST_SKIP() << skip;
   const int W = WorldSize();
-  for (bool muon : {false, true}) {
+  for (int run = 0; run < 3; ++run) {
     Case k;
-    k.muon = muon;
+    k.muon = run == 1;
+    k.wdt = run == 2 ? DType::kE4M3 : DType::kF32;
     k.backend = gpu.get();
     k.exact = false;
     k.steps = 3;
-    if (muon) k.model = TestModelVariant();
+    if (k.muon) k.model = TestModelVariant();
+    if (run == 2) k.model.expert_group = true;
     SCOPED_TRACE(Name(k));
     if (W == 1) {
       RunOnBackend(k, testing::kOneRank);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/update/update_unit.h"
 
 namespace sshsdp {
 
@@ -37,7 +38,10 @@ BackendMoeModel::BackendMoeModel(Backend& b, const MoeConfig& c) : b_(b), c_(c),
                "BackendMoeModel: {} groups where MoeGpt has {}", roles_.size(), spec_.num_groups());
 }
 
-BackendMoeModel::~BackendMoeModel() { b_.Free(arena_); }
+BackendMoeModel::~BackendMoeModel() {
+  b_.Free(arena_);
+  b_.Free(mx_scratch_);
+}
 
 void BackendMoeModel::Allocate(int B, int T) {
   gpt_.reset();  // free the old activations first
@@ -142,24 +146,57 @@ size_t BackendMoeModel::NumViews(int g) const {
 }
 
 std::vector<const void*> BackendMoeModel::Weights(int g, const std::vector<TensorRef>& v,
-                                                  DType* dtype) const {
+                                                  DType* dtype) {
   SSHSDP_CHECK(v.size() == NumViews(g), PlanError,
                "BackendMoeModel group {}: got {} weight views, expected {}", g, v.size(),
                NumViews(g));
+  const bool mx = !v.empty() && v[0].dtype == DType::kE4M3;
+  SSHSDP_CHECK(!mx || GroupConsumesMx(g), ConfigError,
+               "BackendMoeModel group {}: MXFP8 weight views outside an expert group (only the "
+               "experts are MX: MoeConfig::expert_group)",
+               g);
   std::vector<const void*> p;
   for (size_t i = 0; i < v.size(); ++i) {
     SSHSDP_CHECK(
-        v[i].dtype == v[0].dtype && (v[i].dtype == DType::kF32 || v[i].dtype == DType::kBF16),
+        v[i].dtype == v[0].dtype && (v[i].dtype == DType::kF32 || v[i].dtype == DType::kBF16 || mx),
         ConfigError,
         "BackendMoeModel group {}: weight view {} is {} (view 0: {}); the MoE GPT on a "
-        "backend runs fp32 or bf16 runtime weights, one dtype per group "
-        "(--weight-dtype fp32 or bf16; MXFP8 experts on a device are not built)",
+        "backend runs fp32 or bf16 runtime weights, one dtype per group, and MXFP8 "
+        "(e4m3) experts (--weight-dtype fp32, bf16 or mxfp8)",
         g, i, DTypeName(v[i].dtype), DTypeName(v[0].dtype));
     SSHSDP_CHECK(v[i].data != nullptr, PlanError,
                  "BackendMoeModel group {}: weight view {} is null", g, i);
+    SSHSDP_CHECK(!mx || (v[i].scales != nullptr && v[i].scale_layout == ScaleLayout::kRowMajor),
+                 ConfigError,
+                 "BackendMoeModel group {}: MXFP8 weight view {} needs its scales relaid out "
+                 "row-major (--scale-layout row_major), got {}",
+                 g, i, v[i].scales ? ScaleLayoutName(v[i].scale_layout) : "no scales");
     p.push_back(v[i].data);
   }
   *dtype = v.empty() ? DType::kF32 : v[0].dtype;
+  if (!mx) return p;
+  // Each packed weight's codes [rows, cols] dequantized whole (its scales cover the whole
+  // operand), then the group runs in fp32.
+  const std::vector<RuntimeParamSpec> specs = spec_.GroupParams(g);
+  int64_t need = 0;
+  for (const RuntimeParamSpec& s : specs) need += (s.numel() + 15) / 16 * 16;
+  if (need > mx_scratch_floats_) {
+    b_.Free(mx_scratch_);
+    mx_scratch_ = nullptr;
+    mx_scratch_floats_ = 0;
+    mx_scratch_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(need) * 4));
+    mx_scratch_floats_ = need;
+  }
+  int64_t at = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    int64_t rows = 0, cols = 0;
+    MatrixView(specs[i].shape, &rows, &cols);
+    b_.MxDequantizeRows(static_cast<const uint8_t*>(v[i].data), v[i].scales, rows, cols,
+                        mx_scratch_ + at, MxOptions{DType::kE4M3});
+    p[i] = mx_scratch_ + at;
+    at += (specs[i].numel() + 15) / 16 * 16;
+  }
+  *dtype = DType::kF32;
   return p;
 }
 
@@ -292,7 +329,7 @@ int64_t BackendMoeModel::ActivationBytes() const {
     host += static_cast<int64_t>(A.score.size() + A.gate_h.size() + A.frac.size() + A.sel.size() +
                                  A.offsets.size() + A.row_h.size() + A.token_h.size()) *
             4;
-  return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + host;
+  return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + mx_scratch_floats_ * 4 + host;
 }
 
 }  // namespace sshsdp

@@ -21,8 +21,12 @@
 //
 // fp32 or bf16 runtime weights (one dtype per group; the router multiplies in fp32, widened
 // from bf16), fp32 gradients, fp32 attention (GptConfig::bf16_attention is not run on a
-// backend), both group structures (MoeConfig::expert_group). MXFP8 expert weights are not built
-// on a backend (ConsumesMx() is false: the engine refuses --weight-dtype mxfp8 by name).
+// backend), both group structures (MoeConfig::expert_group). MXFP8 experts (--weight-dtype
+// mxfp8, which needs expert_group: only the expert groups are MX) as MoeGpt runs them: each
+// packed weight's E4M3 codes, with scales relaid out row-major for the whole [E·out, in]
+// operand (ScaleLayout::kRowMajor), are dequantized once per Forward / Backward into fp32
+// scratch on the backend (Backend::MxDequantizeRows: Hopper has no MX GEMM), and the expert
+// group then runs in fp32 — its data and weight-gradient GEMMs alike.
 //
 //   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
 //   BackendMoeModel model(*cpu, MoeConfig::Preset("moe-tiny"));
@@ -61,6 +65,9 @@ class BackendMoeModel final : public Model {
   // The trunk's activations and scratch plus the MoE blocks' (backend memory), and the host
   // copies of the routing.
   int64_t ActivationBytes() const override;
+  // MXFP8 runtime weights for the expert groups only (MoeConfig::expert_group).
+  bool ConsumesMx() const override { return c_.expert_group; }
+  bool GroupConsumesMx(int g) const override { return spec_.GroupConsumesMx(g); }
 
   // The routing of MoE block l in the last forward, as MoeGpt::Routing / ExpertTokens.
   std::vector<int32_t> Routing(int l) const;
@@ -88,9 +95,10 @@ class BackendMoeModel final : public Model {
   };
 
   size_t NumViews(int g) const;
-  // Group g's weight views as pointers in their one dtype (fp32 or bf16), gradients as fp32
-  // (PlanError / ConfigError naming the view otherwise).
-  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype) const;
+  // Group g's weight views as pointers in their one dtype (fp32 or bf16; an expert group's
+  // MXFP8 views dequantized into mx_scratch_, fp32), gradients as fp32 (PlanError /
+  // ConfigError naming the view otherwise).
+  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype);
   std::vector<float*> Grads(int g, const std::vector<TensorRef>& v) const;
   void Allocate(int B, int T);
 
@@ -133,6 +141,8 @@ class BackendMoeModel final : public Model {
         *router32_ = nullptr;
   bf16 *x16_ = nullptr, *dy16_ = nullptr;
   std::vector<float> dgate_h_, dz_h_;  // host
+  float* mx_scratch_ = nullptr;        // backend memory: one expert group's dequantized weights
+  int64_t mx_scratch_floats_ = 0;
   int fwd_next_ = 0, bwd_next_ = -1;
   bool loss_valid_ = false;
 };
