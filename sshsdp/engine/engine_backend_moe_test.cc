@@ -115,6 +115,9 @@ void RunOnBackend(const Case& k, const Layout& l) {
     if (k.exact) testing::ExpectWeightsBitEqual(run.engine(), run.ref());
   });
   if (k.wdt != DType::kE4M3) return;
+  // The gathered codes and S′ are the engine's own main weights quantized unsharded.
+  EXPECT_GT(testing::ExpectMxOfTheMainWeights(run.engine(), run.model(), ScaleLayout::kRowMajor),
+            0u);
   // Only the expert groups (routed and shared experts) are MX, and their codes and row-major scales
   // are the host's.
   const auto mine = run.engine().GatherMxWeights(), theirs = run.ref().GatherMxWeights();

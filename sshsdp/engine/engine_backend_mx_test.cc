@@ -83,36 +83,7 @@ EngineConfig MxConfig(const Layout& l, bool muon) {
 // The engine's gathered codes and S′ of every MXFP8 runtime weight equal quantizing its own
 // consolidated main weights unsharded and relaying their scales out row-major.
 void ExpectCodesOfTheMainWeights(Engine& eng, const Model& model) {
-  const auto main = eng.GatherMainWeights();
-  const auto mx = eng.GatherMxWeights();
-  size_t checked = 0;
-  for (int g = 1; g + 1 < model.num_groups(); ++g)
-    for (const RuntimeParamSpec& rp : model.GroupParams(g)) {
-      ASSERT_EQ(mx.count(rp.name), 1u) << rp.name;
-      std::vector<uint8_t> codes;
-      std::vector<std::vector<uint8_t>> grids;
-      std::vector<MxScaleGrid> parts;
-      for (const UpdatePart& part : rp.parts) {
-        int64_t rows = 0, cols = 0;
-        MatrixView(part.shape, &rows, &cols);
-        const std::vector<float>& w = main.at(part.name);
-        std::vector<uint8_t> q(w.size());
-        grids.emplace_back(MxWeightScaleCount(rows, cols));
-        MxQuantizeWeight(w.data(), rows, cols, q.data(), grids.back().data());
-        codes.insert(codes.end(), q.begin(), q.end());
-        parts.push_back({grids.back().data(), rows, cols, 32});
-      }
-      // (grids may have moved while growing: point the parts at where they are now)
-      for (size_t i = 0; i < parts.size(); ++i) parts[i].scales = grids[i].data();
-      std::vector<uint8_t> s(
-          ScaleLayoutBytes(ScaleLayout::kRowMajor, PackedScales(parts, MxOperand::kAsStored)));
-      RelayoutPackedScales(parts, MxOperand::kAsStored, ScaleLayout::kRowMajor, s.data(), s.size());
-      EXPECT_EQ(mx.at(rp.name).codes, codes) << rp.name;
-      EXPECT_EQ(mx.at(rp.name).scales, s) << rp.name;
-      ++checked;
-    }
-  EXPECT_EQ(mx.size(), checked);  // the embedding and head groups stay bf16
-  EXPECT_GT(checked, 0u);
+  EXPECT_GT(testing::ExpectMxOfTheMainWeights(eng, model, ScaleLayout::kRowMajor), 0u);
 }
 
 TEST(EngineMxOnBackend, CpuBackendEqualsTheHostEngineBitForBit) {

@@ -58,41 +58,10 @@ GptConfig SmallModel(int d = 24, int heads = 3) {
 }
 
 // Quantizes the consolidated main weights directly (no sharding) and compares with the
-// engine's gathered codes and S′.
+// engine's gathered codes and S′: every block's weights, the embedding and head groups none.
 void CheckAgainstUnsharded(Engine& eng, Gpt& model, ScaleLayout layout) {
-  auto main = eng.GatherMainWeights();
-  auto mx = eng.GatherMxWeights();
-  size_t checked = 0;
-  for (int g = 1; g + 1 < model.num_groups(); ++g) {
-    for (const RuntimeParamSpec& rp : model.GroupParams(g)) {
-      ASSERT_TRUE(mx.count(rp.name)) << rp.name;
-      const Engine::MxRuntimeWeight& got = mx.at(rp.name);
-      std::vector<uint8_t> codes;
-      std::vector<std::vector<uint8_t>> grids;
-      std::vector<MxScaleGrid> parts;
-      for (const UpdatePart& part : rp.parts) {
-        int64_t rows = 0, cols = 0;
-        MatrixView(part.shape, &rows, &cols);
-        const std::vector<float>& w = main.at(part.name);
-        std::vector<uint8_t> q(w.size());
-        grids.emplace_back(MxWeightScaleCount(rows, cols));
-        MxQuantizeWeight(w.data(), rows, cols, q.data(), grids.back().data());
-        codes.insert(codes.end(), q.begin(), q.end());
-      }
-      for (size_t i = 0; i < rp.parts.size(); ++i) {
-        int64_t rows = 0, cols = 0;
-        MatrixView(rp.parts[i].shape, &rows, &cols);
-        parts.push_back({grids[i].data(), rows, cols, 32});
-      }
-      std::vector<uint8_t> s(ScaleLayoutBytes(layout, PackedScales(parts, MxOperand::kAsStored)));
-      RelayoutPackedScales(parts, MxOperand::kAsStored, layout, s.data(), s.size());
-      EXPECT_EQ(got.codes, codes) << rp.name;
-      EXPECT_EQ(got.scales, s) << rp.name << " layout " << ScaleLayoutName(layout);
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, static_cast<size_t>(6 * (model.num_groups() - 2)));
-  EXPECT_EQ(mx.size(), checked);  // embedding and head groups stay bf16
+  EXPECT_EQ(testing::ExpectMxOfTheMainWeights(eng, model, layout),
+            static_cast<size_t>(6 * (model.num_groups() - 2)));
 }
 
 TEST(MxWeights, ShardedBandsEqualUnshardedQuantization) {

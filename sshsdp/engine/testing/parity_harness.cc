@@ -11,6 +11,9 @@
 #include <fmt/format.h>
 
 #include "sshsdp/comm/mpi_communicator.h"
+#include "sshsdp/numerics/mx.h"
+#include "sshsdp/numerics/scale_layout.h"
+#include "sshsdp/update/update_unit.h"
 
 namespace sshsdp::testing {
 
@@ -151,6 +154,42 @@ void ExpectWeightsBitEqual(Engine& a, Engine& b) {
     ASSERT_EQ(wb.at(name).size(), w.size()) << name;
     EXPECT_EQ(std::memcmp(w.data(), wb.at(name).data(), w.size() * sizeof(float)), 0) << name;
   }
+}
+
+size_t ExpectMxOfTheMainWeights(Engine& eng, const Model& model, ScaleLayout layout) {
+  const auto main = eng.GatherMainWeights();
+  const auto mx = eng.GatherMxWeights();
+  size_t checked = 0;
+  for (int g = 0; g < model.num_groups(); ++g) {
+    if (!model.GroupConsumesMx(g)) continue;
+    for (const RuntimeParamSpec& rp : model.GroupParams(g)) {
+      EXPECT_EQ(mx.count(rp.name), 1u) << rp.name;
+      if (mx.count(rp.name) == 0) continue;
+      // Each update part quantized on its own 32x32 blocks, codes in part order; the parts'
+      // scale grids relaid out together for the packed operand.
+      std::vector<uint8_t> codes;
+      std::vector<std::vector<uint8_t>> grids;
+      std::vector<MxScaleGrid> parts;
+      for (const UpdatePart& part : rp.parts) {
+        int64_t rows = 0, cols = 0;
+        MatrixView(part.shape, &rows, &cols);
+        const std::vector<float>& w = main.at(part.name);
+        std::vector<uint8_t> q(w.size());
+        grids.emplace_back(MxWeightScaleCount(rows, cols));
+        MxQuantizeWeight(w.data(), rows, cols, q.data(), grids.back().data());
+        codes.insert(codes.end(), q.begin(), q.end());
+        parts.push_back({nullptr, rows, cols, 32});
+      }
+      for (size_t i = 0; i < parts.size(); ++i) parts[i].scales = grids[i].data();
+      std::vector<uint8_t> s(ScaleLayoutBytes(layout, PackedScales(parts, MxOperand::kAsStored)));
+      RelayoutPackedScales(parts, MxOperand::kAsStored, layout, s.data(), s.size());
+      EXPECT_EQ(mx.at(rp.name).codes, codes) << rp.name;
+      EXPECT_EQ(mx.at(rp.name).scales, s) << rp.name << " layout " << ScaleLayoutName(layout);
+      ++checked;
+    }
+  }
+  EXPECT_EQ(mx.size(), checked);  // the groups that consume no MX (embeddings, head) hold none
+  return checked;
 }
 
 ParityRun::ParityRun(const ParityCase& c) : c_(c) {

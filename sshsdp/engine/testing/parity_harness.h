@@ -102,6 +102,11 @@ struct WeightDiff {
 WeightDiff ExpectWeightsNear(Engine& a, Engine& b, double tol, int64_t step);
 // Gathers both engines' main weights and expects the same names, sizes and bits.
 void ExpectWeightsBitEqual(Engine& a, Engine& b);
+// The engine's gathered MXFP8 codes and S′ of every runtime weight of the groups that consume
+// MX equal quantizing its own consolidated main weights unsharded (each update part on its own
+// blocks) and relaying the scales out in `layout`; the other groups hold none. Returns how many
+// runtime weights it checked.
+size_t ExpectMxOfTheMainWeights(Engine& eng, const Model& model, ScaleLayout layout);
 
 // What one step of the pair did.
 struct StepDiff {
