@@ -8,7 +8,8 @@
 
 namespace sshsdp {
 
-BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params)
+BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params,
+                       std::vector<bool> dense_mlp)
     : b_(b), c_(c), B_(B), T_(T) {
   c_.Validate();
   SSHSDP_CHECK(B >= 1 && T >= 1 && T <= c_.seq_len, ConfigError,
@@ -50,6 +51,15 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_pa
   int64_t sizes[kGptActivationTensors + 1];
   const auto model_sizes = GptActivationFloats(c_, B, T);
   std::copy(model_sizes.begin(), model_sizes.end(), sizes);
+  SSHSDP_CHECK(dense_mlp.empty() || static_cast<int>(dense_mlp.size()) == c_.n_layer, ConfigError,
+               "BackendGpt: dense_mlp names {} blocks, the model has {}", dense_mlp.size(),
+               c_.n_layer);
+  int dense = 0;
+  for (int l = 0; l < c_.n_layer; ++l)
+    mlp_index_.push_back(dense_mlp.empty() || dense_mlp[static_cast<size_t>(l)] ? dense++ : -1);
+  const int64_t mlp = int64_t{B} * T * ff;  // fch, fch_gelu per dense block; dfch once
+  sizes[9] = sizes[10] = dense * mlp;
+  sizes[18] = dense > 0 ? mlp : 0;
   sizes[kGptActivationTensors] = d;
   static_assert(std::size(slots) == std::size(sizes), "a slot per activation");
   int64_t total = 0;
@@ -161,11 +171,12 @@ void BackendGpt::ForwardGroup(int g, const void* const* w, DType wdt) {
   }
   // ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2
   const int l = g - 1;
+  const int m = MlpIndex(l);
   ForwardAttention(l, w, wdt);
   float* out = a_.residual + (l + 1) * BT * d;
   const float* res_mid = a_.res_mid + l * BT * d;
-  float* fch = a_.fch + l * BT * ff;
-  float* fch_gelu = a_.fch_gelu + l * BT * ff;
+  float* fch = a_.fch + m * BT * ff;
+  float* fch_gelu = a_.fch_gelu + m * BT * ff;
   Linear(a_.ln2 + l * BT * d, w[4], wdt, fch, BT, ff, d);
   b_.GeluForward(fch, fch_gelu, BT * ff);
   Linear(fch_gelu, w[5], wdt, out, BT, d, ff);
@@ -190,6 +201,15 @@ void BackendGpt::ForwardAttention(int l, const void* const* w, DType wdt) {
   Linear(atty, w[2], wdt, res_mid, BT, d, d);
   b_.Add(x, res_mid, res_mid, BT * d);
   b_.RmsNormForward(res_mid, g2, ln2, a_.ln2_rstd + l * BT, BT, static_cast<int>(d));
+}
+
+int BackendGpt::MlpIndex(int l) const {
+  const int m = mlp_index_[static_cast<size_t>(l)];
+  SSHSDP_CHECK(m >= 0, PlanError,
+               "BackendGpt: block {} has no dense MLP here (dense_mlp); run its attention half "
+               "(ForwardAttention / BackwardAttention) and its own MLP",
+               l);
+  return m;
 }
 
 void BackendGpt::GainGrad(const float* dy, const float* x, const float* g, const float* rstd,
@@ -221,9 +241,10 @@ void BackendGpt::BackwardGroup(int g, const void* const* w, DType wdt, float* co
     return;
   }
   const int l = g - 1;
+  const int m = MlpIndex(l);
   const float* ln2 = a_.ln2 + l * BT * d;
-  const float* fch = a_.fch + l * BT * ff;
-  const float* fch_gelu = a_.fch_gelu + l * BT * ff;
+  const float* fch = a_.fch + m * BT * ff;
+  const float* fch_gelu = a_.fch_gelu + m * BT * ff;
   // MLP.
   LinearBackward(a_.dres, fch_gelu, w[5], wdt, a_.dfch, grad[5], BT, d, ff, acc);
   b_.GeluBackwardInPlace(fch, a_.dfch, BT * ff);

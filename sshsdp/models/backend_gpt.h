@@ -37,7 +37,11 @@ class BackendGpt {
   // own_params only the activations are allocated: the per-group functions below then compute
   // on weights and gradients someone else holds (BackendGptModel: the engine's views), and
   // the whole-step functions refuse.
-  BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params = true);
+  // dense_mlp (empty: every block) marks the blocks whose dense MLP runs here (ForwardGroup /
+  // BackwardGroup); the others — an MoE model's, which run only the attention halves below —
+  // get no MLP activations.
+  BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params = true,
+             std::vector<bool> dense_mlp = {});
   ~BackendGpt();
   BackendGpt(const BackendGpt&) = delete;
   BackendGpt& operator=(const BackendGpt&) = delete;
@@ -101,6 +105,7 @@ class BackendGpt {
  private:
   void RequireParams(const char* what) const;  // ConfigError without own_params
   int FirstTensor(int g) const;
+  int MlpIndex(int l) const;  // block l's MLP activations (PlanError without a dense MLP)
   void Forward();
   void Backward(bool acc);
   // Gain gradient: overwritten, or added through the scratch row.
@@ -123,7 +128,8 @@ class BackendGpt {
   std::vector<Tensor> tensors_;
   int64_t num_params_ = 0;
   float *weights_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
-  float* acts_ = nullptr;  // every activation, one allocation
+  float* acts_ = nullptr;       // every activation, one allocation
+  std::vector<int> mlp_index_;  // per block: its slot in the MLP activations, -1 for none
   int64_t activation_bytes_ = 0;
   double loss_ = 0.0;
   int32_t* tokens_ = nullptr;  // [B·T] tokens, then [B·T] targets

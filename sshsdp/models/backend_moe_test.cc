@@ -144,10 +144,38 @@ TEST(BackendMoe, IdleExpertsAreExercised) {
   EXPECT_GT(idle, 0) << "the idle-expert variant must leave an expert without tokens";
 }
 
-TEST(BackendMoe, RefusesMxfp8AndBf16Gradients) {
+// The trunk keeps a dense MLP's activations (fc1 and GELU outputs per block, one gradient
+// buffer) only for the blocks that run one; an MoE block's MLP half through it is refused.
+TEST(BackendMoe, TrunkHoldsMlpActivationsOnlyForDenseBlocks) {
+  auto cpu = MakeCpuBackend();
+  const GptConfig c = testing::TinyConfig().trunk;
+  const int B = 2, T = 8;
+  BackendGpt all(*cpu, c, B, T, false), one(*cpu, c, B, T, false, {true, false}),
+      none(*cpu, c, B, T, false, {false, false});
+  const int64_t mlp = int64_t{B} * T * c.ff() * 4;
+  EXPECT_EQ(all.activation_bytes() - one.activation_bytes(), 2 * mlp);
+  EXPECT_EQ(one.activation_bytes() - none.activation_bytes(), 3 * mlp);
+  std::vector<float> w(1 << 16, 0.01f);
+  const void* p[6] = {w.data(), w.data(), w.data(), w.data(), w.data(), w.data()};
+  std::vector<int32_t> tok(B * T, 1);
+  one.SetTokens(tok.data(), tok.data());
+  one.ForwardGroup(0, p, DType::kF32);
+  one.ForwardGroup(1, p, DType::kF32);  // block 0: dense
+  EXPECT_THROW(one.ForwardGroup(2, p, DType::kF32), PlanError);
+  EXPECT_THROW(BackendGpt(*cpu, c, B, T, false, {true}), ConfigError);
+}
+
+TEST(BackendMoe, MxOnlyInExpertGroupsAndFp32GradientsOnly) {
   auto cpu = MakeCpuBackend();
   BackendMoeModel model(*cpu, testing::TinyConfig());
-  EXPECT_FALSE(model.ConsumesMx());
+  EXPECT_FALSE(model.ConsumesMx());  // without expert groups the router would be FP8 too
+  MoeConfig eg = testing::TinyConfig();
+  eg.expert_group = true;
+  BackendMoeModel grouped(*cpu, eg);
+  MoeGpt ref(eg);
+  EXPECT_TRUE(grouped.ConsumesMx());
+  for (int g = 0; g < grouped.num_groups(); ++g)
+    EXPECT_EQ(grouped.GroupConsumesMx(g), ref.GroupConsumesMx(g)) << "group " << g;
   DenseParams p(model, DType::kF32, DType::kBF16);
   p.Init(1);
   std::vector<int32_t> tok(8, 1), tgt(8, 2);
