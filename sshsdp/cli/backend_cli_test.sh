@@ -35,7 +35,7 @@ expect_error "an unknown backend is refused, naming the choices" \
   "--backend must be host, cpu, cuda or cuda:<ordinal>, got 'tpu'" \
   "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend tpu --steps 1
 expect_error "--mx-gemm bf16 with MXFP8 experts on a backend is refused by name" \
-  "--model moe-tiny: MXFP8 experts are dequantized for fp32 GEMMs" \
+  "--model moe-tiny: --mx-gemm bf16 runs the dense presets only" \
   "${mpirun[@]}" -np 2 "$bin" train --model moe-tiny --backend cpu --weight-dtype mxfp8 \
   --mx-gemm bf16 --steps 1
 expect_error "MXFP8 on a backend with scales the device cannot read is refused by name" \

@@ -60,8 +60,8 @@ void CheckBackendOptions(const TrainOptions& o) {
                o.backend);
   const std::string b = o.backend;
   SSHSDP_CHECK(!IsMoePreset(o.model) || o.mx_gemm == "fp32", ConfigError,
-               "--backend {} --model {}: MXFP8 experts are dequantized for fp32 GEMMs (as on "
-               "the host); --mx-gemm bf16 runs the dense presets only: drop it",
+               "--backend {} --model {}: --mx-gemm bf16 runs the dense presets only (MXFP8 "
+               "experts are dequantized for fp32 GEMMs, as on the host): drop it",
                b, o.model);
   SSHSDP_CHECK(o.reduce == "fp32", ConfigError,
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "

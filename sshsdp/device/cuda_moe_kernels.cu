@@ -11,7 +11,7 @@
 namespace sshsdp::cuda {
 namespace {
 
-// Rows go one per block on a grid-stride over blocks (gridDim.x <= 65535·k is never needed).
+// Rows go one per block: the grid is capped at 65535 blocks and strides over the rest.
 constexpr int64_t kMaxRowBlocks = 65535;
 
 __global__ void GatherRowsKernel(const float* src, const int32_t* idx, float* dst, int64_t rows,

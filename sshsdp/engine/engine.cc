@@ -121,8 +121,8 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
   if (cfg.weight_dtype == DType::kE4M3) {
     SSHSDP_CHECK(model.ConsumesMx(), ConfigError,
                  "weight dtype mxfp8: this model does not consume MXFP8 weight views (the MoE "
-                 "model does only on the host, with its experts in their own runtime groups: "
-                 "MoeConfig::expert_group; MXFP8 experts on a device backend are not built)");
+                 "model does only with its experts in their own runtime groups, on the host "
+                 "and on a backend: MoeConfig::expert_group)");
     bool any_mx = false;
     for (int g = 0; g < model.num_groups() && !any_mx; ++g) any_mx = model.GroupConsumesMx(g);
     SSHSDP_CHECK(any_mx, ConfigError,

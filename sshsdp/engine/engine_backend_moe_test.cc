@@ -44,6 +44,15 @@ MoeConfig TestModel() {
   return c;
 }
 
+// 16 experts, top-1: with 16 tokens a microbatch some experts get none, so their gradient
+// slices must be written as zeros (sg > 1 recycles gradient blocks, never clears them).
+MoeConfig IdleExpertsModel() {
+  MoeConfig c = TestModel();
+  c.n_expert = 16;
+  c.top_k = 1;
+  return c;
+}
+
 // Sigmoid gating without renormalisation, GELU experts, block 0 dense, expert groups.
 MoeConfig TestModelVariant() {
   MoeConfig c = TestModel();
@@ -104,7 +113,8 @@ void RunOnBackend(const Case& k, const Layout& l) {
   }
   c.steps = k.steps;
   testing::ParityRun run(c);
-  ASSERT_NE(dynamic_cast<BackendMoeModel*>(&run.model()), nullptr);
+  auto* model = dynamic_cast<BackendMoeModel*>(&run.model());
+  ASSERT_NE(model, nullptr);
   run.Run([&](const testing::StepDiff& d) {
     const StepCounters &a = d.dist.counters, &b = d.ref.counters;
     EXPECT_EQ(a.runtime_comm.total(), b.runtime_comm.total());
@@ -114,6 +124,11 @@ void RunOnBackend(const Case& k, const Layout& l) {
     EXPECT_EQ(a.bytes_copied, 0u);
     if (k.exact) testing::ExpectWeightsBitEqual(run.engine(), run.ref());
   });
+  if (k.model.n_expert == IdleExpertsModel().n_expert) {  // the last microbatch's routing
+    int idle = 0;
+    for (int64_t n : model->ExpertTokens(0)) idle += n == 0;
+    EXPECT_GT(idle, 0) << "16 experts, top-1: some expert must get no tokens";
+  }
   if (k.wdt != DType::kE4M3) return;
   // The gathered codes and S′ are the engine's own main weights quantized unsharded.
   EXPECT_GT(testing::ExpectMxOfTheMainWeights(run.engine(), run.model(), ScaleLayout::kRowMajor),
@@ -143,9 +158,12 @@ TEST(EngineBackendMoe, CpuBackendEqualsTheHostEngineBitForBit) {
       k.wdt = muon ? DType::kBF16 : DType::kF32;  // bf16 weights with Muon's bf16 u
       k.muon = muon;
       k.backend = cpu.get();
-      // The variant (expert groups, a dense block, sigmoid / GELU) on every other case.
-      if (i++ % 2 == 1) k.model = TestModelVariant();
-      SCOPED_TRACE(Describe(W, l) + " " + Name(k));
+      // The variant (expert groups, a dense block, sigmoid / GELU) and the idle experts in
+      // turn.
+      const int which = i++ % 3;
+      if (which == 1) k.model = TestModelVariant();
+      if (which == 2) k.model = IdleExpertsModel();
+      SCOPED_TRACE(Describe(W, l) + " " + Name(k) + (which == 2 ? " 16 experts top-1" : ""));
       RunOnBackend(k, l);
     }
 }

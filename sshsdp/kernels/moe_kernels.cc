@@ -1,6 +1,7 @@
 // MoE kernels (moe_kernels.h): routing, its backward, and the permutation gathers. Plain loops
 // over host arrays; the order of every sum is part of the contract (the CPU backend and the
-// reference MoE GPT must agree bit for bit).
+// reference MoE GPT must agree bit for bit, and the CUDA kernels, built with --fmad=false, with
+// them): built with -ffp-contract=off, so no compiler fuses a multiply-add on any target.
 #include "sshsdp/kernels/moe_kernels.h"
 
 #include <algorithm>
@@ -136,8 +137,11 @@ void MoeCombine(const float* yp, const int32_t* row, const float* gate, float* o
                 int k, int64_t d, bool accumulate) {
   if (!accumulate) Fill(out, N * d, 0.0f);
   for (int64_t t = 0; t < N; ++t) {
+    float* o = out + t * d;
     for (int j = 0; j < k; ++j) {
-      Axpy(gate[t * k + j], yp + static_cast<int64_t>(row[t * k + j]) * d, out + t * d, d);
+      const float g = gate[t * k + j];
+      const float* y = yp + static_cast<int64_t>(row[t * k + j]) * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += g * y[i];  // no FMA: -ffp-contract=off
     }
   }
 }

@@ -40,17 +40,22 @@ BackendMoeModel::BackendMoeModel(Backend& b, const MoeConfig& c) : b_(b), c_(c),
 
 BackendMoeModel::~BackendMoeModel() {
   b_.Free(arena_);
+  b_.Free(bf16_scratch_);
   b_.Free(mx_scratch_);
 }
 
 void BackendMoeModel::Allocate(int B, int T) {
   gpt_.reset();  // free the old activations first
   b_.Free(arena_);
+  b_.Free(bf16_scratch_);
   arena_ = nullptr;
+  bf16_scratch_ = nullptr;
+  x16_ = dy16_ = nullptr;
+  B_ = T_ = 0;  // until every allocation below succeeded (SetBatch retries otherwise)
+  arena_bytes_ = bf16_bytes_ = 0;
   std::vector<bool> dense;  // the trunk keeps MLP activations for the dense blocks only
   for (int l = 0; l < c_.trunk.n_layer; ++l) dense.push_back(!c_.IsMoeLayer(l));
   gpt_ = std::make_unique<BackendGpt>(b_, c_.trunk, B, T, /*own_params=*/false, dense);
-  B_ = B, T_ = T;
   const int64_t N = int64_t{B} * T, d = c_.trunk.d_model, E = c_.n_expert, k = c_.top_k;
   const int64_t Nk = N * k, f = c_.expert_ff(), fs = c_.shared_ff();
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU, shared = c_.shared_expert;
@@ -88,21 +93,16 @@ void BackendMoeModel::Allocate(int B, int T) {
                          {&dgate_, Nk},
                          {&dyp_, Nk * d},
                          {&dh1_, Nk * f},
-                         {&dh3_, Nk * f},
                          {&dxp_, Nk * d},
                          {&dln2_, N * d},
                          {&router32_, E * d}})
     table.push_back({slot, n});
-  dsh1_ = dsh3_ = nullptr;
+  dh3_ = dsh1_ = dsh3_ = nullptr;
+  if (swiglu) table.push_back({&dh3_, Nk * f});
   if (shared) {
     table.push_back({&dsh1_, N * fs});
-    table.push_back({&dsh3_, N * fs});
+    if (swiglu) table.push_back({&dsh3_, N * fs});
   }
-  // bf16 operands of the products (bf16 weights): the largest x and dy of any product.
-  const int64_t b16 = std::max(Nk * std::max(d, f), N * std::max(d, fs));
-  float *x16 = nullptr, *dy16 = nullptr;
-  table.push_back({&x16, (b16 + 1) / 2});
-  table.push_back({&dy16, (b16 + 1) / 2});
   int64_t total = 0;
   std::vector<int64_t> at;
   auto place = [&](int64_t n) {
@@ -116,15 +116,28 @@ void BackendMoeModel::Allocate(int B, int T) {
   size_t i = 0;
   for (auto& [slot, n] : table) *slot = arena_ + at[i++];
   for (auto& [slot, n] : ints) *slot = reinterpret_cast<int32_t*>(arena_ + at[i++]);
-  x16_ = reinterpret_cast<bf16*>(x16);
-  dy16_ = reinterpret_cast<bf16*>(dy16);
   dgate_h_.resize(static_cast<size_t>(Nk));
   dz_h_.resize(static_cast<size_t>(N * E));
+  B_ = B, T_ = T;
+}
+
+void BackendMoeModel::RequireBf16Scratch() {
+  if (bf16_scratch_) return;
+  // The bf16 operands of a product (bf16 weights): the largest x and dy of any product.
+  const int64_t N = int64_t{B_} * T_, Nk = N * c_.top_k, d = c_.trunk.d_model;
+  const int64_t n =
+      std::max(Nk * std::max<int64_t>(d, c_.expert_ff()), N * std::max<int64_t>(d, c_.shared_ff()));
+  const int64_t padded = (n + 31) / 32 * 32;  // keeps dy16_ 64-byte aligned
+  bf16_scratch_ = b_.Alloc(static_cast<size_t>(2 * padded) * sizeof(bf16));
+  bf16_bytes_ = 2 * padded * static_cast<int64_t>(sizeof(bf16));
+  x16_ = static_cast<bf16*>(bf16_scratch_);
+  dy16_ = x16_ + padded;
 }
 
 void BackendMoeModel::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
   if (!gpt_ || B != B_ || T != T_) Allocate(B, T);
   gpt_->SetTokens(tokens, targets);
+  routed_.assign(static_cast<size_t>(c_.trunk.n_layer), 0);
   fwd_next_ = 0;
   bwd_next_ = -1;
   loss_valid_ = false;
@@ -310,16 +323,18 @@ void BackendMoeModel::Backward(int g, const std::vector<TensorRef>& w,
   bwd_next_ = g - 1;
 }
 
-std::vector<int32_t> BackendMoeModel::Routing(int l) const {
-  SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l) && gpt_, PlanError,
-               "BackendMoeModel: block {} is not an MoE block, or no batch was run", l);
-  return blocks_[static_cast<size_t>(l)].sel;
+const BackendMoeModel::Block& BackendMoeModel::Routed(int l) const {
+  SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l), PlanError,
+               "BackendMoeModel: block {} is not an MoE block", l);
+  SSHSDP_CHECK(static_cast<size_t>(l) < routed_.size() && routed_[static_cast<size_t>(l)],
+               PlanError, "BackendMoeModel: routing of block {} read before its forward", l);
+  return blocks_[static_cast<size_t>(l)];
 }
 
+std::vector<int32_t> BackendMoeModel::Routing(int l) const { return Routed(l).sel; }
+
 std::vector<int64_t> BackendMoeModel::ExpertTokens(int l) const {
-  SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l) && gpt_, PlanError,
-               "BackendMoeModel: block {} is not an MoE block, or no batch was run", l);
-  const Block& A = blocks_[static_cast<size_t>(l)];
+  const Block& A = Routed(l);
   std::vector<int64_t> n(static_cast<size_t>(c_.n_expert));
   for (int e = 0; e < c_.n_expert; ++e) n[static_cast<size_t>(e)] = A.offsets[e + 1] - A.offsets[e];
   return n;
@@ -331,7 +346,8 @@ int64_t BackendMoeModel::ActivationBytes() const {
     host += static_cast<int64_t>(A.score.size() + A.gate_h.size() + A.frac.size() + A.sel.size() +
                                  A.offsets.size() + A.row_h.size() + A.token_h.size()) *
             4;
-  return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + mx_scratch_floats_ * 4 + host;
+  return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + bf16_bytes_ +
+         mx_scratch_floats_ * 4 + host;
 }
 
 }  // namespace sshsdp

@@ -101,6 +101,8 @@ class BackendMoeModel final : public Model {
   std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype);
   std::vector<float*> Grads(int g, const std::vector<TensorRef>& v) const;
   void Allocate(int B, int T);
+  void RequireBf16Scratch();         // allocates x16_ / dy16_ on the first bf16 product
+  const Block& Routed(int l) const;  // PlanError unless block l is MoE and routed this batch
 
   // The MoE MLP of block l; wx: the router's view first when `router`, then the experts'.
   void ForwardRouter(int l, const void* router, DType wdt);
@@ -139,7 +141,10 @@ class BackendMoeModel final : public Model {
   float *logits_ = nullptr, *dz_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr,
         *dh3_ = nullptr, *dxp_ = nullptr, *dln2_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr,
         *router32_ = nullptr;
+  void* bf16_scratch_ = nullptr;  // x16_ and dy16_, once a bf16 weight was seen
   bf16 *x16_ = nullptr, *dy16_ = nullptr;
+  int64_t bf16_bytes_ = 0;
+  std::vector<char> routed_;           // per block: routed in this batch's forward
   std::vector<float> dgate_h_, dz_h_;  // host
   float* mx_scratch_ = nullptr;        // backend memory: one expert group's dequantized weights
   int64_t mx_scratch_floats_ = 0;

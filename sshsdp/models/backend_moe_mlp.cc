@@ -26,6 +26,7 @@ void BackendMoeModel::Linear(const float* x, const void* w, DType wdt, float* y,
     b_.Gemm(false, true, m, n, k, x, static_cast<const float*>(w), y, false);
     return;
   }
+  RequireBf16Scratch();
   b_.CastF32ToBf16(x, x16_, m * k);
   b_.GemmBf16(false, true, m, n, k, x16_, static_cast<const bf16*>(w), y, false);
 }
@@ -36,6 +37,7 @@ void BackendMoeModel::LinearBackwardData(const float* dy, const void* w, DType w
     b_.Gemm(false, false, m, k, n, dy, static_cast<const float*>(w), dx, acc);
     return;
   }
+  RequireBf16Scratch();
   b_.CastF32ToBf16(dy, dy16_, m * n);
   b_.GemmBf16(false, false, m, k, n, dy16_, static_cast<const bf16*>(w), dx, acc);
 }
@@ -46,6 +48,7 @@ void BackendMoeModel::LinearBackwardWeight(const float* dy, const float* x, DTyp
     b_.Gemm(true, false, n, k, m, dy, x, dw, acc);
     return;
   }
+  RequireBf16Scratch();
   b_.CastF32ToBf16(dy, dy16_, m * n);
   b_.CastF32ToBf16(x, x16_, m * k);
   b_.GemmBf16(true, false, n, k, m, dy16_, x16_, dw, acc);
@@ -104,6 +107,7 @@ void BackendMoeModel::ForwardRouter(int l, const void* router, DType wdt) {
   b_.CopyIn(A.row, A.row_h.data(), A.row_h.size() * 4);
   b_.CopyIn(A.token, A.token_h.data(), A.token_h.size() * 4);
   b_.GatherRows(gpt_->ln2(l), A.token, A.xp, N * k, d);
+  routed_[static_cast<size_t>(l)] = 1;
 }
 
 void BackendMoeModel::ForwardExperts(int l, const void* const* wx, DType wdt) {
