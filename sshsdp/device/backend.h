@@ -29,6 +29,9 @@
 //   SumSquares                                                 1e-12 relative (any order)
 //   NewtonSchulz                                               1e-4 of the largest entry
 //   EmbeddingForward/Backward, Add                             bit for bit
+//   MoeTopK's sel, MoeExpertStats' count, MoePermute             bit for bit
+//   MoeTopK's scores and gates, MoeRouterBackward, psum          the tolerances backend_test.cc
+//                                                              states (expf, sums in another order)
 //   GatherRows, MoeCombine, MoeUnpermuteSum, MoeCombineBackward's dyp   bit for bit
 //   MoeCombineBackward's dgate (a dot product in another order)       1e-5 of Σ|dy·yp|
 //   the other layer ops and Gemm                               the tolerances backend_test.cc
@@ -43,6 +46,7 @@
 #include <string_view>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/moe_kernels.h"
 #include "sshsdp/numerics/dtype.h"
 #include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/stochastic_rounding.h"
@@ -160,9 +164,21 @@ class Backend {
   virtual void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
                         const bf16* b, float* c, bool accumulate) = 0;
 
+  // ---- The MoE router (kernels/moe_kernels.h's MoeTopK, MoeExpertStats, MoePermute and
+  // MoeRouterBackward: the same contracts, every array in backend memory; 1 <= k <= E). The
+  // host keeps step 3 (MoeBalance: E counts in, the offsets and f_e out). ----
+  virtual void MoeTopK(float* score, int64_t N, int E, int k, const kernels::MoeRouterOptions& opt,
+                       int32_t* sel, float* gate) = 0;
+  virtual void MoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
+                              const kernels::MoeRouterOptions& opt, int32_t* count,
+                              double* psum) = 0;
+  virtual void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k,
+                          int32_t* row, int32_t* token) = 0;
+  virtual void MoeRouterBackward(const float* score, const int32_t* sel, const float* gate,
+                                 const float* frac, const float* dgate, int64_t N, int E, int k,
+                                 const kernels::MoeRouterOptions& opt, float* dz) = 0;
   // ---- The MoE GPT's permutation ops (kernels/moe_kernels.h: the same contracts; rows of d
-  // floats, indices and gates in backend memory, each index in range). The routing itself
-  // (top-k, gates, aux loss, counting sort) runs on the host (models/backend_moe.h). ----
+  // floats, indices and gates in backend memory, each index in range). ----
   // dst[r] = src[idx[r]], r < rows.
   virtual void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
                           int64_t d) = 0;
@@ -195,6 +211,12 @@ class Backend {
 // NumericsError naming the op unless n >= 0 (every backend checks its counts with it).
 inline void CheckCount(int64_t n, const char* op) {
   SSHSDP_CHECK(n >= 0, NumericsError, "{}: element count must be >= 0, got {}", op, n);
+}
+
+// NumericsError naming the op unless N >= 0 and 1 <= k <= E (the MoE router's ops).
+inline void CheckRouterShape(int64_t N, int E, int k, const char* op) {
+  SSHSDP_CHECK(N >= 0 && k >= 1 && k <= E, NumericsError,
+               "{}: need N >= 0 and 1 <= k <= E, got N={} E={} k={}", op, N, E, k);
 }
 
 // NumericsError naming the op unless N >= 0, k >= 1 and the row width d > 0 (the MoE ops).

@@ -614,6 +614,77 @@ TEST_F(BackendTest, CausalAttentionForwardAndBackward) {
   }
 }
 
+// The MoE router's steps on random logits against kernels/moe_kernels.h: the selection, the
+// counts and the permutation bit for bit; scores and gates to 1e-6 relative (CUDA's exp / expf
+// against glibc's), the per-expert score sums to 1e-12 relative (summed in another order), the
+// logits' gradient to 1e-5 of each row's largest.
+TEST_F(BackendTest, MoeRouterOps) {
+  for (int64_t N : {0, 1, 5, 37, 1000})
+    for (int E : {1, 4, 16})
+      for (int k : {1, 2, 3})
+        for (bool softmax : {true, false})
+          for (bool renorm : {true, false}) {
+            if (k > E) continue;
+            const kernels::MoeRouterOptions opt{softmax, renorm, 0.1f};
+            const int64_t Nk = N * k;
+            const std::string at =
+                fmt::format("{} N={} E={} k={} {} {}", b_->name(), N, E, k,
+                            softmax ? "softmax" : "sigmoid", renorm ? "renormalized" : "raw");
+            std::vector<float> score = Normal(static_cast<size_t>(N * E), 21, 2.0f);
+            Buffer<float> bscore(*b_, score), bgate(*b_, static_cast<size_t>(Nk));
+            Buffer<int32_t> bsel(*b_, static_cast<size_t>(Nk));
+            std::vector<int32_t> sel(Nk);
+            std::vector<float> gate(Nk);
+            kernels::MoeTopK(score.data(), N, E, k, opt, sel.data(), gate.data());
+            b_->MoeTopK(bscore.get(), N, E, k, opt, bsel.get(), bgate.get());
+            EXPECT_EQ(bsel.Read(), sel) << "MoeTopK sel " << at;
+            EXPECT_EQ(FirstOutside(bscore.Read(), score, 1e-30f, 1e-6f), "") << "scores " << at;
+            EXPECT_EQ(FirstOutside(bgate.Read(), gate, 1e-30f, 1e-6f), "") << "gates " << at;
+
+            // The next steps from the reference's scores and selection.
+            Buffer<float> rscore(*b_, score);
+            Buffer<int32_t> rsel(*b_, sel), bcount(*b_, static_cast<size_t>(E));
+            Buffer<double> bpsum(*b_, static_cast<size_t>(E));
+            std::vector<int32_t> count(E), offsets(E + 1);
+            std::vector<double> psum(E);
+            kernels::MoeExpertStats(score.data(), sel.data(), N, E, k, opt, count.data(),
+                                    psum.data());
+            b_->MoeExpertStats(rscore.get(), rsel.get(), N, E, k, opt, bcount.get(), bpsum.get());
+            EXPECT_EQ(bcount.Read(), count) << "MoeExpertStats count " << at;
+            const std::vector<double> got_psum = bpsum.Read();
+            for (int e = 0; e < E; ++e)
+              EXPECT_NEAR(got_psum[e], psum[e], 1e-12 * N) << "psum e=" << e << " " << at;
+            std::vector<float> frac(E);
+            kernels::MoeBalance(count.data(), psum.data(), N, E, k, opt.aux_weight, frac.data(),
+                                offsets.data());
+            std::vector<int32_t> row(Nk), token(Nk);
+            kernels::MoePermute(sel.data(), offsets.data(), N, E, k, row.data(), token.data());
+            Buffer<int32_t> boff(*b_, offsets), brow(*b_, static_cast<size_t>(Nk)),
+                btok(*b_, static_cast<size_t>(Nk));
+            b_->MoePermute(rsel.get(), boff.get(), N, E, k, brow.get(), btok.get());
+            EXPECT_EQ(brow.Read(), row) << "MoePermute row " << at;
+            EXPECT_EQ(btok.Read(), token) << "MoePermute token " << at;
+
+            const std::vector<float> dgate = Normal(static_cast<size_t>(Nk), 22);
+            std::vector<float> dz(N * E);
+            kernels::MoeRouterBackward(score.data(), sel.data(), gate.data(), frac.data(),
+                                       dgate.data(), N, E, k, opt, dz.data());
+            Buffer<float> rgate(*b_, gate), bfrac(*b_, frac), bdg(*b_, dgate),
+                bdz(*b_, static_cast<size_t>(N * E));
+            b_->MoeRouterBackward(rscore.get(), rsel.get(), rgate.get(), bfrac.get(), bdg.get(), N,
+                                  E, k, opt, bdz.get());
+            const std::vector<float> got_dz = bdz.Read();
+            for (int64_t t = 0; t < N; ++t) {
+              float amax = 0.0f;
+              for (int e = 0; e < E; ++e) amax = std::max(amax, std::fabs(dz[t * E + e]));
+              for (int e = 0; e < E; ++e)
+                EXPECT_NEAR(got_dz[t * E + e], dz[t * E + e], 1e-5f * amax + 1e-30f)
+                    << "dz t=" << t << " e=" << e << " " << at;
+            }
+          }
+  EXPECT_THROW(b_->MoeTopK(nullptr, 1, 2, 3, {}, nullptr, nullptr), NumericsError);
+}
+
 // The MoE GPT's permutation ops on the routing MoeRoute makes of random logits (every row a
 // valid permutation), against kernels/moe_kernels.h's loops: bit for bit, except the gate
 // gradients' dot products (summed in another order on a GPU). 33,000 tokens at top-2 are more

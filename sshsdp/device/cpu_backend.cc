@@ -160,6 +160,27 @@ class CpuBackend final : public Backend {
                  m, n, k);
     kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kBF16, c, DType::kF32, accumulate);
   }
+  void MoeTopK(float* score, int64_t N, int E, int k, const kernels::MoeRouterOptions& opt,
+               int32_t* sel, float* gate) override {
+    CheckRouterShape(N, E, k, "MoeTopK");
+    kernels::MoeTopK(score, N, E, k, opt, sel, gate);
+  }
+  void MoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
+                      const kernels::MoeRouterOptions& opt, int32_t* count, double* psum) override {
+    CheckRouterShape(N, E, k, "MoeExpertStats");
+    kernels::MoeExpertStats(score, sel, N, E, k, opt, count, psum);
+  }
+  void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k, int32_t* row,
+                  int32_t* token) override {
+    CheckRouterShape(N, E, k, "MoePermute");
+    kernels::MoePermute(sel, offsets, N, E, k, row, token);
+  }
+  void MoeRouterBackward(const float* score, const int32_t* sel, const float* gate,
+                         const float* frac, const float* dgate, int64_t N, int E, int k,
+                         const kernels::MoeRouterOptions& opt, float* dz) override {
+    CheckRouterShape(N, E, k, "MoeRouterBackward");
+    kernels::MoeRouterBackward(score, sel, gate, frac, dgate, N, E, k, opt, dz);
+  }
   void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
                   int64_t d) override {
     CheckMoeShape(rows, 1, d, "GatherRows");

@@ -326,6 +326,39 @@ class CudaBackend final : public Backend {
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchAdd(a, b, y, n, stream_));
   }
+  void MoeTopK(float* score, int64_t N, int E, int k, const kernels::MoeRouterOptions& opt,
+               int32_t* sel, float* gate) override {
+    CheckRouterShape(N, E, k, "MoeTopK");
+    if (N == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(
+        cuda::LaunchMoeTopK(score, N, E, k, opt.softmax, opt.renormalize, sel, gate, stream_));
+  }
+  void MoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
+                      const kernels::MoeRouterOptions& opt, int32_t* count, double* psum) override {
+    CheckRouterShape(N, E, k, "MoeExpertStats");
+    Use();
+    SSHSDP_CUDA_OK(
+        cuda::LaunchMoeExpertStats(score, sel, N, E, k, opt.softmax, count, psum, stream_));
+  }
+  void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k, int32_t* row,
+                  int32_t* token) override {
+    CheckRouterShape(N, E, k, "MoePermute");
+    if (N == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMoePermute(sel, offsets, N, E, k, row, token, stream_));
+  }
+  void MoeRouterBackward(const float* score, const int32_t* sel, const float* gate,
+                         const float* frac, const float* dgate, int64_t N, int E, int k,
+                         const kernels::MoeRouterOptions& opt, float* dz) override {
+    CheckRouterShape(N, E, k, "MoeRouterBackward");
+    SSHSDP_CHECK(k <= 64, NumericsError, "MoeRouterBackward on CUDA: top-k {} above 64", k);
+    if (N == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMoeRouterBackward(score, sel, gate, frac, dgate, N, E, k,
+                                                 opt.softmax, opt.renormalize, opt.aux_weight, dz,
+                                                 stream_));
+  }
   void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
                   int64_t d) override {
     CheckMoeShape(rows, 1, d, "GatherRows");

@@ -92,6 +92,18 @@ cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int 
                                     float* dwte, float* dwpe, cudaStream_t s);
 cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s);
 
+// The MoE router (kernels/moe_kernels.h; cuda_moe_kernels.cu): N > 0 (MoeExpertStats: N >= 0,
+// writing zeros), 1 <= k <= E, k <= 64 for the backward.
+cudaError_t LaunchMoeTopK(float* score, int64_t N, int E, int k, bool softmax, bool renormalize,
+                          int32_t* sel, float* gate, cudaStream_t s);
+cudaError_t LaunchMoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
+                                 bool softmax, int32_t* count, double* psum, cudaStream_t s);
+cudaError_t LaunchMoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k,
+                             int32_t* row, int32_t* token, cudaStream_t s);
+cudaError_t LaunchMoeRouterBackward(const float* score, const int32_t* sel, const float* gate,
+                                    const float* frac, const float* dgate, int64_t N, int E, int k,
+                                    bool softmax, bool renormalize, float aux_weight, float* dz,
+                                    cudaStream_t s);
 // The MoE permutation ops (kernels/moe_kernels.h; cuda_moe_kernels.cu), rows / N > 0, d > 0.
 cudaError_t LaunchGatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
                              int64_t d, cudaStream_t s);

@@ -28,15 +28,12 @@ int64_t MoeChunkRows(int64_t rows) {
   return p >= 2 && p / 2 * 3 <= rows ? p / 2 * 3 : p;
 }
 
-double MoeRoute(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt,
-                const MoeRouting& r) {
-  // Top-k by logit (ties: lower expert index first), then scores and gates.
+void MoeTopK(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt, int32_t* sel_all,
+             float* gate_all) {
   std::vector<char> taken(E);
-  std::vector<int64_t> count(E, 0);
-  std::vector<double> pmean(E, 0.0);  // Σ_t q_{t,e}
   for (int64_t t = 0; t < N; ++t) {
     float* z = score + t * E;
-    int32_t* sel = r.sel + t * k;
+    int32_t* sel = sel_all + t * k;
     std::fill(taken.begin(), taken.end(), 0);
     for (int j = 0; j < k; ++j) {
       int best = -1;
@@ -45,49 +42,73 @@ double MoeRoute(float* score, int64_t N, int E, int k, const MoeRouterOptions& o
       }
       taken[best] = 1;
       sel[j] = best;
-      count[best]++;
     }
     // Scores in place of the logits.
-    double qsum = 0.0;
     if (opt.softmax) {
       const float mx = *std::max_element(z, z + E);
       double sum = 0.0;
       for (int e = 0; e < E; ++e) sum += std::exp(static_cast<double>(z[e] - mx));
       for (int e = 0; e < E; ++e) z[e] = static_cast<float>(std::exp(z[e] - mx) / sum);
-      qsum = 1.0;
     } else {
-      for (int e = 0; e < E; ++e) {
-        z[e] = 1.0f / (1.0f + std::exp(-z[e]));
-        qsum += z[e];
-      }
+      for (int e = 0; e < E; ++e) z[e] = 1.0f / (1.0f + std::exp(-z[e]));
     }
-    for (int e = 0; e < E; ++e) pmean[e] += z[e] / qsum;
-    float* gate = r.gate + t * k;
+    float* gate = gate_all + t * k;
     float s = 0.0f;
     for (int j = 0; j < k; ++j) s += z[sel[j]];
     for (int j = 0; j < k; ++j) gate[j] = opt.renormalize ? z[sel[j]] / s : z[sel[j]];
   }
+}
 
-  // Load-balancing loss: α·E·Σ_e f_e·P_e.
+void MoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
+                    const MoeRouterOptions& opt, int32_t* count, double* psum) {
+  std::fill_n(count, E, 0);
+  std::fill_n(psum, E, 0.0);
+  for (int64_t t = 0; t < N; ++t) {
+    const float* z = score + t * E;
+    for (int j = 0; j < k; ++j) count[sel[t * k + j]]++;
+    double qsum = 1.0;
+    if (!opt.softmax) {
+      qsum = 0.0;
+      for (int e = 0; e < E; ++e) qsum += z[e];
+    }
+    for (int e = 0; e < E; ++e) psum[e] += z[e] / qsum;
+  }
+}
+
+double MoeBalance(const int32_t* count, const double* psum, int64_t N, int E, int k,
+                  float aux_weight, float* frac, int32_t* offsets) {
   double aux = 0.0;
   for (int e = 0; e < E; ++e) {
-    r.frac[e] = static_cast<float>(static_cast<double>(count[e]) / static_cast<double>(N * k));
-    aux += static_cast<double>(r.frac[e]) * (pmean[e] / static_cast<double>(N));
+    frac[e] = static_cast<float>(static_cast<double>(count[e]) / static_cast<double>(N * k));
+    aux += static_cast<double>(frac[e]) * (psum[e] / static_cast<double>(N));
   }
+  offsets[0] = 0;
+  for (int e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + count[e];
+  return static_cast<double>(aux_weight) * E * aux;
+}
 
-  // Permutation (counting sort): expert e owns rows [offsets[e], offsets[e+1]), its tokens in
-  // increasing order; row[t·k + j] is where assignment (t, j) lives.
-  r.offsets[0] = 0;
-  for (int e = 0; e < E; ++e) r.offsets[e + 1] = r.offsets[e] + static_cast<int32_t>(count[e]);
-  std::vector<int32_t> cursor(r.offsets, r.offsets + E);
+void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k, int32_t* row,
+                int32_t* token) {
+  std::vector<int32_t> cursor(offsets, offsets + E);
   for (int64_t t = 0; t < N; ++t) {
     for (int j = 0; j < k; ++j) {
-      const int32_t p = cursor[r.sel[t * k + j]]++;
-      r.row[t * k + j] = p;
-      r.token[p] = static_cast<int32_t>(t);
+      const int32_t p = cursor[sel[t * k + j]]++;
+      row[t * k + j] = p;
+      token[p] = static_cast<int32_t>(t);
     }
   }
-  return static_cast<double>(opt.aux_weight) * E * aux;
+}
+
+double MoeRoute(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt,
+                const MoeRouting& r) {
+  MoeTopK(score, N, E, k, opt, r.sel, r.gate);
+  std::vector<int32_t> count(E);
+  std::vector<double> psum(E);
+  MoeExpertStats(score, r.sel, N, E, k, opt, count.data(), psum.data());
+  const double aux =
+      MoeBalance(count.data(), psum.data(), N, E, k, opt.aux_weight, r.frac, r.offsets);
+  MoePermute(r.sel, r.offsets, N, E, k, r.row, r.token);
+  return aux;
 }
 
 void MoeRouterBackward(const float* score, const int32_t* sel_all, const float* gate_all,

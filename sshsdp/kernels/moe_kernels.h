@@ -42,8 +42,26 @@ int64_t MoeChunkRows(int64_t rows);
 // score [N, E]: the router logits in, the scores (softmax or σ) out. Top-k by logit, gates,
 // f_e, the counting-sort permutation (experts in index order, tokens in index order inside
 // each). Returns the load-balancing loss α·E·Σ_e f_e·P_e (P_e: the mean normalised score).
+// It is the four steps below in order (a device runs 1, 2 and 4, the host 3).
 double MoeRoute(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt,
                 const MoeRouting& r);
+
+// 1. Per token: top-k by logit into sel (ties: lower index first), the logits in score turned
+//    into scores in place, the k gates (renormalised when asked).
+void MoeTopK(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt, int32_t* sel,
+             float* gate);
+// 2. Per expert: count[e] = assignments to e, psum[e] = Σ_t q_{t,e} in double, t in order (q:
+//    the score normalised to sum 1 over the experts: itself for softmax, σ/Σσ).
+void MoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
+                    const MoeRouterOptions& opt, int32_t* count, double* psum);
+// 3. frac[e] = count[e] / (N·k), offsets [E+1] (the prefix sums of count), and the returned
+//    aux loss α·E·Σ_e f_e·psum[e]/N.
+double MoeBalance(const int32_t* count, const double* psum, int64_t N, int E, int k,
+                  float aux_weight, float* frac, int32_t* offsets);
+// 4. The counting sort: row[t·k+j] = the permuted row of assignment (t, j) (expert sel[t·k+j]'s
+//    rows from offsets[e], in assignment order), token[row] = t.
+void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k, int32_t* row,
+                int32_t* token);
 // dz [N, E] = ∂loss/∂logits from dgate [N·k] = ∂loss/∂gate and the aux loss, through the
 // renormalisation and softmax / σ (score, sel, gate, frac as MoeRoute left them).
 void MoeRouterBackward(const float* score, const int32_t* sel, const float* gate, const float* frac,

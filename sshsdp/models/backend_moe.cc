@@ -66,7 +66,9 @@ void BackendMoeModel::Allocate(int B, int T) {
   for (int l = 0; l < c_.trunk.n_layer; ++l) {
     if (!c_.IsMoeLayer(l)) continue;
     Block& A = blocks_[static_cast<size_t>(l)];
-    for (auto [slot, n] : {std::pair{&A.gate, Nk},
+    for (auto [slot, n] : {std::pair{&A.score, N * E},
+                           {&A.frac, E},
+                           {&A.gate, Nk},
                            {&A.xp, Nk * d},
                            {&A.h1, Nk * f},
                            {&A.act, Nk * f},
@@ -78,18 +80,16 @@ void BackendMoeModel::Allocate(int B, int T) {
       table.push_back({&A.sha, N * fs});
       if (swiglu) table.push_back({&A.sh3, N * fs});
     }
+    ints.push_back({&A.sel, Nk});
+    ints.push_back({&A.offsets, E + 1});
     ints.push_back({&A.row, Nk});
     ints.push_back({&A.token, Nk});
-    A.score.resize(static_cast<size_t>(N * E));
-    A.gate_h.resize(static_cast<size_t>(Nk));
-    A.frac.resize(static_cast<size_t>(E));
-    A.sel.resize(static_cast<size_t>(Nk));
-    A.offsets.resize(static_cast<size_t>(E + 1));
-    A.row_h.resize(static_cast<size_t>(Nk));
-    A.token_h.resize(static_cast<size_t>(Nk));
+    A.offsets_h.resize(static_cast<size_t>(E + 1));
   }
-  for (auto [slot, n] : {std::pair{&logits_, N * E},
-                         {&dz_, N * E},
+  float* psum = nullptr;  // E doubles: 2·E floats of the arena (8-byte aligned: every slot is 64)
+  table.push_back({&psum, 2 * E});
+  ints.push_back({&count_, E});
+  for (auto [slot, n] : {std::pair{&dz_, N * E},
                          {&dgate_, Nk},
                          {&dyp_, Nk * d},
                          {&dh1_, Nk * f},
@@ -116,8 +116,10 @@ void BackendMoeModel::Allocate(int B, int T) {
   size_t i = 0;
   for (auto& [slot, n] : table) *slot = arena_ + at[i++];
   for (auto& [slot, n] : ints) *slot = reinterpret_cast<int32_t*>(arena_ + at[i++]);
-  dgate_h_.resize(static_cast<size_t>(Nk));
-  dz_h_.resize(static_cast<size_t>(N * E));
+  psum_ = reinterpret_cast<double*>(psum);
+  count_h_.resize(static_cast<size_t>(E));
+  psum_h_.resize(static_cast<size_t>(E));
+  frac_h_.resize(static_cast<size_t>(E));
   B_ = B, T_ = T;
 }
 
@@ -331,21 +333,25 @@ const BackendMoeModel::Block& BackendMoeModel::Routed(int l) const {
   return blocks_[static_cast<size_t>(l)];
 }
 
-std::vector<int32_t> BackendMoeModel::Routing(int l) const { return Routed(l).sel; }
+std::vector<int32_t> BackendMoeModel::Routing(int l) const {
+  const Block& A = Routed(l);
+  std::vector<int32_t> sel(static_cast<size_t>(int64_t{B_} * T_ * c_.top_k));
+  b_.CopyOut(sel.data(), A.sel, sel.size() * sizeof(int32_t));
+  return sel;
+}
 
 std::vector<int64_t> BackendMoeModel::ExpertTokens(int l) const {
   const Block& A = Routed(l);
   std::vector<int64_t> n(static_cast<size_t>(c_.n_expert));
-  for (int e = 0; e < c_.n_expert; ++e) n[static_cast<size_t>(e)] = A.offsets[e + 1] - A.offsets[e];
+  for (int e = 0; e < c_.n_expert; ++e)
+    n[static_cast<size_t>(e)] = A.offsets_h[e + 1] - A.offsets_h[e];
   return n;
 }
 
 int64_t BackendMoeModel::ActivationBytes() const {
-  int64_t host = static_cast<int64_t>(dgate_h_.size() + dz_h_.size()) * 4;
-  for (const Block& A : blocks_)
-    host += static_cast<int64_t>(A.score.size() + A.gate_h.size() + A.frac.size() + A.sel.size() +
-                                 A.offsets.size() + A.row_h.size() + A.token_h.size()) *
-            4;
+  int64_t host =
+      static_cast<int64_t>(count_h_.size() * 4 + psum_h_.size() * 8 + frac_h_.size() * 4);
+  for (const Block& A : blocks_) host += static_cast<int64_t>(A.offsets_h.size()) * 4;
   return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + bf16_bytes_ +
          mx_scratch_floats_ * 4 + host;
 }

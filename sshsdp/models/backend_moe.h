@@ -5,19 +5,19 @@
 // (engine_backend_moe_test), because every op is the one MoeGpt runs: the trunk (embeddings,
 // attention, dense blocks, head) is BackendGpt's, and an MoE block's MLP is
 //
-//   device:  ln2 (BackendGpt's attention half) → router logits z = ln2·W_rᵀ (fp32 GEMM)
-//   host:    z copied out [N, E] → top-k, gates, aux loss, counting sort (kernels/moe_kernels.h)
-//            → gates, rows and tokens copied in [N·k each]
-//   device:  xp = ln2[token] (GatherRows) → per expert, GEMMs on its slice of the packed weights
-//            over its rows [offsets[e], offsets[e+1]) in MoeGpt's row chunks → shared expert →
-//            out = Σ_j gate·yp[row] (MoeCombine) + res_mid
+//   device:  ln2 (BackendGpt's attention half) → router logits z = ln2·W_rᵀ (fp32 GEMM) →
+//            top-k, scores and gates per token (MoeTopK) → per expert, its assignments and
+//            score sum (MoeExpertStats)
+//   host:    those 2·E numbers copied out (the one wait: a grouped GEMM needs each expert's
+//            row count on the host, as Megatron's dropless token counts) → f_e, offsets and the
+//            aux loss (MoeBalance) → offsets and f_e copied in
+//   device:  the stable counting sort (MoePermute) → xp = ln2[token] (GatherRows) → per
+//            expert, GEMMs on its slice of the packed weights over its rows in MoeGpt's row
+//            chunks → shared expert → out = Σ_j gate·yp[row] (MoeCombine) + res_mid
 //
-// and its backward mirrors it: MoeCombineBackward gives ∂/∂gate on the device, copied out
-// [N·k]; the router's backward through the renormalisation, softmax / σ and the aux loss runs on
-// the host and ∂/∂z [N, E] is copied in for the router's GEMMs. The routing is on the host: a
-// grouped GEMM needs each expert's row count on the host anyway (one wait per MoE block and
-// pass, as Megatron's token counts), and the host's top-k is the reference's, so a GPU routes
-// exactly as the CPU does given the same logits. Device-side routing kernels are not built.
+// and its backward mirrors it on the device with no wait (MoeCombineBackward, the experts,
+// MoeRouterBackward through the renormalisation, softmax / σ and the aux loss, the router's
+// GEMMs). Each step is kernels/moe_kernels.h's, which MoeGpt runs.
 //
 // fp32 or bf16 runtime weights (one dtype per group; the router multiplies in fp32, widened
 // from bf16), fp32 gradients, fp32 attention (GptConfig::bf16_attention is not run on a
@@ -84,13 +84,14 @@ class BackendMoeModel final : public Model {
   struct Slots {
     int router = 4, w1 = 5, w2 = 6, w3 = -1, s1 = -1, s2 = -1, s3 = -1, count = 7;
   };
-  // An MoE block's device activations and the host copy of its routing.
+  // An MoE block's device activations, and the host's copy of what the grouped GEMM needs
+  // (each expert's rows) and of its aux loss.
   struct Block {
-    float *gate = nullptr, *xp = nullptr, *h1 = nullptr, *h3 = nullptr, *act = nullptr,
-          *yp = nullptr, *sh1 = nullptr, *sh3 = nullptr, *sha = nullptr;
-    int32_t *row = nullptr, *token = nullptr;
-    std::vector<float> score, gate_h, frac;  // host
-    std::vector<int32_t> sel, offsets, row_h, token_h;
+    float *score = nullptr, *gate = nullptr, *frac = nullptr, *xp = nullptr, *h1 = nullptr,
+          *h3 = nullptr, *act = nullptr, *yp = nullptr, *sh1 = nullptr, *sh3 = nullptr,
+          *sha = nullptr;
+    int32_t *sel = nullptr, *offsets = nullptr, *row = nullptr, *token = nullptr;
+    std::vector<int32_t> offsets_h;  // host: expert e's rows [offsets_h[e], offsets_h[e+1])
     double aux = 0.0;
   };
 
@@ -138,15 +139,18 @@ class BackendMoeModel final : public Model {
   std::vector<Block> blocks_;  // per layer (unused for dense blocks)
   float* arena_ = nullptr;     // every MoE activation and scratch, one allocation
   int64_t arena_bytes_ = 0;
-  float *logits_ = nullptr, *dz_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr,
-        *dh3_ = nullptr, *dxp_ = nullptr, *dln2_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr,
-        *router32_ = nullptr;
+  int32_t* count_ = nullptr;  // E assignments per expert and their score sums (E doubles)
+  double* psum_ = nullptr;
+  std::vector<int32_t> count_h_;  // host
+  std::vector<double> psum_h_;
+  std::vector<float> frac_h_;
+  float *dz_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr, *dh3_ = nullptr,
+        *dxp_ = nullptr, *dln2_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr, *router32_ = nullptr;
   void* bf16_scratch_ = nullptr;  // x16_ and dy16_, once a bf16 weight was seen
   bf16 *x16_ = nullptr, *dy16_ = nullptr;
   int64_t bf16_bytes_ = 0;
-  std::vector<char> routed_;           // per block: routed in this batch's forward
-  std::vector<float> dgate_h_, dz_h_;  // host
-  float* mx_scratch_ = nullptr;        // backend memory: one expert group's dequantized weights
+  std::vector<char> routed_;     // per block: routed in this batch's forward
+  float* mx_scratch_ = nullptr;  // backend memory: one expert group's dequantized weights
   int64_t mx_scratch_floats_ = 0;
   int fwd_next_ = 0, bwd_next_ = -1;
   bool loss_valid_ = false;

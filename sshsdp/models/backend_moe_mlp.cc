@@ -1,6 +1,6 @@
 // BackendMoeModel's MoE MLP (backend_moe.h): moe_router.cc and moe_experts.cc op for op on a
-// device backend — the router's logits and backward GEMMs on the backend with the routing on
-// the host (kernels/moe_kernels.h), the grouped expert GEMMs on slices of the packed weights in
+// device backend — the router (its GEMMs and kernels/moe_kernels.h's steps as backend ops, the
+// per-expert counts read back once), the grouped expert GEMMs on slices of the packed weights in
 // MoeGpt's row chunks, the shared expert, and the permutation ops (Backend::GatherRows,
 // MoeCombine, MoeCombineBackward, MoeUnpermuteSum).
 #include <algorithm>
@@ -96,16 +96,21 @@ void BackendMoeModel::ForwardRouter(int l, const void* router, DType wdt) {
   Block& A = blocks_[static_cast<size_t>(l)];
   const int64_t N = int64_t{B_} * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
-  // 1. fp32 logits on the backend; 2.–4. the routing on the host; the permuted input back.
-  b_.Gemm(false, true, N, E, d, gpt_->ln2(l), RouterF32(router, wdt), logits_, false);
-  b_.CopyOut(A.score.data(), logits_, A.score.size() * 4);
-  A.aux = kernels::MoeRoute(A.score.data(), N, E, k,
-                            {c_.gating == Gating::kSoftmax, c_.renormalize, c_.aux_loss_weight},
-                            {A.sel.data(), A.gate_h.data(), A.frac.data(), A.offsets.data(),
-                             A.row_h.data(), A.token_h.data()});
-  b_.CopyIn(A.gate, A.gate_h.data(), A.gate_h.size() * 4);
-  b_.CopyIn(A.row, A.row_h.data(), A.row_h.size() * 4);
-  b_.CopyIn(A.token, A.token_h.data(), A.token_h.size() * 4);
+  const kernels::MoeRouterOptions opt{c_.gating == Gating::kSoftmax, c_.renormalize,
+                                      c_.aux_loss_weight};
+  // 1. fp32 logits, then top-k, scores and gates; 2. per expert counts and score sums.
+  b_.Gemm(false, true, N, E, d, gpt_->ln2(l), RouterF32(router, wdt), A.score, false);
+  b_.MoeTopK(A.score, N, E, k, opt, A.sel, A.gate);
+  b_.MoeExpertStats(A.score, A.sel, N, E, k, opt, count_, psum_);
+  // 3. On the host (the wait): f_e, each expert's rows, the aux loss.
+  b_.CopyOut(count_h_.data(), count_, count_h_.size() * sizeof(int32_t));
+  b_.CopyOut(psum_h_.data(), psum_, psum_h_.size() * sizeof(double));
+  A.aux = kernels::MoeBalance(count_h_.data(), psum_h_.data(), N, E, k, opt.aux_weight,
+                              frac_h_.data(), A.offsets_h.data());
+  b_.CopyIn(A.frac, frac_h_.data(), frac_h_.size() * sizeof(float));
+  b_.CopyIn(A.offsets, A.offsets_h.data(), A.offsets_h.size() * sizeof(int32_t));
+  // 4. The counting sort and the permuted input.
+  b_.MoePermute(A.sel, A.offsets, N, E, k, A.row, A.token);
   b_.GatherRows(gpt_->ln2(l), A.token, A.xp, N * k, d);
   routed_[static_cast<size_t>(l)] = 1;
 }
@@ -118,7 +123,7 @@ void BackendMoeModel::ForwardExperts(int l, const void* const* wx, DType wdt) {
   auto view = [&](int slot) { return wx[slot - slots_.w1]; };
   // 5. Experts on their rows of the permuted input.
   for (int e = 0; e < E; ++e) {
-    const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
+    const int64_t off = A.offsets_h[e], n = A.offsets_h[e + 1] - off;
     if (n == 0) continue;
     const float* xe = A.xp + off * d;
     ExpertForward(xe, Slice(view(slots_.w1), wdt, e, f * d), wdt, A.h1 + off * f, n, f, d);
@@ -166,7 +171,7 @@ void BackendMoeModel::BackwardRouted(int l, const void* const* wx, DType wdt, fl
   float *g1 = gx[slots_.w1 - x0], *g2 = gx[slots_.w2 - x0];
   float* g3 = swiglu ? gx[slots_.w3 - x0] : nullptr;
   for (int e = 0; e < E; ++e) {
-    const int64_t off = A.offsets[e], n = A.offsets[e + 1] - off;
+    const int64_t off = A.offsets_h[e], n = A.offsets_h[e + 1] - off;
     if (n == 0) {
       if (!acc) {  // an expert without tokens: zero gradients
         b_.Fill(g1 + e * f * d, f * d, 0.0f);
@@ -226,12 +231,9 @@ void BackendMoeModel::BackwardRouter(int l, const void* router, DType wdt, float
   const Block& A = blocks_[static_cast<size_t>(l)];
   const int64_t N = int64_t{B_} * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
-  // ∂/∂gate to the host, the router's backward there, ∂/∂logits back; its GEMMs in fp32.
-  b_.CopyOut(dgate_h_.data(), dgate_, dgate_h_.size() * 4);
-  kernels::MoeRouterBackward(
-      A.score.data(), A.sel.data(), A.gate_h.data(), A.frac.data(), dgate_h_.data(), N, E, k,
-      {c_.gating == Gating::kSoftmax, c_.renormalize, c_.aux_loss_weight}, dz_h_.data());
-  b_.CopyIn(dz_, dz_h_.data(), dz_h_.size() * 4);
+  // ∂/∂logits through the renormalisation, softmax / σ and the aux loss; the GEMMs in fp32.
+  b_.MoeRouterBackward(A.score, A.sel, A.gate, A.frac, dgate_, N, E, k,
+                       {c_.gating == Gating::kSoftmax, c_.renormalize, c_.aux_loss_weight}, dz_);
   b_.Gemm(true, false, E, d, N, dz_, gpt_->ln2(l), grad, acc);
   b_.Gemm(false, false, N, d, E, dz_, RouterF32(router, wdt), dln2_, true);
 }

@@ -190,6 +190,23 @@ class GuardedBackend final : public Backend {
   void Add(const float* a, const float* b, float* y, int64_t n) override {
     SSHSDP_GUARDED(Add(a, b, y, n));
   }
+  void MoeTopK(float* score, int64_t N, int E, int k, const kernels::MoeRouterOptions& opt,
+               int32_t* sel, float* gate) override {
+    SSHSDP_GUARDED(MoeTopK(score, N, E, k, opt, sel, gate));
+  }
+  void MoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
+                      const kernels::MoeRouterOptions& opt, int32_t* count, double* psum) override {
+    SSHSDP_GUARDED(MoeExpertStats(score, sel, N, E, k, opt, count, psum));
+  }
+  void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k, int32_t* row,
+                  int32_t* token) override {
+    SSHSDP_GUARDED(MoePermute(sel, offsets, N, E, k, row, token));
+  }
+  void MoeRouterBackward(const float* score, const int32_t* sel, const float* gate,
+                         const float* frac, const float* dgate, int64_t N, int E, int k,
+                         const kernels::MoeRouterOptions& opt, float* dz) override {
+    SSHSDP_GUARDED(MoeRouterBackward(score, sel, gate, frac, dgate, N, E, k, opt, dz));
+  }
   void GatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
                   int64_t d) override {
     SSHSDP_GUARDED(GatherRows(src, idx, dst, rows, d));
