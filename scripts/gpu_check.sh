@@ -203,7 +203,7 @@ PY
     # core products; bf16 u amplifies summation order): within 2e-2. AdamW with MXFP8 blocks
     # (dequantized for fp32 GEMMs; a main weight off in its last bits can flip a code): 2e-3;
     # dequantized to bf16 for tensor-core GEMMs (--mx-gemm bf16, the fast path): 2e-2.
-    # The MoE preset (moe-small, AdamW, fp32; the routing on the host from the GPU's logits, a
+    # The MoE preset (moe-small, AdamW, fp32; routed on the GPU from its own logits, a
     # near-tie may route a token elsewhere): 1e-3. All: loss falls over 30.
     for np in 1 2; do
       for run in "small adamw fp32 1e-4 fp32" "small muon bf16 2e-2 fp32" \

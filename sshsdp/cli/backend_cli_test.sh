@@ -101,7 +101,7 @@ for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" 
   same_training "$tmp/backend_$name.jsonl" "$tmp/host_$name.jsonl" $tol
   check "--backend cpu, $opt, $wdt weights ${layout[*]}: the host engine's losses, norms and bytes" $?
 done
-# The MoE preset on the backend (models/backend_moe.h: routing on the host, the experts' GEMMs
+# The MoE preset on the backend (models/backend_moe.h: the router and the experts' GEMMs
 # on the backend): bit for bit with the host engine training MoeGpt — AdamW with fp32 weights,
 # Muon per expert with bf16 weights and the outer phase (ZeRO-1 across the ranks), and MXFP8
 # experts (their scales row-major on both: the host dequantizes them as the device does).

@@ -249,7 +249,7 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
          "cpu (the device code path on the CPU backend: checks a device run anywhere) | "
          "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. A backend "
          "runs the dense GPT presets with bf16, fp32 or mxfp8 weights (mxfp8 dequantized for "
-         "each GEMM) and the MoE presets with bf16, fp32 or mxfp8 experts (routing on the host), "
+         "each GEMM) and the MoE presets with bf16, fp32 or mxfp8 experts, "
          "--reduce fp32, AdamW or Muon (per head, per expert), "
          "every --sw/--sg/--so layout, and checkpoints (which load on the host engine "
          "and back); several ranks on CUDA move the ZeRO-3/ZeRO-2 groups on the direct "
