@@ -110,6 +110,9 @@ expect_error "plan: zero ranks" "--world-size must be >= 1" "$bin" plan -n 0
 expect_error "plan: bad layout" "sg=2 must divide so=3" "$bin" plan -n 3 --sw 2
 expect_error "plan: direct path not modelled" "drop --comm-path direct" "$bin" plan -n 2 \
   --comm-path direct
+expect_error "plan: the NCCL path not modelled, named as such" \
+  "--comm-path nccl (NCCL on device buffers) is not planned: drop --comm-path nccl" \
+  "$bin" plan -n 2 --backend cpu --model moe-tiny --comm-path nccl
 # --dump-config writes the planned run's options as a file `train --config` reads: the same
 # text train --dump-config writes for those options (plan's -n, --json, --rank-columns left out).
 "$bin" plan -n 4 "${run[@]}" --lr 0.01 --json --dump-config >"$tmp/plan.toml" 2>&1 &&

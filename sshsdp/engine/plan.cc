@@ -119,8 +119,12 @@ ScheduleReplay ReplaySchedule(const std::vector<std::unique_ptr<RuntimeGroup>>& 
 
 void CheckScope(const EngineConfig& cfg) {
   SSHSDP_CHECK(cfg.comm_path == CommPath::kCollective, ConfigError,
-               "sshsdp plan models the collective comm path; comm_path=direct (registered "
-               "windows, one-sided transfers) is not planned: drop --comm-path direct");
+               "sshsdp plan models the collective comm path; --comm-path {} ({}) is not "
+               "planned: drop --comm-path {}",
+               CommPathName(cfg.comm_path),
+               cfg.comm_path == CommPath::kNccl ? "NCCL on device buffers"
+                                                : "registered windows, one-sided transfers",
+               CommPathName(cfg.comm_path));
   SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && cfg.redundancies.ToString() == "none",
                ConfigError,
                "sshsdp plan models sshsdp's own data path; the baselines' redundancies ({}) "
