@@ -123,6 +123,14 @@ for run in "adamw fp32" "muon bf16 1 1 2" "muon mxfp8"; do
   check "--model moe-tiny --backend cpu, $opt, $wdt ${layout[*]}: the host engine's losses, norms and bytes, bit for bit" $?
 done
 
+# An MoE checkpoint resumed as a dense model names where its MoE options came from.
+timeout 300 "${mpirun[@]}" -np 2 "$bin" "${moe[@]}" --backend cpu --steps 2 --save-every 2 \
+  --ckpt-dir "$tmp/ck_moe" >/dev/null 2>&1
+check "--model moe-tiny --backend cpu saves a checkpoint" $?
+expect_error "an MoE checkpoint resumed with a dense --model names the checkpoint" \
+  "restored them: that checkpoint is an MoE run; resume it with its own --model" \
+  "${mpirun[@]}" -np 2 "$bin" train --backend cpu --model tiny --resume "$tmp/ck_moe/step_00000002"
+
 grep -q '"update_p2p_bytes":[1-9]' "$tmp/backend_muonbf16.jsonl"
 check "Muon per head on the backend moved split units between the ranks" $?
 

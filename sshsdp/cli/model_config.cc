@@ -20,8 +20,12 @@ MoeConfig MakeMoeConfig(const TrainOptions& o, const GptConfig& trunk) {
                  ConfigError,
                  "--experts/--top-k/--moe-every/--d-expert/--gating/--expert-mlp/"
                  "--aux-loss-weight/--shared-expert apply to MoE presets (moe-tiny, moe-small), "
-                 "not '{}'",
-                 o.model);
+                 "not '{}'{}",
+                 o.model,
+                 o.resume.empty() ? ""
+                                  : fmt::format(" (--resume {} restored them: that checkpoint "
+                                                "is an MoE run; resume it with its own --model)",
+                                                o.resume));
     return {};
   }
   MoeConfig c = MoeConfig::Preset(o.model);
@@ -98,7 +102,8 @@ GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
                o.layers, o.d_model, o.heads, o.seq_len);
   SSHSDP_CHECK(o.seq_len <= c.seq_len, ConfigError,
                "--seq-len {} exceeds the '{}' preset's context of {} tokens (its position "
-               "table); use a preset with a longer context (tiny 64, small 128, base 256)",
+               "table); use a preset with a longer context (tiny 64, small 128, base 256; "
+               "moe-tiny 64, moe-small 128)",
                o.seq_len, o.model, c.seq_len);
   c.Validate();
   MakeMoeConfig(o, c);  // MoE flags checked before any collective

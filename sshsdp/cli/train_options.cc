@@ -66,10 +66,11 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--expert-mlp", o.expert_mlp,
                  "MoE presets: expert MLP swiglu | gelu (default swiglu)");
   app.add_option("--d-expert", o.d_expert,
-                 "MoE presets: hidden width of each expert (moe-tiny 128, moe-small 256)");
+                 "MoE presets: hidden width of each expert (moe-tiny 128, moe-small 256; 0: the "
+                 "preset's)");
   app.add_option("--seq-len", o.seq_len,
-                 "tokens per sample, at most the preset's context (tiny 64, small 128, base 256; "
-                 "0: the preset's)");
+                 "tokens per sample, at most the preset's context (tiny 64, small 128, base 256, "
+                 "moe-tiny 64, moe-small 128; 0: the preset's)");
   AddLayoutDegreeOptions(app, &o.sw, &o.sg, &o.so);
   app.add_option("--ranks-per-node", o.ranks_per_node,
                  "ranks per (possibly simulated) node (0, the default: the whole world)");
