@@ -78,10 +78,11 @@ ScheduleReplay ReplaySchedule(const std::vector<std::unique_ptr<RuntimeGroup>>& 
     std::vector<void*> gather(n, nullptr), grad(n, nullptr);
     out.gathers.assign(n, 0);
     out.reduce_scatters.assign(n, 0);
+    bool first_step = true;  // the counts are one step's
     auto start = [&](int g) {
       if (modes.skip_gather || gather[g]) return;
       gather[g] = pool.Acquire(groups[g]->padded * DTypeSize(groups[g]->wdt));
-      out.gathers[g]++;
+      if (first_step) out.gathers[g]++;
     };
     auto release = [&](int g) {
       if (!gather[g]) return;
@@ -92,24 +93,40 @@ ScheduleReplay ReplaySchedule(const std::vector<std::unique_ptr<RuntimeGroup>>& 
       pool.Recycle(grad[g]);
       grad[g] = nullptr;
     };
-    for (int mb = 0; mb < cfg.microbatches; ++mb) {
-      for (int g = 0; g < n; ++g) {
-        start(g);
-        if (cfg.prefetch && g + 1 < n) start(g + 1);
-        if (cfg.reshard_after_forward && g + 1 < n) release(g);
-      }
-      for (int g = n - 1; g >= 0; --g) {
-        start(g);
-        if (cfg.prefetch && g > 0) start(g - 1);
-        if (!modes.skip_rs) {
-          grad[g] = pool.Acquire(groups[g]->padded * DTypeSize(modes.grad_dtype));
-          out.reduce_scatters[g]++;
+    // Steps until the pool stops growing: the engine's pool keeps its blocks from step to
+    // step, and a best fit among all of them may place a later step's requests differently
+    // from the first step's (which started empty), needing another block.
+    auto step = [&] {
+      for (int mb = 0; mb < cfg.microbatches; ++mb) {
+        for (int g = 0; g < n; ++g) {
+          start(g);
+          if (cfg.prefetch && g + 1 < n) start(g + 1);
+          if (cfg.reshard_after_forward && g + 1 < n) release(g);
         }
-        release(g);
-        if (g + 1 < n && grad[g + 1]) finish(g + 1);
+        for (int g = n - 1; g >= 0; --g) {
+          start(g);
+          if (cfg.prefetch && g > 0) start(g - 1);
+          if (!modes.skip_rs) {
+            grad[g] = pool.Acquire(groups[g]->padded * DTypeSize(modes.grad_dtype));
+            if (first_step) out.reduce_scatters[g]++;
+          }
+          release(g);
+          if (g + 1 < n && grad[g + 1]) finish(g + 1);
+        }
+        for (int g = 0; g < n; ++g)
+          if (grad[g]) finish(g);
       }
-      for (int g = 0; g < n; ++g)
-        if (grad[g]) finish(g);
+      for (int g = 0; g < n; ++g) release(g);  // the step ends with every block free
+    };
+    auto held = [&] {
+      const auto it = acct.by_category().find("transient");
+      return it == acct.by_category().end() ? uint64_t{0} : it->second.current;
+    };
+    for (int s = 0; s < 64; ++s) {
+      const uint64_t before = held();
+      step();
+      first_step = false;
+      if (s > 0 && held() == before) break;
     }
   }
   const auto it = acct.by_category().find("transient");

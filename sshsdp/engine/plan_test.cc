@@ -1,7 +1,8 @@
 // RunPlan against real multi-rank steps (issue 18): for every layout of the parity tests at
 // this world size (HSDP replicas, sw < sg, so > sg, uneven shards, simulated nodes) and for
 // AdamW and Muon per head / per matrix, bf16 / fp32 / MXFP8 runtime weights, the bf16sr
-// reduction, weight reuse off (keep-gathered, no prefetch) and the MoE model, each rank's
+// reduction, weight reuse off (keep-gathered, no prefetch) and the MoE model (with dense blocks
+// between MoE blocks too: the transient pool's steady state after several steps), each rank's
 // plan — computed in this process without communicating — equals what its engine counted in
 // a real step: runtime and update bytes intra / inter node, runtime calls and local copies,
 // gathers, point-to-point bytes, Newton–Schulz cost, MXFP8 G bytes, and the peak of every
@@ -54,7 +55,7 @@ void CheckCase(const PlanCase& c, const Layout& l) {
   int64_t step = 0;
   const BatchFn batch = testing::MakeBatch(&step, cfg.microbatches, W, world->rank(),
                                            cfg.batch_size, cfg.seq_len, 61);
-  for (int s = 0; s < 2; ++s) {  // the second step runs with every buffer already in place
+  for (int s = 0; s < 3; ++s) {  // later steps run with every buffer already in place
     const StepStats st = eng.Step(batch);
     const StepCounters& k = st.counters;
     ExpectBytes(k.runtime_comm, rp.runtime_comm, "runtime");
@@ -99,6 +100,13 @@ std::vector<PlanCase> Cases() {
   out.push_back({"moe muon per expert", testing::MoeOf(testing::TestMoe()), [](const Layout& l) {
                    return MuonEngineConfig(l, 2, DType::kBF16, UnitRule::kHead, DType::kBF16);
                  }});
+  // Groups of three sizes (embedding, dense block, MoE block): a later step's best fit among
+  // the pool's kept blocks needs a block the first step's did not.
+  MoeConfig mixed = testing::TestMoe();
+  mixed.trunk.n_layer = 3;
+  mixed.moe_every = 2;
+  out.push_back({"moe and dense blocks fp32", testing::MoeOf(mixed),
+                 [](const Layout& l) { return BaseConfig(l, 1, DType::kF32); }});
   return out;
 }
 
