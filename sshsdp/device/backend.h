@@ -22,7 +22,7 @@
 //
 // What each op must equal on every backend (backend_test.cc checks it):
 //   CastF32ToBf16, CastBf16ToF32, StochasticRoundBf16, Fill,
-//   MxQuantizeWeight, MxDequantizeWeight, MxDequantizeRows     bit for bit (a NaN output
+//   MxQuantizeWeight, MxDequantizeWeight, MxDequantizeRows[Bf16]  bit for bit (a NaN output
 //                                                              may carry another payload)
 //   AdamW, MuonMomentum, MuonWeightUpdate                      bit for bit (same fp32 ops in
 //                                                              the same order, no FMA)
@@ -120,6 +120,10 @@ class Backend {
   // backend_gpt_model.h).
   virtual void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                                 float* out, const MxOptions& opt) = 0;
+  // The same values rounded to bf16 (round to nearest even) in one pass: bf16 GEMMs' operand
+  // (--mx-gemm bf16) without the fp32 copy. Equals CastF32ToBf16 of MxDequantizeRows.
+  virtual void MxDequantizeRowsBf16(const uint8_t* q, const uint8_t* scales, int64_t rows,
+                                    int64_t cols, bf16* out, const MxOptions& opt) = 0;
   // Σ x[i]² in double (the gradient norm's partial sum); waits for the result.
   virtual double SumSquares(const float* x, int64_t n) = 0;
   // ---- The reference GPT's layer ops on fp32 activations (kernels/layer_kernels.h and

@@ -355,9 +355,21 @@ TEST_F(BackendTest, MxDequantizeRowsBitForBit) {
         b_->MxDequantizeRows(dq.get(), ds.get(), rows, cols, out.get(), {elem});
         EXPECT_EQ(FirstMismatch(out.Read(), want, nullptr, /*nan_equal=*/true), "")
             << b_->name() << " " << DTypeName(elem) << " [" << rows << "x" << cols << "]";
+        // In one pass to bf16: the bf16 rounding of those values.
+        std::vector<bf16> want16(n);
+        FloatToBf16(want.data(), want16.data(), n);
+        Buffer<bf16> out16(*b_, n);
+        b_->MxDequantizeRowsBf16(dq.get(), ds.get(), rows, cols, out16.get(), {elem});
+        const std::vector<bf16> got16 = out16.Read();
+        std::vector<float> got_w(n), want_w(n);  // widened (exact): NaNs compare as NaNs
+        Bf16ToFloat(got16.data(), got_w.data(), n);
+        Bf16ToFloat(want16.data(), want_w.data(), n);
+        EXPECT_EQ(FirstMismatch(got_w, want_w, nullptr, /*nan_equal=*/true), "")
+            << b_->name() << " bf16 " << DTypeName(elem) << " [" << rows << "x" << cols << "]";
       }
   EXPECT_THROW(b_->MxDequantizeRows(nullptr, nullptr, 2, 2, nullptr, {DType::kF32}), NumericsError);
   EXPECT_THROW(b_->MxDequantizeRows(nullptr, nullptr, -1, 2, nullptr, {}), NumericsError);
+  EXPECT_THROW(b_->MxDequantizeRowsBf16(nullptr, nullptr, -1, 2, nullptr, {}), NumericsError);
 }
 
 // ---- The reference GPT's layer ops: against kernels/layer_kernels.h and kernels/matmul.h,

@@ -77,6 +77,19 @@ class CpuBackend final : public Backend {
     CheckMxOptions(opt);
     sshsdp::MxDequantizeActivation(q, scales, rows, cols, out, opt);
   }
+  void MxDequantizeRowsBf16(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                            bf16* out, const MxOptions& opt) override {
+    CheckMxOptions(opt);
+    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
+                 "MxDequantizeRowsBf16: matrix shape must be non-negative, got [{}, {}]", rows,
+                 cols);
+    std::vector<float> row(static_cast<size_t>(cols));  // one row at a time
+    const int64_t kb = (cols + 31) / 32;
+    for (int64_t r = 0; r < rows; ++r) {
+      sshsdp::MxDequantizeActivation(q + r * cols, scales + r * kb, 1, cols, row.data(), opt);
+      FloatToBf16(row.data(), out + r * cols, static_cast<size_t>(cols));
+    }
+  }
   double SumSquares(const float* x, int64_t n) override {
     CheckCount(n, "SumSquares");
     return kernels::SumSquares(x, n);

@@ -186,6 +186,18 @@ class CudaBackend final : public Backend {
                         float* out, const MxOptions& opt) override {
     Dequantize("MxDequantizeRows", q, scales, rows, cols, 1, out, opt);
   }
+  void MxDequantizeRowsBf16(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                            bf16* out, const MxOptions& opt) override {
+    CheckMxOptions(opt);
+    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
+                 "MxDequantizeRowsBf16: matrix shape must be non-negative, got [{}, {}]", rows,
+                 cols);
+    if (rows == 0 || cols == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cuda::LaunchMxDequantizeBf16(q, scales, rows, cols, 1,
+                                                reinterpret_cast<uint16_t*>(out),
+                                                opt.elem == DType::kE4M3, stream_));
+  }
   void Dequantize(const char* op, const uint8_t* q, const uint8_t* scales, int64_t rows,
                   int64_t cols, int block_rows, float* out, const MxOptions& opt) {
     CheckMxOptions(opt);

@@ -250,8 +250,13 @@ __device__ float DecodeFp8(uint8_t c, bool e4m3) {
   return __uint_as_float(bits | sign);
 }
 
+__device__ __forceinline__ void Store(float* p, float v) { *p = v; }
+__device__ __forceinline__ void Store(uint16_t* p, float v) { *p = FloatToBf16Bits(v); }
+
+// Out: float, or uint16_t for bf16 bits (round to nearest even).
+template <typename Out>
 __global__ void MxDequantizeKernel(const uint8_t* q, const uint8_t* scales, int64_t rows,
-                                   int64_t cols, int block_rows, float* out, bool e4m3) {
+                                   int64_t cols, int block_rows, Out* out, bool e4m3) {
   const int64_t kb = (cols + 31) / 32, n = rows * cols;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -259,7 +264,7 @@ __global__ void MxDequantizeKernel(const uint8_t* q, const uint8_t* scales, int6
     const uint8_t sc = scales[(r / block_rows) * kb + c / 32];
     const float s = sc == 0xFF ? __uint_as_float(0x7FC00000u)
                                : __uint_as_float(sc == 0 ? 0x00400000u : uint32_t{sc} << 23);
-    out[i] = __fmul_rn(DecodeFp8(q[i], e4m3), s);
+    Store(out + i, __fmul_rn(DecodeFp8(q[i], e4m3), s));
   }
 }
 
@@ -636,9 +641,16 @@ cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, u
   return cudaGetLastError();
 }
 
-cudaError_t LaunchMxDequantize(const uint8_t* q, const uint8_t* scales, int64_t rows,
-                               int64_t cols, int block_rows, float* out, bool e4m3,
-                               cudaStream_t s) {
+cudaError_t LaunchMxDequantize(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                               int block_rows, float* out, bool e4m3, cudaStream_t s) {
+  MxDequantizeKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(q, scales, rows, cols, block_rows,
+                                                               out, e4m3);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMxDequantizeBf16(const uint8_t* q, const uint8_t* scales, int64_t rows,
+                                   int64_t cols, int block_rows, uint16_t* out, bool e4m3,
+                                   cudaStream_t s) {
   MxDequantizeKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(q, scales, rows, cols, block_rows,
                                                                out, e4m3);
   return cudaGetLastError();

@@ -62,6 +62,10 @@ cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, u
 // decode(q) · 2^(scale - 127).
 cudaError_t LaunchMxDequantize(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                                int block_rows, float* out, bool e4m3, cudaStream_t s);
+// The same rounded to bf16 bits (round to nearest even) as it is written.
+cudaError_t LaunchMxDequantizeBf16(const uint8_t* q, const uint8_t* scales, int64_t rows,
+                                   int64_t cols, int block_rows, uint16_t* out, bool e4m3,
+                                   cudaStream_t s);
 
 // The reference GPT's layer kernels (kernels/layer_kernels.h), rows > 0 / n > 0. Rows go one
 // per block (at most 2^31 - 1). eps and c (= kRmsEps, kGeluC) come from the caller.

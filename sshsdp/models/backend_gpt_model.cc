@@ -71,21 +71,25 @@ std::vector<const void*> BackendGptModel::Weights(int g, const std::vector<Tenso
     mx_scratch_ = nullptr;
     mx_scratch_bf16_ = nullptr;
     mx_scratch_floats_ = 0;
-    mx_scratch_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(need) * 4));
-    if (b16) mx_scratch_bf16_ = static_cast<bf16*>(b_.Alloc(static_cast<size_t>(need) * 2));
+    if (b16) {  // bf16 GEMMs: the dequantized weights in bf16 only
+      mx_scratch_bf16_ = static_cast<bf16*>(b_.Alloc(static_cast<size_t>(need) * 2));
+    } else {
+      mx_scratch_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(need) * 4));
+    }
     mx_scratch_floats_ = need;
   }
   int64_t at = 0;
   for (size_t i = 0; i < v.size(); ++i) {
     int64_t rows = 0, cols = 0;
     MatrixView(specs[i].shape, &rows, &cols);
-    float* f = mx_scratch_ + at;
-    b_.MxDequantizeRows(static_cast<const uint8_t*>(v[i].data), v[i].scales, rows, cols, f,
-                        MxOptions{DType::kE4M3});
-    p[i] = f;
-    if (b16) {
-      b_.CastF32ToBf16(f, mx_scratch_bf16_ + at, rows * cols);
+    const auto* q = static_cast<const uint8_t*>(v[i].data);
+    if (b16) {  // one pass: dequantized and rounded to bf16 (exact for E4M3 in bf16's range)
+      b_.MxDequantizeRowsBf16(q, v[i].scales, rows, cols, mx_scratch_bf16_ + at,
+                              MxOptions{DType::kE4M3});
       p[i] = mx_scratch_bf16_ + at;
+    } else {
+      b_.MxDequantizeRows(q, v[i].scales, rows, cols, mx_scratch_ + at, MxOptions{DType::kE4M3});
+      p[i] = mx_scratch_ + at;
     }
     at += (specs[i].numel() + 15) / 16 * 16;
   }

@@ -12,10 +12,11 @@
 // (Backend::MxDequantizeRows: what a GPU without an MX GEMM, Hopper, does), and the block then
 // runs as with fp32 weights — the function Gpt computes with MXFP8 weights (kernels/mx_linear.h:
 // dequantized weight, fp32 activations and products). The scratch holds one block's weights.
-// With mx_gemm = kBF16 the dequantized weights are rounded to bf16 (exact: an E4M3 code times a
-// power of two has 4 significant bits, unless it lies below bf16's normal range) and the block
-// runs as with bf16 weights (GemmBf16: tensor-core products on a GPU, bf16-rounded inputs) —
-// the fast path on Hopper, equal bit for bit to bf16 weights holding the dequantized values.
+// With mx_gemm = kBF16 the weights are dequantized straight to bf16 (Backend::
+// MxDequantizeRowsBf16, one pass; exact: an E4M3 code times a power of two has 4 significant
+// bits, unless it lies below bf16's normal range) and the block runs as with bf16 weights
+// (GemmBf16: tensor-core products on a GPU, bf16-rounded inputs) — the fast path on Hopper, equal
+// bit for bit to bf16 weights holding the dequantized values.
 //
 //   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
 //   BackendGptModel model(*cpu, GptConfig::Preset("small"));
@@ -53,7 +54,7 @@ class BackendGptModel final : public Model {
   double FlopsPerToken() const override { return spec_.FlopsPerToken(); }
   int64_t ActivationBytes() const override {
     return (gpt_ ? gpt_->activation_bytes() : 0) +
-           mx_scratch_floats_ * (mx_gemm_ == DType::kBF16 ? 6 : 4);
+           mx_scratch_floats_ * (mx_gemm_ == DType::kBF16 ? 2 : 4);
   }
   bool ConsumesMx() const override { return true; }
 
@@ -67,8 +68,8 @@ class BackendGptModel final : public Model {
   Backend& b_;
   Gpt spec_;  // the runtime parameters and FLOPs (no activations: never given a batch)
   std::unique_ptr<BackendGpt> gpt_;
-  float* mx_scratch_ = nullptr;      // backend memory: one group's dequantized MXFP8 weights
-  bf16* mx_scratch_bf16_ = nullptr;  // and their bf16 roundings (mx_gemm = kBF16)
+  float* mx_scratch_ = nullptr;      // backend memory: one group's dequantized MXFP8 weights,
+  bf16* mx_scratch_bf16_ = nullptr;  // in fp32, or in bf16 (mx_gemm = kBF16: one pass)
   int64_t mx_scratch_floats_ = 0;
   DType mx_gemm_ = DType::kF32;
   int fwd_next_ = 0, bwd_next_ = -1;

@@ -140,6 +140,10 @@ class GuardedBackend final : public Backend {
                         float* out, const MxOptions& opt) override {
     SSHSDP_GUARDED(MxDequantizeRows(q, scales, rows, cols, out, opt));
   }
+  void MxDequantizeRowsBf16(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
+                            bf16* out, const MxOptions& opt) override {
+    SSHSDP_GUARDED(MxDequantizeRowsBf16(q, scales, rows, cols, out, opt));
+  }
   double SumSquares(const float* x, int64_t n) override { SSHSDP_GUARDED_VALUE(SumSquares(x, n)); }
   void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
                       int d) override {
