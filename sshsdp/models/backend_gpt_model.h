@@ -51,7 +51,12 @@ class BackendGptModel final : public Model {
   double Loss() const override;
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
-  double FlopsPerToken() const override { return spec_.FlopsPerToken(); }
+  // Gpt's count at the batch's T (the spec, never given a batch, counts the preset's seq_len).
+  double FlopsPerToken() const override {
+    const GptConfig& c = spec_.config();
+    const int T = gpt_ ? gpt_->seq_len() : c.seq_len;
+    return spec_.FlopsPerToken() + 12.0 * c.n_layer * c.d_model * (T - c.seq_len);
+  }
   int64_t ActivationBytes() const override {
     return (gpt_ ? gpt_->activation_bytes() : 0) +
            mx_scratch_floats_ * (mx_gemm_ == DType::kBF16 ? 2 : 4);

@@ -61,7 +61,12 @@ class BackendMoeModel final : public Model {
   double Loss() const override;
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
-  double FlopsPerToken() const override { return spec_.FlopsPerToken(); }
+  // MoeGpt's count at the batch's T (the spec, never given a batch, counts the preset's seq_len).
+  double FlopsPerToken() const override {
+    const GptConfig& c = c_.trunk;
+    const int T = T_ > 0 ? T_ : c.seq_len;
+    return spec_.FlopsPerToken() + 12.0 * c.n_layer * c.d_model * (T - c.seq_len);
+  }
   // The trunk's activations and scratch plus the MoE blocks' (backend memory), and the host
   // copies of the routing.
   int64_t ActivationBytes() const override;
