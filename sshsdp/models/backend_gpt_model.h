@@ -30,6 +30,7 @@
 
 #include "sshsdp/device/backend.h"
 #include "sshsdp/models/backend_gpt.h"
+#include "sshsdp/models/backend_views.h"
 #include "sshsdp/models/gpt.h"
 
 namespace sshsdp {
@@ -58,24 +59,15 @@ class BackendGptModel final : public Model {
     return spec_.FlopsPerToken() + 12.0 * c.n_layer * c.d_model * (T - c.seq_len);
   }
   int64_t ActivationBytes() const override {
-    return (gpt_ ? gpt_->activation_bytes() : 0) +
-           mx_scratch_floats_ * (mx_gemm_ == DType::kBF16 ? 2 : 4);
+    return (gpt_ ? gpt_->activation_bytes() : 0) + mx_.bytes();
   }
   bool ConsumesMx() const override { return true; }
 
  private:
-  // The fp32 pointers of group g's views (PlanError / ConfigError naming the view otherwise).
-  // Weight views as pointers and their one dtype (fp32 or bf16; MXFP8 views dequantized into
-  // the scratch, fp32); gradient views as fp32.
-  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype);
-  std::vector<float*> Grads(int g, const std::vector<TensorRef>& v) const;
-
   Backend& b_;
   Gpt spec_;  // the runtime parameters and FLOPs (no activations: never given a batch)
   std::unique_ptr<BackendGpt> gpt_;
-  float* mx_scratch_ = nullptr;      // backend memory: one group's dequantized MXFP8 weights,
-  bf16* mx_scratch_bf16_ = nullptr;  // in fp32, or in bf16 (mx_gemm = kBF16: one pass)
-  int64_t mx_scratch_floats_ = 0;
+  MxScratch mx_;  // one group's dequantized MXFP8 weights, in mx_gemm_
   DType mx_gemm_ = DType::kF32;
   int fwd_next_ = 0, bwd_next_ = -1;
   bool loss_valid_ = false;

@@ -7,11 +7,10 @@
 #include <string>
 
 #include "sshsdp/base/error.h"
-#include "sshsdp/update/update_unit.h"
 
 namespace sshsdp {
 
-BackendMoeModel::BackendMoeModel(Backend& b, const MoeConfig& c) : b_(b), c_(c), spec_(c) {
+BackendMoeModel::BackendMoeModel(Backend& b, const MoeConfig& c) : b_(b), c_(c), spec_(c), mx_(b) {
   c_ = spec_.config();  // d_ff resolved
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
   int next = 7;
@@ -41,7 +40,6 @@ BackendMoeModel::BackendMoeModel(Backend& b, const MoeConfig& c) : b_(b), c_(c),
 BackendMoeModel::~BackendMoeModel() {
   b_.Free(arena_);
   b_.Free(bf16_scratch_);
-  b_.Free(mx_scratch_);
 }
 
 void BackendMoeModel::Allocate(int B, int T) {
@@ -145,102 +143,14 @@ void BackendMoeModel::SetBatch(const int32_t* tokens, const int32_t* targets, in
   loss_valid_ = false;
 }
 
-size_t BackendMoeModel::NumViews(int g) const {
-  switch (roles_[static_cast<size_t>(g)].role) {
-    case Role::kEmbed:
-    case Role::kHead:
-      return 2;
-    case Role::kDense:
-      return 6;
-    case Role::kMoe:
-      return static_cast<size_t>(slots_.count);
-    case Role::kAttnRouter:
-      return static_cast<size_t>(slots_.w1);
-    case Role::kExperts:
-      return static_cast<size_t>(slots_.count - slots_.w1);
-  }
-  return 0;
-}
-
-std::vector<const void*> BackendMoeModel::Weights(int g, const std::vector<TensorRef>& v,
-                                                  DType* dtype) {
-  SSHSDP_CHECK(v.size() == NumViews(g), PlanError,
-               "BackendMoeModel group {}: got {} weight views, expected {}", g, v.size(),
-               NumViews(g));
-  const bool mx = !v.empty() && v[0].dtype == DType::kE4M3;
-  SSHSDP_CHECK(!mx || GroupConsumesMx(g), ConfigError,
-               "BackendMoeModel group {}: MXFP8 weight views outside an expert group (only the "
-               "experts are MX: MoeConfig::expert_group)",
-               g);
-  std::vector<const void*> p;
-  for (size_t i = 0; i < v.size(); ++i) {
-    SSHSDP_CHECK(
-        v[i].dtype == v[0].dtype && (v[i].dtype == DType::kF32 || v[i].dtype == DType::kBF16 || mx),
-        ConfigError,
-        "BackendMoeModel group {}: weight view {} is {} (view 0: {}); the MoE GPT on a "
-        "backend runs fp32 or bf16 runtime weights, one dtype per group, and MXFP8 "
-        "(e4m3) experts (--weight-dtype fp32, bf16 or mxfp8)",
-        g, i, DTypeName(v[i].dtype), DTypeName(v[0].dtype));
-    SSHSDP_CHECK(v[i].data != nullptr, PlanError,
-                 "BackendMoeModel group {}: weight view {} is null", g, i);
-    SSHSDP_CHECK(!mx || (v[i].scales != nullptr && v[i].scale_layout == ScaleLayout::kRowMajor),
-                 ConfigError,
-                 "BackendMoeModel group {}: MXFP8 weight view {} needs its scales relaid out "
-                 "row-major (--scale-layout row_major), got {}",
-                 g, i, v[i].scales ? ScaleLayoutName(v[i].scale_layout) : "no scales");
-    p.push_back(v[i].data);
-  }
-  *dtype = v.empty() ? DType::kF32 : v[0].dtype;
-  if (!mx) return p;
-  // Each packed weight's codes [rows, cols] dequantized whole (its scales cover the whole
-  // operand), then the group runs in fp32.
-  const std::vector<RuntimeParamSpec> specs = spec_.GroupParams(g);
-  int64_t need = 0;
-  for (const RuntimeParamSpec& s : specs) need += (s.numel() + 15) / 16 * 16;
-  if (need > mx_scratch_floats_) {
-    b_.Free(mx_scratch_);
-    mx_scratch_ = nullptr;
-    mx_scratch_floats_ = 0;
-    mx_scratch_ = static_cast<float*>(b_.Alloc(static_cast<size_t>(need) * 4));
-    mx_scratch_floats_ = need;
-  }
-  int64_t at = 0;
-  for (size_t i = 0; i < v.size(); ++i) {
-    int64_t rows = 0, cols = 0;
-    MatrixView(specs[i].shape, &rows, &cols);
-    b_.MxDequantizeRows(static_cast<const uint8_t*>(v[i].data), v[i].scales, rows, cols,
-                        mx_scratch_ + at, MxOptions{DType::kE4M3});
-    p[i] = mx_scratch_ + at;
-    at += (specs[i].numel() + 15) / 16 * 16;
-  }
-  *dtype = DType::kF32;
-  return p;
-}
-
-std::vector<float*> BackendMoeModel::Grads(int g, const std::vector<TensorRef>& v) const {
-  SSHSDP_CHECK(v.size() == NumViews(g), PlanError,
-               "BackendMoeModel group {}: got {} gradient views, expected {}", g, v.size(),
-               NumViews(g));
-  std::vector<float*> p;
-  for (size_t i = 0; i < v.size(); ++i) {
-    SSHSDP_CHECK(v[i].dtype == DType::kF32, ConfigError,
-                 "BackendMoeModel group {}: gradient view {} is {}; the MoE GPT on a backend "
-                 "writes fp32 gradients (--reduce fp32)",
-                 g, i, DTypeName(v[i].dtype));
-    SSHSDP_CHECK(v[i].data != nullptr, PlanError,
-                 "BackendMoeModel group {}: gradient view {} is null", g, i);
-    p.push_back(static_cast<float*>(v[i].data));
-  }
-  return p;
-}
-
 void BackendMoeModel::Forward(int g, const std::vector<TensorRef>& w) {
   SSHSDP_CHECK(gpt_ != nullptr, PlanError, "BackendMoeModel Forward({}) before SetBatch", g);
   SSHSDP_CHECK(g == fwd_next_, PlanError,
                "BackendMoeModel Forward({}) out of order: expected group {} (forward runs 0..{})",
                g, fwd_next_, num_groups() - 1);
   DType wdt = DType::kF32;
-  const std::vector<const void*> p = Weights(g, w, &wdt);
+  const std::vector<const void*> p = BackendWeights(b_, "BackendMoeModel", g, w, GroupParams(g),
+                                                    GroupConsumesMx(g), DType::kF32, &mx_, &wdt);
   const GroupRole r = roles_[static_cast<size_t>(g)];
   const int L = c_.trunk.n_layer;
   switch (r.role) {
@@ -291,8 +201,9 @@ void BackendMoeModel::Backward(int g, const std::vector<TensorRef>& w,
                "{}..0 after the whole forward)",
                g, bwd_next_, num_groups() - 1);
   DType wdt = DType::kF32;
-  const std::vector<const void*> p = Weights(g, w, &wdt);
-  const std::vector<float*> d = Grads(g, grad);
+  const std::vector<const void*> p = BackendWeights(b_, "BackendMoeModel", g, w, GroupParams(g),
+                                                    GroupConsumesMx(g), DType::kF32, &mx_, &wdt);
+  const std::vector<float*> d = BackendGrads("BackendMoeModel", g, grad, p.size());
   const bool acc = mode == GradWrite::kAccumulate;
   const GroupRole r = roles_[static_cast<size_t>(g)];
   const int L = c_.trunk.n_layer;
@@ -352,8 +263,7 @@ int64_t BackendMoeModel::ActivationBytes() const {
   int64_t host =
       static_cast<int64_t>(count_h_.size() * 4 + psum_h_.size() * 8 + frac_h_.size() * 4);
   for (const Block& A : blocks_) host += static_cast<int64_t>(A.offsets_h.size()) * 4;
-  return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + bf16_bytes_ +
-         mx_scratch_floats_ * 4 + host;
+  return (gpt_ ? gpt_->activation_bytes() : 0) + arena_bytes_ + bf16_bytes_ + mx_.bytes() + host;
 }
 
 }  // namespace sshsdp

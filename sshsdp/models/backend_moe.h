@@ -40,6 +40,7 @@
 
 #include "sshsdp/device/backend.h"
 #include "sshsdp/models/backend_gpt.h"
+#include "sshsdp/models/backend_views.h"
 #include "sshsdp/models/moe.h"
 
 namespace sshsdp {
@@ -100,12 +101,6 @@ class BackendMoeModel final : public Model {
     double aux = 0.0;
   };
 
-  size_t NumViews(int g) const;
-  // Group g's weight views as pointers in their one dtype (fp32 or bf16; an expert group's
-  // MXFP8 views dequantized into mx_scratch_, fp32), gradients as fp32 (PlanError /
-  // ConfigError naming the view otherwise).
-  std::vector<const void*> Weights(int g, const std::vector<TensorRef>& v, DType* dtype);
-  std::vector<float*> Grads(int g, const std::vector<TensorRef>& v) const;
   void Allocate(int B, int T);
   void RequireBf16Scratch();         // allocates x16_ / dy16_ on the first bf16 product
   const Block& Routed(int l) const;  // PlanError unless block l is MoE and routed this batch
@@ -154,9 +149,8 @@ class BackendMoeModel final : public Model {
   void* bf16_scratch_ = nullptr;  // x16_ and dy16_, once a bf16 weight was seen
   bf16 *x16_ = nullptr, *dy16_ = nullptr;
   int64_t bf16_bytes_ = 0;
-  std::vector<char> routed_;     // per block: routed in this batch's forward
-  float* mx_scratch_ = nullptr;  // backend memory: one expert group's dequantized weights
-  int64_t mx_scratch_floats_ = 0;
+  std::vector<char> routed_;  // per block: routed in this batch's forward
+  MxScratch mx_;  // one expert group's dequantized MXFP8 weights (fp32; backend_views.h)
   int fwd_next_ = 0, bwd_next_ = -1;
   bool loss_valid_ = false;
 };
