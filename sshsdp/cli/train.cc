@@ -543,7 +543,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
               {"gathers", st.counters.gathers},
               {"outer_overlapped", st.counters.outer_overlapped},
               {"update_p2p_bytes", st.counters.update_p2p.total()},
-              {"staged_bytes", st.counters.staged_bytes}};
+              {"staged_bytes", st.counters.staged_bytes},
+              {"backend_events", st.counters.backend_events},
+              {"backend_waits", st.counters.backend_waits}};
           if (st.skipped) j["skipped"] = true;
           if (!std::isnan(val_loss)) j["val_loss"] = val_loss;
           metrics << j.dump() << "\n";

@@ -9,7 +9,8 @@
 // Pointers passed to a backend's ops are that backend's memory (Alloc); CopyIn / CopyOut move
 // bytes between it and host memory and return once the host side may be reused. Ops run in
 // order on the backend's one compute stream and may return before they finish; CopyOut,
-// SumSquares and Synchronize wait for them. A backend is used from one host thread at a time.
+// SumSquares and Synchronize wait for them. A backend is used from one host thread at a time,
+// except for its events (RecordEvent), which any thread may wait on.
 // Element counts n must be >= 0 (NumericsError otherwise); 0 does nothing.
 //
 //   std::unique_ptr<Backend> b = MakeBackend("cuda");    // DeviceError if none is usable
@@ -62,6 +63,17 @@ class DeviceError : public Error {
   using Error::Error;
 };
 
+// A point in one backend handle's queue of ops (Backend::RecordEvent). Wait blocks the calling
+// host thread — any thread, not only the handle's — until every op queued on that handle before
+// the record has run, and raises DeviceError if one failed. How the engine hands a buffer the
+// compute stream wrote to its communication thread without stopping the compute thread (the
+// communication thread waits, DESIGN §6): a cudaEvent on CUDA, nothing to wait for on the CPU.
+class BackendEvent {
+ public:
+  virtual ~BackendEvent() = default;
+  virtual void Wait() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -81,6 +93,9 @@ class Backend {
   // Within the backend's memory, queued like an op (the ranges must not overlap).
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void Synchronize() = 0;
+  // Marks the ops queued on this handle so far (see BackendEvent); the caller does not wait.
+  // The event must not outlive the backend.
+  virtual std::shared_ptr<BackendEvent> RecordEvent() = 0;
   // Another handle on this backend's device, with a stream of its own, for a second host thread
   // (the communication thread's staging copies, device/staged_communicator.h): memory either
   // handle allocates is valid in both. The two handles' work is not ordered: the caller

@@ -1,11 +1,11 @@
 // Every op of a device backend (backend.h) against the CPU functions the engine and the
 // models run (the models' layers are a fixture here: the fp32 embedding kernels are checked
-// against them), on
-// the same inputs: casts, stochastic rounding, AdamW, Muon's elementwise stages and fill bit
-// for bit; the sum of
-// squares to 1e-12 relative; Newton–Schulz to 1e-4 of the largest entry. Sizes include 0,
-// odd sizes and sizes that start and end inside a Philox block; inputs include NaN, ±Inf,
-// subnormals and values that round past the bf16 maximum.
+// against them), on the same inputs: casts, stochastic rounding, AdamW, Muon's elementwise
+// stages and fill bit for bit; the sum of squares to 1e-12 relative; Newton–Schulz to 1e-4 of
+// the largest entry. Sizes include 0, odd sizes and sizes that start and end inside a Philox
+// block; inputs include NaN, ±Inf, subnormals and values that round past the bf16 maximum.
+// Events hand a stream's results to another thread and stream (and the guarded test backend's
+// model of them is checked here too).
 //
 //   device_backend_test --backend=cpu     # the CPU backend (runs everywhere)
 //   device_backend_test --backend=cuda    # exit 77 (ctest: skipped) without CUDA or a GPU
@@ -20,10 +20,12 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "sshsdp/device/backend.h"
+#include "sshsdp/device/testing/guarded_backend.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/layer_kernels.h"
 #include "sshsdp/kernels/matmul.h"
@@ -852,6 +854,62 @@ TEST_F(BackendTest, NewtonSchulzMatchesTheCpuIteration) {
                                        << "x" << s.cols << "] matrix " << i;
       }
     }
+}
+
+// An event recorded after a long queue of ops, waited for on another thread, hands the results
+// to another handle's stream there (the engine's hand-off to its communication thread).
+TEST_F(BackendTest, EventHandsWorkToAnotherThreadAndStream) {
+  const std::vector<float> x = Values(kLarge, 17);
+  Buffer<float> src(*b_, x);
+  Buffer<bf16> y(*b_, kLarge);
+  b_->Fill(src.get(), static_cast<int64_t>(kLarge), 3.0f);
+  b_->CastF32ToBf16(src.get(), y.get(), static_cast<int64_t>(kLarge));
+  std::shared_ptr<BackendEvent> ready = b_->RecordEvent();
+  std::vector<bf16> got(kLarge);
+  std::thread comm([&] {
+    ready->Wait();
+    std::unique_ptr<Backend> other = b_->NewStream();
+    other->CopyOut(got.data(), y.get(), kLarge * sizeof(bf16));
+  });
+  comm.join();
+  EXPECT_EQ(FirstMismatch(got, std::vector<bf16>(kLarge, FloatToBf16(3.0f))), "") << b_->name();
+  b_->Synchronize();
+}
+
+// The deferred guarded backend models that hand-off on the CPU: a wait for an event runs the
+// recording handle's queue up to the event — not past it — on the waiting thread; without the
+// wait another handle reads what was there before; a queued op's failure is raised by the wait
+// and again by the owner's next synchronizing call.
+TEST(GuardedBackendEvents, AWaitRunsTheQueueUpToItsEventOnTheWaitingThread) {
+  testing::GuardedBackend g(nullptr, /*deferred=*/true);
+  std::unique_ptr<Backend> other = g.NewStream();
+  const int64_t n = 1000;
+  auto* x = static_cast<float*>(g.Alloc(n * sizeof(float)));
+  const std::vector<float> zeros(n, 0.0f);
+  g.CopyIn(x, zeros.data(), n * sizeof(float));
+  g.Fill(x, n, 1.0f);
+  std::shared_ptr<BackendEvent> first = g.RecordEvent();
+  g.Fill(x, n, 2.0f);
+  std::shared_ptr<BackendEvent> second = g.RecordEvent();
+  std::vector<float> before(n), at_first(n), at_second(n);
+  std::thread comm([&] {
+    other->CopyOut(before.data(), x, n * sizeof(float));  // no wait: stale
+    first->Wait();
+    other->CopyOut(at_first.data(), x, n * sizeof(float));
+    second->Wait();
+    other->CopyOut(at_second.data(), x, n * sizeof(float));
+  });
+  comm.join();
+  EXPECT_EQ(before, zeros);
+  EXPECT_EQ(at_first, std::vector<float>(n, 1.0f));
+  EXPECT_EQ(at_second, std::vector<float>(n, 2.0f));
+
+  g.Fill(x, -1, 0.0f);  // fails when it runs
+  std::shared_ptr<BackendEvent> failed = g.RecordEvent();
+  EXPECT_THROW(failed->Wait(), NumericsError);
+  EXPECT_THROW(g.Synchronize(), NumericsError);
+  EXPECT_NO_THROW(g.Synchronize());  // raised once to the owner, as a stream's error
+  g.Free(x);
 }
 
 TEST(BackendFactory, NamesWhatIsWrong) {

@@ -30,6 +30,26 @@ void CheckCublas(cublasStatus_t s, const char* what) {
 #define SSHSDP_CUDA_OK(call) CheckCuda((call), #call)
 #define SSHSDP_CUBLAS_OK(call) CheckCublas((call), #call)
 
+// One cudaEvent recorded on a stream; any host thread may wait for it (cudaEventSynchronize
+// needs no current device). Made per hand-off: creating an event without timing costs about as
+// much as a kernel launch, a few per group and microbatch.
+class CudaEvent final : public BackendEvent {
+ public:
+  explicit CudaEvent(cudaStream_t stream) {
+    SSHSDP_CUDA_OK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    const cudaError_t e = cudaEventRecord(event_, stream);
+    if (e != cudaSuccess) cudaEventDestroy(event_);
+    CheckCuda(e, "cudaEventRecord");
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  void Wait() override { SSHSDP_CUDA_OK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int ordinal) : ordinal_(ordinal) {
@@ -97,6 +117,10 @@ class CudaBackend final : public Backend {
   void Synchronize() override {
     Use();
     SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));
+  }
+  std::shared_ptr<BackendEvent> RecordEvent() override {
+    Use();
+    return std::make_shared<CudaEvent>(stream_);
   }
   std::unique_ptr<Backend> NewStream() override { return std::make_unique<CudaBackend>(ordinal_); }
   void* AllocHost(size_t bytes) override {

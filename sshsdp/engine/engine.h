@@ -184,6 +184,11 @@ struct StepCounters {
   uint64_t weight_preps = 0;           // G invocations (cast/quantize passes over ZeRO-1 shards;
                                        // with ② one more per all-gather, over ZeRO-3 shards)
   uint64_t gathers = 0;                // ZeRO-3 all-gathers issued
+  uint64_t backend_events = 0;         // on a backend: hand-offs to the communication thread by
+                                       // event (one per task that moves backend memory there)
+  uint64_t backend_waits = 0;          // on a backend: the compute thread waiting for its
+                                       // queued ops (a main-thread collective on another
+                                       // stream); reads of a value (the loss) are not counted
   uint64_t outer_overlapped = 0;       // outer-phase tasks run on the communication thread
                                        // (EngineConfig::overlap_outer): per group one for its
                                        // outer reduce-scatter + HSDP all-reduce pair, and one
@@ -325,6 +330,11 @@ class Engine {
   void BuildGroup(int g);
   void ZeroState(RuntimeGroup& g);  // optimizer state := 0, host or backend memory
   void SyncBackend();               // waits for EngineConfig::backend's queued ops
+  // Queues `task` (a collective on `comm` for group g, traced as `name`) on the communication
+  // thread. On a backend it first waits there for an event recorded now: whatever the compute
+  // stream was asked to do before — a backward writing G′, a forward reading a slot about to
+  // be regathered — has run before the task touches the memory (the compute thread goes on).
+  CommHandle SubmitComm(const char* name, int g, Communicator* comm, std::function<void()> task);
   // A finalized root of `bytes` (at least 64), in host memory or the backend's, accounted
   // under `category`.
   std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes,

@@ -105,6 +105,22 @@ uint64_t StagedBytesPerStep(Engine& e, DType wdt) {
   return bytes;
 }
 
+// The compute stream's hand-offs per step (Engine::SubmitComm, SyncBackend): one event per
+// communication-thread task that moves backend memory — each ZeRO-3 gather, each group's
+// reduce-scatter per microbatch (none when sg = 1 fuses accumulation into backward) and, with
+// overlap_outer, each outer collective — and no wait of the compute thread but for an outer
+// phase run on it (its reduce-scatter / HSDP all-reduce, and its all-gather, per group).
+void ExpectHandOffs(Engine& e, const StepCounters& c, int M, bool overlap) {
+  const Topology& t = e.topology();
+  const uint64_t r = t.so() / t.sg(), a = t.so() / t.sw(), h = t.world() / t.so();
+  uint64_t n = 0;
+  for (const Engine::Zero1Field& f : e.Zero1Fields()) n += f.field == "main" ? 1 : 0;
+  const uint64_t rs = t.sg() > 1 ? n * M : 0;
+  const uint64_t outer = overlap ? n * ((r > 1) + (h > 1) + (a > 1)) : 0;
+  EXPECT_EQ(c.backend_events, c.gathers + rs + outer);
+  EXPECT_EQ(c.backend_waits, overlap ? 0 : n * ((r > 1 || h > 1) + (a > 1)));
+}
+
 // Which optimizer the engine on a backend runs: AdamW everywhere, or Muon per head (AdamW for
 // the rest) with its Newton–Schulz input u in fp32 (exact tolerances) or bf16 (the paper's).
 struct Optimizer {
@@ -154,6 +170,7 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
     EXPECT_EQ(d.dist.counters.add_passes, 0u);
     EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
     EXPECT_EQ(d.dist.counters.staged_bytes, staged);
+    ExpectHandOffs(run.engine(), d.dist.counters, 2, overlap_outer);
     last_p2p = d.dist.counters.update_p2p.total();
   });
   if (opt.kind == OptimizerKind::kMuon) {

@@ -147,13 +147,17 @@ void Engine::PrepareAndGatherWeights() {
     mx_->Relayout(gp->layout.group);
     counters_.scale_relayouts++;
   }
-  SyncBackend();  // G and the update done before the next gather reads Wᶻ³
+  // No wait here: the next gather of Wᶻ³ waits for G and the update on its own thread
+  // (SubmitComm's event).
 }
 
 void Engine::SyncBackend() {
-  // The backend's ops may run behind the host (a CUDA stream); the communication path moves
-  // its memory on another stream, so hand-offs wait here (events instead: not built yet).
-  if (cfg_.backend) cfg_.backend->Synchronize();
+  // The backend's ops may run behind the host (a CUDA stream), and a collective called on this
+  // thread moves its memory on another stream. The communication thread's tasks wait for an
+  // event instead (SubmitComm).
+  if (!cfg_.backend) return;
+  counters_.backend_waits++;
+  cfg_.backend->Synchronize();
 }
 
 void Engine::PrepareMx() {

@@ -32,6 +32,22 @@ std::function<void()> Traced(Tracer* t, const char* name, int group, Communicato
 
 }  // namespace
 
+CommHandle Engine::SubmitComm(const char* name, int gi, Communicator* comm,
+                              std::function<void()> task) {
+  std::function<void()> traced = Traced(cfg_.tracer, name, gi, comm, std::move(task));
+  if (!cfg_.backend) return comm_thread_->Submit(std::move(traced));
+  counters_.backend_events++;
+  Tracer* t = cfg_.tracer;
+  return comm_thread_->Submit(
+      [t, gi, ready = cfg_.backend->RecordEvent(), traced = std::move(traced)] {
+        {
+          TraceSpan s(t, "wait compute", kTraceComm, {{"group", gi}});
+          ready->Wait();
+        }
+        traced();
+      });
+}
+
 void Engine::StartOuterGather(int gi) {
   // The outer all-gather deferred from the last update phase, queued just before this group's
   // ZeRO-3 gather (which reads the Wᶻ³ it fills: the queue keeps that order).
@@ -42,8 +58,8 @@ void Engine::StartOuterGather(int gi) {
   void* buf = g.w_z3->data();
   const size_t count = g.z1.size();
   const DType dt = g.sdt;
-  g.outer_gather_handle = comm_thread_->Submit(Traced(
-      cfg_.tracer, "outer all-gather", gi, ag, [=] { ag->AllGatherInPlace(buf, count, dt); }));
+  g.outer_gather_handle =
+      SubmitComm("outer all-gather", gi, ag, [=] { ag->AllGatherInPlace(buf, count, dt); });
   counters_.outer_overlapped++;
 }
 
@@ -59,8 +75,8 @@ void Engine::StartGather(int gi) {
   g.w_full->AttachExternal(g.gather_block, bytes);
   g.gather_started = true;
   counters_.gathers++;
-  g.gather_handle = comm_thread_->Submit(Traced(cfg_.tracer, "all-gather", gi, rt_zero3_.get(),
-                                                path_->GatherTask(g, rt_zero3_.get())));
+  g.gather_handle =
+      SubmitComm("all-gather", gi, rt_zero3_.get(), path_->GatherTask(g, rt_zero3_.get()));
 }
 
 void Engine::WaitGather(int gi) {
@@ -124,8 +140,7 @@ void Engine::ForwardPass(bool release_all) {
     {
       ScopedTimer t(&time_.compute);
       TraceSpan s(cfg_.tracer, "forward", kTraceCompute, {{"group", g}});
-      model_.Forward(g, w);
-      SyncBackend();  // W′'s slot may be released and regathered on the comm path next
+      model_.Forward(g, w);  // on a backend, queued: a regather of W′'s slot waits for it
     }
     if (release_all || (cfg_.reshard_after_forward && g + 1 < n)) ReleaseGather(g);
   }
@@ -180,8 +195,7 @@ void Engine::BackwardGroup(int gi, int mb) {
   {
     ScopedTimer t(&time_.compute);
     TraceSpan s(cfg_.tracer, "backward", kTraceCompute, {{"group", gi}, {"microbatch", mb}});
-    model_.Backward(gi, w, grads, mode);
-    SyncBackend();  // G′ complete before the comm path reads it
+    model_.Backward(gi, w, grads, mode);  // on a backend, queued: the reduce-scatter waits
   }
   if (!skip_rs_) {
     ReduceScatterOptions ro;
@@ -193,8 +207,7 @@ void Engine::BackwardGroup(int gi, int mb) {
     }
     std::function<void()> task = path_->ReduceTask(G, rt_zero2_.get(), mb > 0, ro);
     G.g_full->Release();
-    G.rs_handle = comm_thread_->Submit(
-        Traced(cfg_.tracer, "reduce-scatter", gi, rt_zero2_.get(), std::move(task)));
+    G.rs_handle = SubmitComm("reduce-scatter", gi, rt_zero2_.get(), std::move(task));
   }
   ReleaseGather(gi);
 }
@@ -218,6 +231,8 @@ void Engine::FinishReduceScatter(int gi) {
 void Engine::OuterReduce(RuntimeGroup& g) {
   ScopedTimer t(&time_.comm_wait);
   TraceSpan s(cfg_.tracer, "outer reduce-scatter", kTraceCompute, {{"group", g.layout.group}});
+  // On this thread, over another stream: with sg = 1 backward wrote G′ᶻ² on the compute stream.
+  if (up_replica_rs_->size() > 1 || up_hsdp_->size() > 1) SyncBackend();
   if (up_replica_rs_->size() > 1)
     up_replica_rs_->ReduceScatter(g.g_z2->data(), DType::kF32, g.g_z1, DType::kF32, g.z1.size(),
                                   false);
@@ -236,13 +251,12 @@ void Engine::SubmitOuterReduce(int gi) {
   float* z1 = g.g_z1;
   const size_t count = g.z1.size();
   if (rs->size() > 1)
-    g.outer_rs_handle =
-        comm_thread_->Submit(Traced(cfg_.tracer, "outer reduce-scatter", gi, rs, [=] {
-          rs->ReduceScatter(z2, DType::kF32, z1, DType::kF32, count, false);
-        }));
+    g.outer_rs_handle = SubmitComm("outer reduce-scatter", gi, rs, [=] {
+      rs->ReduceScatter(z2, DType::kF32, z1, DType::kF32, count, false);
+    });
   if (ar->size() > 1)
-    g.outer_ar_handle = comm_thread_->Submit(Traced(
-        cfg_.tracer, "HSDP all-reduce", gi, ar, [=] { ar->AllReduce(z1, count, DType::kF32); }));
+    g.outer_ar_handle =
+        SubmitComm("HSDP all-reduce", gi, ar, [=] { ar->AllReduce(z1, count, DType::kF32); });
   g.outer_reduce_submitted = true;
   counters_.outer_overlapped++;
 }

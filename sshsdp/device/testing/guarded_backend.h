@@ -9,11 +9,12 @@
 // under a mutex), so the communication thread's staged copies may run beside the compute
 // thread's ops; a host access made exactly while another thread is inside a call goes unseen.
 // Deferred (the second argument), a handle's ops queue as on a GPU stream and run only at its
-// own Synchronize, host copy, value-returning op or Free — never at another handle's — so a
-// hand-off missing its synchronization reads stale memory here too, on a machine without a GPU.
-// A queued op's error surfaces at the handle's next synchronizing call. A flush opens every
-// region for the whole queue, which widens the window in which another thread's host access
-// goes unseen.
+// own Synchronize, host copy, value-returning op or Free, or when a thread waits for an event
+// recorded on it (up to the event) — never at another handle's call — so a hand-off missing its
+// synchronization reads stale memory here too, on a machine without a GPU. A queued op's error
+// surfaces at the handle's next synchronizing call (and at any wait for its events). A flush
+// opens every region for the whole queue, which widens the window in which another thread's
+// host access goes unseen.
 //
 //   testing::GuardedBackend b;
 //   cfg.backend = &b;
@@ -25,7 +26,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -104,6 +107,14 @@ class GuardedBackend final : public Backend {
     Run([=, this] { cpu_->Copy(dst, src, bytes); });
   }
   void Synchronize() override { Sync(); }
+  std::shared_ptr<BackendEvent> RecordEvent() override {
+    uint64_t mark = 0;
+    {
+      std::lock_guard<std::mutex> lock(queue_->mu);
+      mark = queue_->queued;
+    }
+    return std::make_shared<Event>(queue_, guard_, mark);
+  }
 
 // A void op: queued (deferred) or run now; its arguments are copied (pointers: backend memory).
 #define SSHSDP_GUARDED(call) Run([=, this] { cpu_->call; })
@@ -272,7 +283,8 @@ class GuardedBackend final : public Backend {
 
   // Every region readable and writable while at least one backend call runs.
   struct Open {
-    explicit Open(GuardedBackend* b, bool count = true) : g_(*b->guard_) {
+    explicit Open(GuardedBackend* b, bool count = true) : Open(*b->guard_, count) {}
+    explicit Open(Guard& g, bool count) : g_(g) {
       std::lock_guard<std::mutex> lock(g_.mu);
       g_.calls += count ? 1 : 0;
       if (g_.open++ == 0)
@@ -285,54 +297,101 @@ class GuardedBackend final : public Backend {
     }
     Guard& g_;
   };
+  // One handle's queue of deferred ops (its "stream"): a thread waiting for one of its events
+  // runs it up to the event, so it is locked. Ops run under the lock, in order, one at a time.
+  struct Queue {
+    std::mutex mu;
+    std::deque<std::function<void()>> ops;
+    uint64_t queued = 0;       // ops ever queued
+    uint64_t retired = 0;      // ops ever run or dropped
+    std::exception_ptr error;  // the first failed op's error, until the owner raises it
+  };
+  // Runs q's ops up to the `mark`-th; an op's error is kept and the rest of what is queued
+  // dropped, as a CUDA stream's error surfaces — raised at the next synchronizing call, never
+  // from Free or the destructor.
+  static void RunQueue(Queue& q, Guard& guard, uint64_t mark) noexcept {
+    std::lock_guard<std::mutex> lock(q.mu);
+    if (q.retired >= mark) return;
+    Open o(guard, /*count=*/false);
+    while (q.retired < mark) {
+      std::function<void()> op = std::move(q.ops.front());
+      q.ops.pop_front();
+      ++q.retired;
+      try {
+        op();
+      } catch (...) {
+        if (!q.error) q.error = std::current_exception();
+        q.retired = q.queued;
+        q.ops.clear();
+      }
+    }
+  }
+  struct Event final : BackendEvent {
+    Event(std::shared_ptr<Queue> q, std::shared_ptr<Guard> g, uint64_t m)
+        : queue(std::move(q)), guard(std::move(g)), mark(m) {}
+    void Wait() override {
+      RunQueue(*queue, *guard, mark);
+      std::exception_ptr e;
+      {
+        std::lock_guard<std::mutex> lock(queue->mu);
+        e = queue->error;  // left for the owner's next synchronizing call too
+      }
+      if (e) std::rethrow_exception(e);
+    }
+    std::shared_ptr<Queue> queue;
+    std::shared_ptr<Guard> guard;
+    uint64_t mark;
+  };
+
   void Run(std::function<void()> op) {
     if (deferred_) {
-      std::lock_guard<std::mutex> lock(guard_->mu);
-      ++guard_->calls;
-      queue_.push_back(std::move(op));
+      {
+        std::lock_guard<std::mutex> lock(guard_->mu);
+        ++guard_->calls;
+      }
+      std::lock_guard<std::mutex> lock(queue_->mu);
+      queue_->ops.push_back(std::move(op));
+      ++queue_->queued;
       return;
     }
     Open o(this);
     op();
   }
-  // Runs the queue; an op's error is kept (the rest of the queue dropped) and raised at the next
-  // synchronizing call, as a CUDA stream's error surfaces — never from Free or the destructor.
   void Flush() noexcept {
-    if (queue_.empty()) return;
-    std::vector<std::function<void()>> q;
-    q.swap(queue_);
-    Open o(this, /*count=*/false);
-    try {
-      for (auto& op : q) op();
-    } catch (...) {
-      if (!error_) error_ = std::current_exception();
+    uint64_t mark = 0;
+    {
+      std::lock_guard<std::mutex> lock(queue_->mu);
+      mark = queue_->queued;
     }
+    RunQueue(*queue_, *guard_, mark);
+  }
+  std::exception_ptr TakeError() {
+    std::lock_guard<std::mutex> lock(queue_->mu);
+    std::exception_ptr e = queue_->error;
+    queue_->error = nullptr;
+    return e;
   }
   void Sync() {
     Flush();
-    if (!error_) return;
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    std::rethrow_exception(e);
+    if (std::exception_ptr e = TakeError()) std::rethrow_exception(e);
   }
   void ReportPendingError() noexcept {
-    if (!error_) return;
+    std::exception_ptr e = TakeError();
+    if (!e) return;
     try {
-      std::rethrow_exception(error_);
+      std::rethrow_exception(e);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "guarded-cpu: a queued op failed: %s\n", e.what());
     } catch (...) {
       std::fprintf(stderr, "guarded-cpu: a queued op failed\n");
     }
-    error_ = nullptr;
   }
 
   std::unique_ptr<Backend> cpu_;
   ShmDeviceMemory* device_ = nullptr;
   std::shared_ptr<Guard> guard_;
   bool deferred_ = false;
-  std::vector<std::function<void()>> queue_;  // this handle's "stream" (deferred only)
-  std::exception_ptr error_;                  // the first queued op's error, not yet raised
+  std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();  // deferred only; events share it
 };
 
 }  // namespace sshsdp::testing
