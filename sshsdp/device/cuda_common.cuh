@@ -1,9 +1,19 @@
 // What the CUDA kernel files share (cuda_kernels.cu, cuda_direct_kernels.cu): the launch shape
 // of grid-stride loops and the bf16 scalar rules of numerics/dtype.h (round to nearest even,
 // NaN stays NaN). Nothing of sshsdp's is included (see cuda_kernels_internal.h).
+//
+// Kernels are launched with SSHSDP_LAUNCH(kernel, grid, block, shared_bytes, stream)(args...)
+// and declare dynamic shared memory with SSHSDP_DYNAMIC_SHARED(type, name): nvcc's <<<...>>>
+// and extern __shared__ here, the CPU emulation's where testing/cuda_emulation.h defined them
+// first (it compiles these files as C++ and runs their kernels on the CPU in CI).
 #pragma once
 
 #include <cuda_runtime.h>
+
+#ifndef SSHSDP_LAUNCH
+#define SSHSDP_LAUNCH(kernel, grid, block, shared, stream) kernel<<<grid, block, shared, stream>>>
+#define SSHSDP_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
 
 #include <algorithm>
 #include <cstdint>

@@ -32,7 +32,8 @@ __global__ void ReduceSlicesKernel(SliceArgs a, int m, bool src_bf16, void* out,
 
 cudaError_t LaunchReduceSlices(const SliceArgs& a, int m, bool src_bf16, void* out, bool out_bf16,
                                int64_t n, bool accumulate, cudaStream_t s) {
-  ReduceSlicesKernel<<<GridFor(n), kThreads, 0, s>>>(a, m, src_bf16, out, out_bf16, n, accumulate);
+  SSHSDP_LAUNCH(ReduceSlicesKernel, GridFor(n), kThreads, 0, s)
+  (a, m, src_bf16, out, out_bf16, n, accumulate);
   return cudaGetLastError();
 }
 

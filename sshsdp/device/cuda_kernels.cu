@@ -471,7 +471,7 @@ __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
 // Forward: query row t of head h in sequence b: s_j = q·k_j·scale (j ≤ t), lse, out = Σ p_j v_j.
 __global__ void AttentionForwardKernel(const float* qkv, float* out, float* lse, int T, int H,
                                        int dh, float scale) {
-  extern __shared__ float sh[];
+  SSHSDP_DYNAMIC_SHARED(float, sh);
   __shared__ float red[kThreads];
   const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
   const float* base = qkv + int64_t{b} * T * 3 * d;
@@ -508,7 +508,7 @@ __global__ void AttentionForwardKernel(const float* qkv, float* out, float* lse,
 __global__ void AttentionBackwardQueryKernel(const float* dout, const float* qkv, const float* out,
                                              const float* lse, float* dqkv, float* Dbuf, int T,
                                              int H, int dh, float scale) {
-  extern __shared__ float sh[];
+  SSHSDP_DYNAMIC_SHARED(float, sh);
   __shared__ float red[kThreads];
   const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
   const float* base = qkv + int64_t{b} * T * 3 * d;
@@ -546,7 +546,7 @@ __global__ void AttentionBackwardQueryKernel(const float* dout, const float* qkv
 __global__ void AttentionBackwardKeyKernel(const float* dout, const float* qkv, const float* lse,
                                            const float* Dbuf, float* dqkv, int T, int H, int dh,
                                            float scale) {
-  extern __shared__ float sh[];  // [T] p, then [T] dS
+  SSHSDP_DYNAMIC_SHARED(float, sh);  // [T] p, then [T] dS
   float* P = sh;
   float* dS = sh + T;
   const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
@@ -583,17 +583,17 @@ __global__ void AttentionBackwardKeyKernel(const float* dout, const float* qkv, 
 }  // namespace
 
 cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
-  FillKernel<<<GridFor(n), kThreads, 0, s>>>(x, n, value);
+  SSHSDP_LAUNCH(FillKernel, GridFor(n), kThreads, 0, s)(x, n, value);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchCastF32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s) {
-  CastF32ToBf16Kernel<<<GridFor(n), kThreads, 0, s>>>(x, y, n);
+  SSHSDP_LAUNCH(CastF32ToBf16Kernel, GridFor(n), kThreads, 0, s)(x, y, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchCastBf16ToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t s) {
-  CastBf16ToF32Kernel<<<GridFor(n), kThreads, 0, s>>>(x, y, n);
+  SSHSDP_LAUNCH(CastBf16ToF32Kernel, GridFor(n), kThreads, 0, s)(x, y, n);
   return cudaGetLastError();
 }
 
@@ -601,33 +601,33 @@ cudaError_t LaunchStochasticRound(const float* x, uint16_t* y, int64_t n, uint64
                                   uint32_t k0, uint32_t k1, uint32_t step, uint32_t stream,
                                   cudaStream_t s) {
   const uint64_t blocks = (first + static_cast<uint64_t>(n) - 1) / 8 - first / 8 + 1;
-  StochasticRoundKernel<<<GridFor(static_cast<int64_t>(blocks)), kThreads, 0, s>>>(
-      x, y, n, first, k0, k1, step, stream);
+  SSHSDP_LAUNCH(StochasticRoundKernel, GridFor(static_cast<int64_t>(blocks)), kThreads, 0, s)
+  (x, y, n, first, k0, k1, step, stream);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, cudaStream_t s) {
   const int grid = std::min(GridFor(n), kSumSquaresPartials);
-  SumSquaresPartial<<<grid, kThreads, 0, s>>>(x, n, partial);
-  SumPartials<<<1, kThreads, 0, s>>>(partial, grid, partial + kSumSquaresPartials);
+  SSHSDP_LAUNCH(SumSquaresPartial, grid, kThreads, 0, s)(x, n, partial);
+  SSHSDP_LAUNCH(SumPartials, 1, kThreads, 0, s)(partial, grid, partial + kSumSquaresPartials);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchNormalizeMatrices(float* x, int64_t per, int64_t batch, cudaStream_t s) {
-  NormalizeMatrices<<<static_cast<unsigned>(batch), kThreads, 0, s>>>(x, per);
+  SSHSDP_LAUNCH(NormalizeMatrices, static_cast<unsigned>(batch), kThreads, 0, s)(x, per);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchNsPolynomial(const float* A, float* B, int64_t total, int64_t m, float a, float b,
                                float c, cudaStream_t s) {
-  NsPolynomial<<<GridFor(total), kThreads, 0, s>>>(A, B, total, m, a, b, c);
+  SSHSDP_LAUNCH(NsPolynomial, GridFor(total), kThreads, 0, s)(A, B, total, m, a, b, c);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchScaleOut(const float* x, float* const* out, int64_t per, int64_t batch,
                            float scale, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(std::min(GridFor(per), 64)), static_cast<unsigned>(batch));
-  ScaleOut<<<grid, kThreads, 0, s>>>(x, out, per, scale);
+  SSHSDP_LAUNCH(ScaleOut, grid, kThreads, 0, s)(x, out, per, scale);
   return cudaGetLastError();
 }
 
@@ -635,105 +635,114 @@ cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, u
                                    uint8_t* scales, bool e4m3, bool ceil, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
   if (e4m3)
-    MxQuantizeWeightKernel<true><<<grid, kThreads, 0, s>>>(w, rows, cols, q, scales, ceil);
+    SSHSDP_LAUNCH(MxQuantizeWeightKernel<true>, grid, kThreads, 0, s)
+    (w, rows, cols, q, scales, ceil);
   else
-    MxQuantizeWeightKernel<false><<<grid, kThreads, 0, s>>>(w, rows, cols, q, scales, ceil);
+    SSHSDP_LAUNCH(MxQuantizeWeightKernel<false>, grid, kThreads, 0, s)
+    (w, rows, cols, q, scales, ceil);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMxDequantize(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                                int block_rows, float* out, bool e4m3, cudaStream_t s) {
-  MxDequantizeKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(q, scales, rows, cols, block_rows,
-                                                               out, e4m3);
+  SSHSDP_LAUNCH(MxDequantizeKernel, GridFor(rows * cols), kThreads, 0, s)
+  (q, scales, rows, cols, block_rows, out, e4m3);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMxDequantizeBf16(const uint8_t* q, const uint8_t* scales, int64_t rows,
                                    int64_t cols, int block_rows, uint16_t* out, bool e4m3,
                                    cudaStream_t s) {
-  MxDequantizeKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(q, scales, rows, cols, block_rows,
-                                                               out, e4m3);
+  SSHSDP_LAUNCH(MxDequantizeKernel, GridFor(rows * cols), kThreads, 0, s)
+  (q, scales, rows, cols, block_rows, out, e4m3);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRmsNormForward(const float* x, const float* g, float* y, float* rstd,
                                  int64_t rows, int d, float eps, cudaStream_t s) {
-  RmsNormForwardKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, g, y, rstd, d, eps);
+  SSHSDP_LAUNCH(RmsNormForwardKernel, static_cast<unsigned>(rows), kThreads, 0, s)
+  (x, g, y, rstd, d, eps);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchRmsNormBackward(const float* dy, const float* x, const float* g,
                                   const float* rstd, float* dx, float* dg, int64_t rows, int d,
                                   bool accumulate_dx, cudaStream_t s) {
-  RmsNormBackwardRowsKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(dy, x, g, rstd, dx, d,
-                                                                             accumulate_dx);
-  RmsNormGainKernel<<<(d + kThreads - 1) / kThreads, kThreads, 0, s>>>(dy, x, rstd, dg, rows, d);
+  SSHSDP_LAUNCH(RmsNormBackwardRowsKernel, static_cast<unsigned>(rows), kThreads, 0, s)
+  (dy, x, g, rstd, dx, d, accumulate_dx);
+  SSHSDP_LAUNCH(RmsNormGainKernel, (d + kThreads - 1) / kThreads, kThreads, 0, s)
+  (dy, x, rstd, dg, rows, d);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchGeluForward(const float* x, float* y, int64_t n, float c, cudaStream_t s) {
-  GeluForwardKernel<<<GridFor(n), kThreads, 0, s>>>(x, y, n, c);
+  SSHSDP_LAUNCH(GeluForwardKernel, GridFor(n), kThreads, 0, s)(x, y, n, c);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchGeluBackward(const float* x, float* dy, int64_t n, float c, cudaStream_t s) {
-  GeluBackwardKernel<<<GridFor(n), kThreads, 0, s>>>(x, dy, n, c);
+  SSHSDP_LAUNCH(GeluBackwardKernel, GridFor(n), kThreads, 0, s)(x, dy, n, c);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSwigluForward(const float* h1, const float* h3, float* a, int64_t n,
                                 cudaStream_t s) {
-  SwigluForwardKernel<<<GridFor(n), kThreads, 0, s>>>(h1, h3, a, n);
+  SSHSDP_LAUNCH(SwigluForwardKernel, GridFor(n), kThreads, 0, s)(h1, h3, a, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSwigluBackward(const float* h1, const float* h3, const float* da, float* dh1,
                                  float* dh3, int64_t n, cudaStream_t s) {
-  SwigluBackwardKernel<<<GridFor(n), kThreads, 0, s>>>(h1, h3, da, dh1, dh3, n);
+  SSHSDP_LAUNCH(SwigluBackwardKernel, GridFor(n), kThreads, 0, s)(h1, h3, da, dh1, dh3, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSoftmaxCrossEntropy(float* logits, const int32_t* targets, float* losses,
                                       double* row_loss, int64_t rows, int64_t V, int64_t ld,
                                       double* total, cudaStream_t s) {
-  SoftmaxCrossEntropyKernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-      logits, targets, losses, row_loss, V, ld);
-  SumDoubles<<<1, kThreads, 0, s>>>(row_loss, rows, total);
+  SSHSDP_LAUNCH(SoftmaxCrossEntropyKernel, static_cast<unsigned>(rows), kThreads, 0, s)
+  (logits, targets, losses, row_loss, V, ld);
+  SSHSDP_LAUNCH(SumDoubles, 1, kThreads, 0, s)(row_loss, rows, total);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchSoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets,
                                               float* dlogits, int64_t rows, int64_t ld, float scale,
                                               cudaStream_t s) {
-  ScaleCopyKernel<<<GridFor(rows * ld), kThreads, 0, s>>>(probs, dlogits, rows * ld, scale);
-  SubtractAtTargets<<<GridFor(rows), kThreads, 0, s>>>(dlogits, targets, rows, ld, scale);
+  SSHSDP_LAUNCH(ScaleCopyKernel, GridFor(rows * ld), kThreads, 0, s)
+  (probs, dlogits, rows * ld, scale);
+  SSHSDP_LAUNCH(SubtractAtTargets, GridFor(rows), kThreads, 0, s)
+  (dlogits, targets, rows, ld, scale);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchEmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B,
                                    int T, int d, float* out, cudaStream_t s) {
   const int64_t BT = int64_t{B} * T;
-  EmbeddingForwardKernel<<<GridFor(BT * d), kThreads, 0, s>>>(wte, wpe, tokens, BT, T, d, out);
+  SSHSDP_LAUNCH(EmbeddingForwardKernel, GridFor(BT * d), kThreads, 0, s)
+  (wte, wpe, tokens, BT, T, d, out);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
                                     float* dwte, float* dwpe, cudaStream_t s) {
-  EmbeddingTokenGradKernel<<<(d + kThreads - 1) / kThreads, kThreads, 0, s>>>(
-      dx, tokens, int64_t{B} * T, d, dwte);
-  EmbeddingPositionGradKernel<<<GridFor(int64_t{T} * d), kThreads, 0, s>>>(dx, B, T, d, dwpe);
+  SSHSDP_LAUNCH(EmbeddingTokenGradKernel, (d + kThreads - 1) / kThreads, kThreads, 0, s)
+  (dx, tokens, int64_t{B} * T, d, dwte);
+  SSHSDP_LAUNCH(EmbeddingPositionGradKernel, GridFor(int64_t{T} * d), kThreads, 0, s)
+  (dx, B, T, d, dwpe);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
-  AddKernel<<<GridFor(n), kThreads, 0, s>>>(a, b, y, n);
+  SSHSDP_LAUNCH(AddKernel, GridFor(n), kThreads, 0, s)(a, b, y, n);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
                                    int dh, float scale, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(B));
-  AttentionForwardKernel<<<grid, kThreads, sizeof(float) * T, s>>>(qkv, out, lse, T, H, dh, scale);
+  SSHSDP_LAUNCH(AttentionForwardKernel, grid, kThreads, sizeof(float) * T, s)
+  (qkv, out, lse, T, H, dh, scale);
   return cudaGetLastError();
 }
 
@@ -741,10 +750,10 @@ cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const f
                                     const float* lse, float* dqkv, float* D, int B, int T, int H,
                                     int dh, float scale, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(B));
-  AttentionBackwardQueryKernel<<<grid, kThreads, sizeof(float) * T, s>>>(dout, qkv, out, lse, dqkv,
-                                                                         D, T, H, dh, scale);
-  AttentionBackwardKeyKernel<<<grid, kThreads, 2 * sizeof(float) * T, s>>>(dout, qkv, lse, D, dqkv,
-                                                                           T, H, dh, scale);
+  SSHSDP_LAUNCH(AttentionBackwardQueryKernel, grid, kThreads, sizeof(float) * T, s)
+  (dout, qkv, out, lse, dqkv, D, T, H, dh, scale);
+  SSHSDP_LAUNCH(AttentionBackwardKeyKernel, grid, kThreads, 2 * sizeof(float) * T, s)
+  (dout, qkv, lse, D, dqkv, T, H, dh, scale);
   return cudaGetLastError();
 }
 

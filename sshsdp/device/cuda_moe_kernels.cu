@@ -232,20 +232,22 @@ __global__ void RouterBackwardKernel(const float* score, const int32_t* sel_all,
 
 cudaError_t LaunchMoeTopK(float* score, int64_t N, int E, int k, bool softmax, bool renormalize,
                           int32_t* sel, float* gate, cudaStream_t s) {
-  TopKKernel<<<GridFor(N), kThreads, 0, s>>>(score, N, E, k, softmax, renormalize, sel, gate);
+  SSHSDP_LAUNCH(TopKKernel, GridFor(N), kThreads, 0, s)
+  (score, N, E, k, softmax, renormalize, sel, gate);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMoeExpertStats(const float* score, const int32_t* sel, int64_t N, int E, int k,
                                  bool softmax, int32_t* count, double* psum, cudaStream_t s) {
-  ExpertStatsKernel<<<static_cast<unsigned>(E), kThreads, 0, s>>>(score, sel, N, E, k, softmax,
-                                                                  count, psum);
+  SSHSDP_LAUNCH(ExpertStatsKernel, static_cast<unsigned>(E), kThreads, 0, s)
+  (score, sel, N, E, k, softmax, count, psum);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k,
                              int32_t* row, int32_t* token, cudaStream_t s) {
-  PermuteKernel<<<static_cast<unsigned>(E), kThreads, 0, s>>>(sel, offsets, N, k, row, token);
+  SSHSDP_LAUNCH(PermuteKernel, static_cast<unsigned>(E), kThreads, 0, s)
+  (sel, offsets, N, k, row, token);
   return cudaGetLastError();
 }
 
@@ -254,33 +256,35 @@ cudaError_t LaunchMoeRouterBackward(const float* score, const int32_t* sel, cons
                                     bool softmax, bool renormalize, float aux_weight, float* dz,
                                     cudaStream_t s) {
   if (k > kMaxTopK) return cudaErrorInvalidValue;
-  RouterBackwardKernel<<<GridFor(N), kThreads, 0, s>>>(score, sel, gate, frac, dgate, N, E, k,
-                                                       softmax, renormalize, aux_weight, dz);
+  SSHSDP_LAUNCH(RouterBackwardKernel, GridFor(N), kThreads, 0, s)
+  (score, sel, gate, frac, dgate, N, E, k, softmax, renormalize, aux_weight, dz);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchGatherRows(const float* src, const int32_t* idx, float* dst, int64_t rows,
                              int64_t d, cudaStream_t s) {
-  GatherRowsKernel<<<RowBlocks(rows), kThreads, 0, s>>>(src, idx, dst, rows, d);
+  SSHSDP_LAUNCH(GatherRowsKernel, RowBlocks(rows), kThreads, 0, s)(src, idx, dst, rows, d);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMoeCombine(const float* yp, const int32_t* row, const float* gate, float* out,
                              int64_t N, int k, int64_t d, bool accumulate, cudaStream_t s) {
-  CombineKernel<<<RowBlocks(N), kThreads, 0, s>>>(yp, row, gate, out, N, k, d, accumulate);
+  SSHSDP_LAUNCH(CombineKernel, RowBlocks(N), kThreads, 0, s)
+  (yp, row, gate, out, N, k, d, accumulate);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMoeCombineBackward(const float* dy, const float* yp, const int32_t* row,
                                      const float* gate, float* dgate, float* dyp, int64_t N, int k,
                                      int64_t d, cudaStream_t s) {
-  CombineBackwardKernel<<<RowBlocks(N), kThreads, 0, s>>>(dy, yp, row, gate, dgate, dyp, N, k, d);
+  SSHSDP_LAUNCH(CombineBackwardKernel, RowBlocks(N), kThreads, 0, s)
+  (dy, yp, row, gate, dgate, dyp, N, k, d);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMoeUnpermuteSum(const float* dxp, const int32_t* row, float* dx, int64_t N, int k,
                                   int64_t d, cudaStream_t s) {
-  UnpermuteSumKernel<<<RowBlocks(N), kThreads, 0, s>>>(dxp, row, dx, N, k, d);
+  SSHSDP_LAUNCH(UnpermuteSumKernel, RowBlocks(N), kThreads, 0, s)(dxp, row, dx, N, k, d);
   return cudaGetLastError();
 }
 

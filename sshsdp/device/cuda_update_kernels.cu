@@ -52,21 +52,21 @@ __global__ void MuonWeightUpdateKernel(float* w, const float* v, int64_t n, floa
 
 cudaError_t LaunchAdamW(float* w, const float* g, float* m, float* v, int64_t n, const AdamWArgs& a,
                         cudaStream_t s) {
-  AdamWKernel<<<GridFor(n), kThreads, 0, s>>>(w, g, m, v, n, a.beta1, a.beta2, a.eps, a.step_size,
-                                              a.inv_sqrt_bc2, a.decay, a.grad_scale);
+  SSHSDP_LAUNCH(AdamWKernel, GridFor(n), kThreads, 0, s)
+  (w, g, m, v, n, a.beta1, a.beta2, a.eps, a.step_size, a.inv_sqrt_bc2, a.decay, a.grad_scale);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMuonMomentum(const float* grad, float* m, void* u, bool u_f32, int64_t n,
                                float momentum, bool nesterov, float grad_scale, cudaStream_t s) {
-  MuonMomentumKernel<<<GridFor(n), kThreads, 0, s>>>(grad, m, u, u_f32, n, momentum, nesterov,
-                                                     grad_scale);
+  SSHSDP_LAUNCH(MuonMomentumKernel, GridFor(n), kThreads, 0, s)
+  (grad, m, u, u_f32, n, momentum, nesterov, grad_scale);
   return cudaGetLastError();
 }
 
 cudaError_t LaunchMuonWeightUpdate(float* w, const float* v, int64_t n, float decay, float lr,
                                    cudaStream_t s) {
-  MuonWeightUpdateKernel<<<GridFor(n), kThreads, 0, s>>>(w, v, n, decay, lr);
+  SSHSDP_LAUNCH(MuonWeightUpdateKernel, GridFor(n), kThreads, 0, s)(w, v, n, decay, lr);
   return cudaGetLastError();
 }
 
