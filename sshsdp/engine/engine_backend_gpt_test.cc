@@ -155,6 +155,13 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
     c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, wdt);
     c.tol = testing::AdamWTolerances(wdt);
   }
+  // A GPU's exp, tanh and sums differ from the CPU's in their last bits (the CPU backend is the
+  // host's kernels, bit for bit). With bf16 activations one such bit can flip a rounding (2^-8
+  // relative), and AdamW's first steps (eps 1e-6) turn a changed near-zero gradient into up to
+  // 2·lr on that element: seen at 5.6e-4 (AdamW) to 7.7e-3 (wte beside Muon) on the CPU emulation
+  // of CUDA. Weights are bounded at 1.5e-2 there; a wrong or missing update still shows in the
+  // next steps' losses and gradient norms, held at bf16's bounds.
+  if (wdt == DType::kBF16 && backend.name().starts_with("cuda")) c.tol.weight = 1.5e-2;
   c.cfg.backend = &backend;
   if (direct) {
     c.cfg.comm_path = CommPath::kDirect;

@@ -1,7 +1,7 @@
 // The CPU emulation of CUDA (cuda_emulation.h): the block scheduler with one fiber per thread,
 // and the CUDA runtime and cuBLAS functions device/cuda_backend.cc calls, defined here so a test
 // binary links this file in place of libcudart and libcublas. Memory is host memory, streams and
-// events complete at once, and the GEMMs are reference loops in fp32 (k in order).
+// events complete at once, and cuBLAS's GEMMs are the CPU backend's (oneDNN).
 #include "sshsdp/device/testing/cuda_emulation.h"
 
 #include <cublas_v2.h>
@@ -15,6 +15,9 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+#include "sshsdp/kernels/matmul.h"
+#include "sshsdp/numerics/dtype.h"
 
 namespace sshsdp::emu {
 namespace {
@@ -290,7 +293,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
 cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 
-// ---- cuBLAS: column-major reference GEMMs, fp32 sums over k in order. ----
+// ---- cuBLAS: its column-major GEMMs on the CPU backend's GEMM. ----
 struct cublasContext {};
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
@@ -311,31 +314,26 @@ const char* cublasGetStatusString(cublasStatus_t s) {
 
 namespace {
 
-float Element(const void* p, cudaDataType t, int64_t i) {
-  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
-  const uint16_t b = static_cast<const uint16_t*>(p)[i];
-  return std::bit_cast<float>(static_cast<uint32_t>(b) << 16);
-}
-
-// C[m, n] = alpha·op(A)·op(B) + beta·C, column-major; beta = 0 does not read C.
+// C[m, n] = alpha·op(A)·op(B) + beta·C, column-major, beta 0 (C not read) or 1: the CPU
+// backend's GEMM (kernels/matmul.h, oneDNN) on the row-major reading of the same memory,
+// Cᵀ = op(B)ᵀ·op(A)ᵀ — so the emulated CUDA backend's products are the CPU backend's bits and
+// a difference between the two backends lies in the kernels.
 cublasStatus_t Gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, float alpha,
                     const void* A, cudaDataType at, int lda, const void* B, cudaDataType bt,
                     int ldb, float beta, float* C, int ldc) {
   const auto ok_op = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T; };
   if (!ok_op(ta) || !ok_op(tb) || m < 0 || n < 0 || k < 0 || ldc < std::max(1, m) ||
-      lda < std::max(1, ta == CUBLAS_OP_N ? m : k) || ldb < std::max(1, tb == CUBLAS_OP_N ? k : n))
+      lda < std::max(1, ta == CUBLAS_OP_N ? m : k) ||
+      ldb < std::max(1, tb == CUBLAS_OP_N ? k : n) || at != bt || (beta != 0.0f && beta != 1.0f))
     return CUBLAS_STATUS_INVALID_VALUE;
-  for (int j = 0; j < n; ++j)
-    for (int i = 0; i < m; ++i) {
-      float acc = 0.0f;
-      for (int l = 0; l < k; ++l) {
-        const int64_t ai = ta == CUBLAS_OP_N ? i + int64_t{l} * lda : l + int64_t{i} * lda;
-        const int64_t bi = tb == CUBLAS_OP_N ? l + int64_t{j} * ldb : j + int64_t{l} * ldb;
-        acc += Element(A, at, ai) * Element(B, bt, bi);
-      }
-      float& c = C[i + int64_t{j} * ldc];
-      c = beta == 0.0f ? alpha * acc : alpha * acc + beta * c;
-    }
+  try {
+    sshsdp::kernels::GemmStrided(tb == CUBLAS_OP_T, ta == CUBLAS_OP_T, n, m, k, B, ldb, A, lda,
+                                 at == CUDA_R_16BF ? sshsdp::DType::kBF16 : sshsdp::DType::kF32, C,
+                                 ldc, sshsdp::DType::kF32, beta == 1.0f, alpha);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda emulation: GEMM refused: %s\n", e.what());
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -16,7 +16,7 @@
 // What it does not emulate: warps (no shuffles or warp-synchronous code: the kernels use none),
 // streams (every launch and copy completes at once, in order), device memory (host memory from
 // aligned_alloc), the GPU's libm (glibc's expf, not CUDA's: the ops with exp or log have
-// tolerances), cuBLAS (testing/cuda_emulation.cc's reference loops stand in for the GEMMs).
+// tolerances), cuBLAS (the CPU backend's GEMMs stand in: testing/cuda_emulation.cc).
 //
 // Use: compile a .cu file as C++ with this header first (-ffp-contract=off, as --fmad=false):
 //   #include "sshsdp/device/testing/cuda_emulation.h"
