@@ -862,13 +862,14 @@ TEST_F(BackendTest, EventHandsWorkToAnotherThreadAndStream) {
   const std::vector<float> x = Values(kLarge, 17);
   Buffer<float> src(*b_, x);
   Buffer<bf16> y(*b_, kLarge);
+  std::unique_ptr<Backend> other = b_->NewStream();  // made first: the wait is all that orders
   b_->Fill(src.get(), static_cast<int64_t>(kLarge), 3.0f);
-  b_->CastF32ToBf16(src.get(), y.get(), static_cast<int64_t>(kLarge));
+  for (int i = 0; i < 20; ++i)  // long enough that a copy without the wait would overtake it
+    b_->CastF32ToBf16(src.get(), y.get(), static_cast<int64_t>(kLarge));
   std::shared_ptr<BackendEvent> ready = b_->RecordEvent();
   std::vector<bf16> got(kLarge);
   std::thread comm([&] {
     ready->Wait();
-    std::unique_ptr<Backend> other = b_->NewStream();
     other->CopyOut(got.data(), y.get(), kLarge * sizeof(bf16));
   });
   comm.join();
@@ -908,7 +909,9 @@ TEST(GuardedBackendEvents, AWaitRunsTheQueueUpToItsEventOnTheWaitingThread) {
   std::shared_ptr<BackendEvent> failed = g.RecordEvent();
   EXPECT_THROW(failed->Wait(), NumericsError);
   EXPECT_THROW(g.Synchronize(), NumericsError);
-  EXPECT_NO_THROW(g.Synchronize());  // raised once to the owner, as a stream's error
+  EXPECT_NO_THROW(g.Synchronize());             // raised once to the owner, as a stream's error
+  EXPECT_THROW(failed->Wait(), NumericsError);  // but sticky for every wait that covers it
+  EXPECT_NO_THROW(first->Wait());               // not for one recorded before it
   g.Free(x);
 }
 

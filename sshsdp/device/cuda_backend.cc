@@ -30,23 +30,32 @@ void CheckCublas(cublasStatus_t s, const char* what) {
 #define SSHSDP_CUDA_OK(call) CheckCuda((call), #call)
 #define SSHSDP_CUBLAS_OK(call) CheckCublas((call), #call)
 
-// One cudaEvent recorded on a stream; any host thread may wait for it (cudaEventSynchronize
-// needs no current device). Made per hand-off: creating an event without timing costs about as
-// much as a kernel launch, a few per group and microbatch.
+// One cudaEvent recorded on a stream; any host thread may wait for it. Waiting and destroying
+// make the event's device current first: on a thread without one (the engine's communication
+// thread before its first collective) the runtime would otherwise open device 0's context. Made
+// per hand-off: an event without timing costs about a kernel launch, a few per group and
+// microbatch.
 class CudaEvent final : public BackendEvent {
  public:
-  explicit CudaEvent(cudaStream_t stream) {
+  CudaEvent(int ordinal, cudaStream_t stream) : ordinal_(ordinal) {
     SSHSDP_CUDA_OK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
     const cudaError_t e = cudaEventRecord(event_, stream);
     if (e != cudaSuccess) cudaEventDestroy(event_);
     CheckCuda(e, "cudaEventRecord");
   }
-  ~CudaEvent() override { cudaEventDestroy(event_); }
+  ~CudaEvent() override {
+    cudaSetDevice(ordinal_);
+    cudaEventDestroy(event_);
+  }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
-  void Wait() override { SSHSDP_CUDA_OK(cudaEventSynchronize(event_)); }
+  void Wait() override {
+    SSHSDP_CUDA_OK(cudaSetDevice(ordinal_));
+    SSHSDP_CUDA_OK(cudaEventSynchronize(event_));
+  }
 
  private:
+  int ordinal_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -120,7 +129,7 @@ class CudaBackend final : public Backend {
   }
   std::shared_ptr<BackendEvent> RecordEvent() override {
     Use();
-    return std::make_shared<CudaEvent>(stream_);
+    return std::make_shared<CudaEvent>(ordinal_, stream_);
   }
   std::unique_ptr<Backend> NewStream() override { return std::make_unique<CudaBackend>(ordinal_); }
   void* AllocHost(size_t bytes) override {

@@ -114,7 +114,9 @@ void ExpectHandOffs(Engine& e, const StepCounters& c, int M, bool overlap) {
   const Topology& t = e.topology();
   const uint64_t r = t.so() / t.sg(), a = t.so() / t.sw(), h = t.world() / t.so();
   uint64_t n = 0;
-  for (const Engine::Zero1Field& f : e.Zero1Fields()) n += f.field == "main" ? 1 : 0;
+  for (const Engine::Zero1Field& f : e.Zero1Fields(/*read_state=*/false))
+    n += f.field == "main" ? 1 : 0;
+  e.ReleaseZero1Mirrors();
   const uint64_t rs = t.sg() > 1 ? n * M : 0;
   const uint64_t outer = overlap ? n * ((r > 1) + (h > 1) + (a > 1)) : 0;
   EXPECT_EQ(c.backend_events, c.gathers + rs + outer);
@@ -370,6 +372,7 @@ TEST(EngineOnBackend, StatePathsOnDeferredGuardedMemoryMatchTheCpuBackend) {
       EXPECT_EQ(x.loss, y.loss) << "step " << s;
       EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << s;
       EXPECT_EQ(x.counters.staged_bytes, staged) << "step " << s;
+      ExpectHandOffs(a, x.counters, 2, ca.overlap_outer);  // step 2: the evaluation's gathers
     };
     step_both(1);
     EXPECT_EQ(a.Evaluate(batch(100), 2), b.Evaluate(batch(100), 2));

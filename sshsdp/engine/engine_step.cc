@@ -271,6 +271,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   TraceSpan step_span(cfg_.tracer, "step", kTraceCompute, {{"step", step_ + 1}});
   counters_ = {};
   counters_.outer_overlapped = carried_outer_;  // run by an Evaluate since the last step
+  // On a backend each of those outer all-gathers was one hand-off by event.
+  counters_.backend_events = cfg_.backend ? carried_outer_ : 0;
   carried_outer_ = 0;
   copy_meter_.Reset();
   time_ = {};

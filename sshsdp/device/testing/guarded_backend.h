@@ -12,7 +12,8 @@
 // own Synchronize, host copy, value-returning op or Free, or when a thread waits for an event
 // recorded on it (up to the event) — never at another handle's call — so a hand-off missing its
 // synchronization reads stale memory here too, on a machine without a GPU. A queued op's error
-// surfaces at the handle's next synchronizing call (and at any wait for its events). A flush
+// surfaces at the handle's next synchronizing call, and at every wait for an event recorded
+// after it (sticky, as a CUDA context's error). A flush
 // opens every region for the whole queue, which widens the window in which another thread's
 // host access goes unseen.
 //
@@ -305,6 +306,10 @@ class GuardedBackend final : public Backend {
     uint64_t queued = 0;       // ops ever queued
     uint64_t retired = 0;      // ops ever run or dropped
     std::exception_ptr error;  // the first failed op's error, until the owner raises it
+    // The first failure ever, and the op's place (1-based): sticky, as a CUDA context's error —
+    // every later event wait raises it, whether or not the owner has.
+    std::exception_ptr failure;
+    uint64_t failed_at = 0;
   };
   // Runs q's ops up to the `mark`-th; an op's error is kept and the rest of what is queued
   // dropped, as a CUDA stream's error surfaces — raised at the next synchronizing call, never
@@ -321,6 +326,10 @@ class GuardedBackend final : public Backend {
         op();
       } catch (...) {
         if (!q.error) q.error = std::current_exception();
+        if (!q.failure) {
+          q.failure = std::current_exception();
+          q.failed_at = q.retired;
+        }
         q.retired = q.queued;
         q.ops.clear();
       }
@@ -334,7 +343,7 @@ class GuardedBackend final : public Backend {
       std::exception_ptr e;
       {
         std::lock_guard<std::mutex> lock(queue->mu);
-        e = queue->error;  // left for the owner's next synchronizing call too
+        if (queue->failure && queue->failed_at <= mark) e = queue->failure;  // its ops or before
       }
       if (e) std::rethrow_exception(e);
     }
