@@ -645,6 +645,12 @@ TEST_F(BackendTest, MoeRouterOps) {
                 fmt::format("{} N={} E={} k={} {} {}", b_->name(), N, E, k,
                             softmax ? "softmax" : "sigmoid", renorm ? "renormalized" : "raw");
             std::vector<float> score = Normal(static_cast<size_t>(N * E), 21, 2.0f);
+            // Ties, where the contract is exact (the lower expert first): rows of equal
+            // logits, and rows whose first and last experts share the largest logit.
+            for (int64_t t = 3; t < N; t += 7) std::fill_n(score.begin() + t * E, E, 0.5f);
+            for (int64_t t = 5; t < N; t += 7)
+              score[t * E] = score[t * E + E - 1] =
+                  *std::max_element(score.begin() + t * E, score.begin() + (t + 1) * E) + 1.0f;
             Buffer<float> bscore(*b_, score), bgate(*b_, static_cast<size_t>(Nk));
             Buffer<int32_t> bsel(*b_, static_cast<size_t>(Nk));
             std::vector<int32_t> sel(Nk);
@@ -702,12 +708,15 @@ TEST_F(BackendTest, MoeRouterOps) {
 // The MoE GPT's permutation ops on the routing MoeRoute makes of random logits (every row a
 // valid permutation), against kernels/moe_kernels.h's loops: bit for bit, except the gate
 // gradients' dot products (summed in another order on a GPU). 33,000 tokens at top-2 are more
-// rows than the CUDA grid's 65,535 blocks (its grid-stride loop).
+// rows than the CUDA grid's 65,535 blocks (GatherRows' grid-stride loop); 70,000 tokens at
+// top-1 are more tokens than that too (the per-token combine, backward and unpermute loops,
+// the backward's barriers included, run a second pass).
 TEST_F(BackendTest, MoePermutationOps) {
-  for (int64_t N : {0, 1, 5, 37, 33000})
+  for (int64_t N : {0, 1, 5, 37, 33000, 70000})
     for (int k : {1, 2, 3})
       for (int64_t d : {1, 7, 300}) {
         if (N == 33000 && (k != 2 || d != 1)) continue;
+        if (N == 70000 && (k != 1 || d != 1)) continue;
         const int E = 4;
         const int64_t Nk = N * k;
         std::vector<float> score = Normal(static_cast<size_t>(N * E), 11);
