@@ -244,6 +244,14 @@ inline void CheckMoeShape(int64_t N, int k, int64_t d, const char* op) {
                "{}: need N >= 0, k >= 1 and a row width > 0, got N={} k={} width={}", op, N, k, d);
 }
 
+// An MXFP8 op's arguments: the options (CheckMxOptions) and a [rows, cols] shape, both >= 0
+// (NumericsError naming the op).
+inline void CheckMxCall(const MxOptions& opt, int64_t rows, int64_t cols, const char* op) {
+  CheckMxOptions(opt);
+  SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
+               "{}: matrix shape must be non-negative, got [{}, {}]", op, rows, cols);
+}
+
 // NumericsError naming the op unless rows >= 0 and the row width d > 0.
 inline void CheckRows(int64_t rows, int d, const char* op) {
   CheckCount(rows, op);

@@ -87,10 +87,7 @@ class CpuBackend final : public Backend {
   }
   void MxDequantizeRowsBf16(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                             bf16* out, const MxOptions& opt) override {
-    CheckMxOptions(opt);
-    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
-                 "MxDequantizeRowsBf16: matrix shape must be non-negative, got [{}, {}]", rows,
-                 cols);
+    CheckMxCall(opt, rows, cols, "MxDequantizeRowsBf16");
     std::vector<float> row(static_cast<size_t>(cols));  // one row at a time
     const int64_t kb = (cols + 31) / 32;
     for (int64_t r = 0; r < rows; ++r) {

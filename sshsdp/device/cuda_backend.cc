@@ -199,9 +199,7 @@ class CudaBackend final : public Backend {
   }
   void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
                         const MxOptions& opt) override {
-    CheckMxOptions(opt);
-    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
-                 "MxQuantizeWeight: matrix shape must be non-negative, got [{}, {}]", rows, cols);
+    CheckMxCall(opt, rows, cols, "MxQuantizeWeight");
     SSHSDP_CHECK(MxBlocks(cols) <= kIntMax, NumericsError,
                  "{}: MxQuantizeWeight takes at most (2^31 - 1)·32 columns, got {}", name_, cols);
     SSHSDP_CHECK(MxBlocks(rows) <= 65535, NumericsError,
@@ -221,10 +219,7 @@ class CudaBackend final : public Backend {
   }
   void MxDequantizeRowsBf16(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                             bf16* out, const MxOptions& opt) override {
-    CheckMxOptions(opt);
-    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
-                 "MxDequantizeRowsBf16: matrix shape must be non-negative, got [{}, {}]", rows,
-                 cols);
+    CheckMxCall(opt, rows, cols, "MxDequantizeRowsBf16");
     if (rows == 0 || cols == 0) return;
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchMxDequantizeBf16(q, scales, rows, cols, 1,
@@ -233,9 +228,7 @@ class CudaBackend final : public Backend {
   }
   void Dequantize(const char* op, const uint8_t* q, const uint8_t* scales, int64_t rows,
                   int64_t cols, int block_rows, float* out, const MxOptions& opt) {
-    CheckMxOptions(opt);
-    SSHSDP_CHECK(rows >= 0 && cols >= 0, NumericsError,
-                 "{}: matrix shape must be non-negative, got [{}, {}]", op, rows, cols);
+    CheckMxCall(opt, rows, cols, op);
     if (rows == 0 || cols == 0) return;
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchMxDequantize(q, scales, rows, cols, block_rows, out,
