@@ -779,6 +779,17 @@ TEST_F(BackendTest, NegativeCountsAreRefused) {
   EXPECT_THROW(b_->SumSquares(nullptr, -2), NumericsError);
   const AdamWSpan bad{nullptr, nullptr, nullptr, nullptr, -5, 0.0f};
   EXPECT_THROW(b_->AdamW(&bad, 1, {}, 1, 1.0f), NumericsError);
+  // The MXFP8 ops name themselves (CheckMxCall).
+  const MxOptions mx;
+  try {
+    b_->MxDequantizeRowsBf16(nullptr, nullptr, 2, -1, nullptr, mx);
+    ADD_FAILURE() << "no error";
+  } catch (const NumericsError& e) {
+    EXPECT_NE(std::string(e.what()).find("MxDequantizeRowsBf16: matrix shape"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(b_->MxQuantizeWeight(nullptr, -1, 4, nullptr, nullptr, mx), NumericsError);
+  EXPECT_THROW(b_->MxDequantizeRows(nullptr, nullptr, -1, 4, nullptr, mx), NumericsError);
 }
 
 TEST_F(BackendTest, SumSquaresInDouble) {
