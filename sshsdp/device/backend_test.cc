@@ -601,9 +601,12 @@ TEST_F(BackendTest, CausalAttentionForwardAndBackward) {
   struct Shape {
     int B, T, H, dh;
   };
-  // T past the CPU kernel's 64-row query block, odd T, one head, dh = 1.
+  // T past the CPU kernel's 64-row query block, odd T, one head, dh = 1; the CUDA kernels'
+  // three tile shapes (dh <= 64, <= 128, <= 256), several tiles with a ragged last one, and T
+  // past the 4096 that the earlier per-row CUDA kernels held in shared memory.
   for (const Shape& sh : {Shape{1, 1, 1, 4}, Shape{2, 7, 3, 5}, Shape{1, 130, 2, 16},
-                          Shape{3, 33, 4, 1}, Shape{0, 8, 2, 4}}) {
+                          Shape{3, 33, 4, 1}, Shape{0, 8, 2, 4}, Shape{1, 150, 2, 64},
+                          Shape{2, 45, 1, 100}, Shape{1, 37, 2, 256}, Shape{1, 4200, 1, 2}}) {
     const int d = sh.H * sh.dh;
     const size_t rows = static_cast<size_t>(sh.B) * sh.T;
     const auto qkv = Normal(rows * 3 * d, 21), dout = Normal(rows * d, 22);
@@ -625,6 +628,17 @@ TEST_F(BackendTest, CausalAttentionForwardAndBackward) {
     EXPECT_EQ(FirstOutside(bo.Read(), out, 2e-6f, 1e-5f), "") << at << " out";
     EXPECT_EQ(FirstOutside(bl.Read(), lse, 2e-6f, 1e-5f), "") << at << " lse";
     EXPECT_EQ(FirstOutside(bdq.Read(), dqkv, 1e-5f, 1e-4f), "") << at << " dqkv";
+  }
+  // The CUDA kernels keep rows of up to 256 floats per thread group; wider heads are refused
+  // with the bound named, not run.
+  if (b_->name().starts_with("cuda")) {
+    Buffer<float> q(*b_, 3 * 257), o(*b_, 257), l(*b_, 1);
+    try {
+      b_->CausalAttentionForward(q.get(), o.get(), l.get(), 1, 1, 1, 257);
+      ADD_FAILURE() << b_->name() << ": dh = 257 was run";
+    } catch (const NumericsError& e) {
+      EXPECT_NE(std::string(e.what()).find("dh <= 256"), std::string::npos) << e.what();
+    }
   }
 }
 

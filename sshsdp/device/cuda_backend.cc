@@ -572,13 +572,14 @@ class CudaBackend final : public Backend {
         static_cast<int>(M), static_cast<int>(K), &one, b, ldb, sb, a, lda, sa, &beta, c,
         static_cast<int>(N), sc, batch));
   }
-  // The reference attention kernels keep a row of T scores (two in the backward) in shared
-  // memory and put T, H and B on grid dimensions.
+  // The attention kernels keep tiles of up to kMaxAttentionHeadDim-wide rows in shared memory
+  // and put query tiles, H and B on grid dimensions.
   void CheckAttention(int B, int T, int H, int dh, const char* op) {
     CheckAttentionShape(B, T, H, dh, op);
-    SSHSDP_CHECK(T <= 4096 && H <= 65535 && B <= 65535, NumericsError,
-                 "{}: {}'s attention takes T <= 4096, H and B <= 65535; got T={} H={} B={}", op,
-                 name_, T, H, B);
+    SSHSDP_CHECK(dh <= cuda::kMaxAttentionHeadDim && H <= 65535 && B <= 65535, NumericsError,
+                 "{}: {}'s attention takes head widths dh <= {}, H and B <= 65535; got dh={} "
+                 "H={} B={}",
+                 op, name_, cuda::kMaxAttentionHeadDim, dh, H, B);
   }
   // 1/√dh, as kernels/attention.cc scales the scores.
   static float Scale(int dh) { return 1.0f / std::sqrt(static_cast<float>(dh)); }

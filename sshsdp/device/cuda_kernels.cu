@@ -2,8 +2,8 @@
 // element (grid-stride), stochastic rounding with one thread per Philox block of 8 elements,
 // MXFP8 weight (de)quantization per 32x32 tile, a two-pass double reduction whose grid depends
 // only on n, the Newton–Schulz elementwise pieces, and the reference GPT's
-// layer kernels (row-per-block reductions; plain reference attention and embedding-gradient
-// kernels, deterministic, not fast). Compiled with --fmad=false (no multiply-add
+// layer kernels (row-per-block reductions; plain embedding-gradient kernels, deterministic, not
+// fast; attention is cuda_attention_kernels.cu's). Compiled with --fmad=false (no multiply-add
 // contraction): the elementwise ops apply the CPU code's fp32 operations in its order; the
 // reductions sum in tree order, not the CPU's. The optimizers' elementwise kernels are in
 // cuda_update_kernels.cu.
@@ -463,123 +463,6 @@ __global__ void AddKernel(const float* a, const float* b, float* y, int64_t n) {
     y[i] = a[i] + b[i];
 }
 
-// ---- Causal attention over the packed QKV activation [B·T, 3d] (kernels/attention.h). ----
-// Reference kernels, one block per (row, head, sequence): correct and deterministic, not
-// fast (a flash kernel on tensor cores is the next step). Dynamic shared memory holds a row
-// of T scores (forward, dq) or two (dk/dv).
-
-// Forward: query row t of head h in sequence b: s_j = q·k_j·scale (j ≤ t), lse, out = Σ p_j v_j.
-__global__ void AttentionForwardKernel(const float* qkv, float* out, float* lse, int T, int H,
-                                       int dh, float scale) {
-  SSHSDP_DYNAMIC_SHARED(float, sh);
-  __shared__ float red[kThreads];
-  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
-  const float* base = qkv + int64_t{b} * T * 3 * d;
-  const float* q = base + int64_t{t} * 3 * d + h * dh;
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    const float* k = base + int64_t{j} * 3 * d + d + h * dh;
-    float s = 0.0f;
-    for (int i = 0; i < dh; ++i) s += q[i] * k[i];
-    s *= scale;
-    sh[j] = s;
-    mx = s > mx ? s : mx;
-  }
-  mx = BlockReduce(mx, red, MaxOp{});
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    const float e = expf(sh[j] - mx);
-    sh[j] = e;
-    sum += e;
-  }
-  sum = BlockReduce(sum, red, AddOp{});
-  const float inv = 1.0f / sum;
-  if (threadIdx.x == 0) lse[(int64_t{b} * H + h) * T + t] = mx + logf(sum);
-  float* o = out + (int64_t{b} * T + t) * d + h * dh;
-  for (int i = threadIdx.x; i < dh; i += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j <= t; ++j) acc += sh[j] * base[int64_t{j} * 3 * d + 2 * d + h * dh + i];
-    o[i] = acc * inv;
-  }
-}
-
-// Backward, queries: D_t = dout_t·out_t (kept for the key pass); p_j = exp(s_j − lse_t),
-// dS_j = p_j (dout_t·v_j − D_t); dq_t = scale·Σ_j dS_j k_j.
-__global__ void AttentionBackwardQueryKernel(const float* dout, const float* qkv, const float* out,
-                                             const float* lse, float* dqkv, float* Dbuf, int T,
-                                             int H, int dh, float scale) {
-  SSHSDP_DYNAMIC_SHARED(float, sh);
-  __shared__ float red[kThreads];
-  const int t = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
-  const float* base = qkv + int64_t{b} * T * 3 * d;
-  const int64_t row = int64_t{b} * T + t;
-  const float* q = base + int64_t{t} * 3 * d + h * dh;
-  const float* go = dout + row * d + h * dh;
-  const float* o = out + row * d + h * dh;
-  float D = 0.0f;
-  for (int i = threadIdx.x; i < dh; i += blockDim.x) D += go[i] * o[i];
-  D = BlockReduce(D, red, AddOp{});
-  const float l = lse[(int64_t{b} * H + h) * T + t];
-  if (threadIdx.x == 0) Dbuf[(int64_t{b} * H + h) * T + t] = D;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    const float* k = base + int64_t{j} * 3 * d + d + h * dh;
-    const float* v = base + int64_t{j} * 3 * d + 2 * d + h * dh;
-    float s = 0.0f, dp = 0.0f;
-    for (int i = 0; i < dh; ++i) {
-      s += q[i] * k[i];
-      dp += go[i] * v[i];
-    }
-    const float p = expf(s * scale - l);
-    sh[j] = p * (dp - D);
-  }
-  __syncthreads();
-  float* dq = dqkv + row * 3 * d + h * dh;
-  for (int i = threadIdx.x; i < dh; i += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j <= t; ++j) acc += sh[j] * base[int64_t{j} * 3 * d + d + h * dh + i];
-    dq[i] = acc * scale;
-  }
-}
-
-// Backward, keys: for key j, over queries t ≥ j: dk_j = scale·Σ_t dS_tj q_t, dv_j = Σ_t p_tj
-// dout_t.
-__global__ void AttentionBackwardKeyKernel(const float* dout, const float* qkv, const float* lse,
-                                           const float* Dbuf, float* dqkv, int T, int H, int dh,
-                                           float scale) {
-  SSHSDP_DYNAMIC_SHARED(float, sh);  // [T] p, then [T] dS
-  float* P = sh;
-  float* dS = sh + T;
-  const int j = blockIdx.x, h = blockIdx.y, b = blockIdx.z, d = H * dh;
-  const float* base = qkv + int64_t{b} * T * 3 * d;
-  const float* k = base + int64_t{j} * 3 * d + d + h * dh;
-  const float* v = base + int64_t{j} * 3 * d + 2 * d + h * dh;
-  for (int t = j + threadIdx.x; t < T; t += blockDim.x) {
-    const float* q = base + int64_t{t} * 3 * d + h * dh;
-    const float* go = dout + (int64_t{b} * T + t) * d + h * dh;
-    float s = 0.0f, dp = 0.0f;
-    for (int i = 0; i < dh; ++i) {
-      s += q[i] * k[i];
-      dp += go[i] * v[i];
-    }
-    const int64_t at = (int64_t{b} * H + h) * T + t;
-    const float p = expf(s * scale - lse[at]);
-    P[t] = p;
-    dS[t] = p * (dp - Dbuf[at]);
-  }
-  __syncthreads();
-  float* dk = dqkv + (int64_t{b} * T + j) * 3 * d + d + h * dh;
-  float* dv = dk + d;
-  for (int i = threadIdx.x; i < dh; i += blockDim.x) {
-    float ak = 0.0f, av = 0.0f;
-    for (int t = j; t < T; ++t) {
-      ak += dS[t] * base[int64_t{t} * 3 * d + h * dh + i];
-      av += P[t] * dout[(int64_t{b} * T + t) * d + h * dh + i];
-    }
-    dk[i] = ak * scale;
-    dv[i] = av;
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s) {
@@ -634,12 +517,10 @@ cudaError_t LaunchScaleOut(const float* x, float* const* out, int64_t per, int64
 cudaError_t LaunchMxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q,
                                    uint8_t* scales, bool e4m3, bool ceil, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>((cols + 31) / 32), static_cast<unsigned>((rows + 31) / 32));
-  if (e4m3)
-    SSHSDP_LAUNCH(MxQuantizeWeightKernel<true>, grid, kThreads, 0, s)
-    (w, rows, cols, q, scales, ceil);
-  else
-    SSHSDP_LAUNCH(MxQuantizeWeightKernel<false>, grid, kThreads, 0, s)
-    (w, rows, cols, q, scales, ceil);
+  if (e4m3) SSHSDP_LAUNCH(MxQuantizeWeightKernel<true>, grid, kThreads, 0, s)
+  (w, rows, cols, q, scales, ceil);
+  else SSHSDP_LAUNCH(MxQuantizeWeightKernel<false>, grid, kThreads, 0, s)(w, rows, cols, q, scales,
+                                                                          ceil);
   return cudaGetLastError();
 }
 
@@ -735,25 +616,6 @@ cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int 
 
 cudaError_t LaunchAdd(const float* a, const float* b, float* y, int64_t n, cudaStream_t s) {
   SSHSDP_LAUNCH(AddKernel, GridFor(n), kThreads, 0, s)(a, b, y, n);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
-                                   int dh, float scale, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(B));
-  SSHSDP_LAUNCH(AttentionForwardKernel, grid, kThreads, sizeof(float) * T, s)
-  (qkv, out, lse, T, H, dh, scale);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const float* out,
-                                    const float* lse, float* dqkv, float* D, int B, int T, int H,
-                                    int dh, float scale, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(H), static_cast<unsigned>(B));
-  SSHSDP_LAUNCH(AttentionBackwardQueryKernel, grid, kThreads, sizeof(float) * T, s)
-  (dout, qkv, out, lse, dqkv, D, T, H, dh, scale);
-  SSHSDP_LAUNCH(AttentionBackwardKeyKernel, grid, kThreads, 2 * sizeof(float) * T, s)
-  (dout, qkv, lse, D, dqkv, T, H, dh, scale);
   return cudaGetLastError();
 }
 

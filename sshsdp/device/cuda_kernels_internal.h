@@ -127,9 +127,9 @@ struct SliceArgs {
 };
 cudaError_t LaunchReduceSlices(const SliceArgs& a, int m, bool src_bf16, void* out, bool out_bf16,
                                int64_t n, bool accumulate, cudaStream_t s);
-// Causal attention (kernels/attention.h's layout); B, T, H, dh > 0, T ≤ 4096 (the backward's
-// 2·T floats of dynamic shared memory within the default 48 KiB), B, H ≤ 65535; D: B·H·T
-// floats of scratch.
+// Causal attention (kernels/attention.h's layout; cuda_attention_kernels.cu): B, T, H > 0,
+// 0 < dh <= kMaxAttentionHeadDim, B, H <= 65535; D: B·H·T floats of scratch.
+constexpr int kMaxAttentionHeadDim = 256;
 cudaError_t LaunchAttentionForward(const float* qkv, float* out, float* lse, int B, int T, int H,
                                    int dh, float scale, cudaStream_t s);
 cudaError_t LaunchAttentionBackward(const float* dout, const float* qkv, const float* out,
