@@ -7,7 +7,8 @@
 // every other backend is checked against it op by op (backend_test.cc).
 //
 // Pointers passed to a backend's ops are that backend's memory (Alloc); CopyIn / CopyOut move
-// bytes between it and host memory and return once the host side may be reused. Ops run in
+// bytes between it and host memory and return once the host side may be reused (CopyIn's data is
+// on the device, for every stream, when it returns; Upload's is queued like an op). Ops run in
 // order on the backend's one compute stream and may return before they finish; CopyOut,
 // SumSquares and Synchronize wait for them. A backend is used from one host thread at a time,
 // except for its events (RecordEvent), which any thread may wait on.
@@ -90,6 +91,13 @@ class Backend {
   virtual void Free(void* p) = 0;
   virtual void CopyIn(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void CopyOut(void* host_dst, const void* src, size_t bytes) = 0;
+  // Host bytes into the backend's memory queued like an op: the host does not wait for the
+  // queued work, and src may be reused once Upload returns (the backend stages it). For what a
+  // microbatch brings in (its tokens), so that the host can queue ahead of the device. Default:
+  // CopyIn, for a backend without a queue.
+  virtual void Upload(void* dst, const void* host_src, size_t bytes) {
+    CopyIn(dst, host_src, bytes);
+  }
   // Within the backend's memory, queued like an op (the ranges must not overlap).
   virtual void Copy(void* dst, const void* src, size_t bytes) = 0;
   virtual void Synchronize() = 0;
@@ -152,9 +160,11 @@ class Backend {
   virtual void SwigluForward(const float* h1, const float* h3, float* a, int64_t n) = 0;
   virtual void SwigluBackward(const float* h1, const float* h3, const float* da, float* dh1,
                               float* dh3, int64_t n) = 0;
-  // Logits become probabilities in place, losses[r] per row; returns Σ losses (waits).
-  virtual double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
-                                            int64_t rows, int64_t V, int64_t ld) = 0;
+  // Logits become probabilities in place, losses[r] per row, and *total = Σ losses in double
+  // (total: one double of the backend's memory). Nothing is read back: a caller reads the total
+  // with CopyOut when it needs the value (the engine once per step, not per microbatch).
+  virtual void SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                          int64_t rows, int64_t V, int64_t ld, double* total) = 0;
   virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets,
                                            float* dlogits, int64_t rows, int64_t ld,
                                            float scale) = 0;

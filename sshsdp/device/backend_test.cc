@@ -448,8 +448,10 @@ TEST_F(BackendTest, SoftmaxCrossEntropyForwardAndBackward) {
                                                             losses.data(), sh.rows, sh.V, sh.ld);
     Buffer<float> bl(*b_, logits), bloss(*b_, static_cast<size_t>(sh.rows));
     Buffer<int32_t> bt(*b_, targets);
-    const double got =
-        b_->SoftmaxCrossEntropyForward(bl.get(), bt.get(), bloss.get(), sh.rows, sh.V, sh.ld);
+    Buffer<double> btotal(*b_, std::vector<double>{-7.0});  // overwritten, also by an empty sum
+    b_->SoftmaxCrossEntropyForward(bl.get(), bt.get(), bloss.get(), sh.rows, sh.V, sh.ld,
+                                   btotal.get());
+    const double got = btotal.Read()[0];
     const std::string at = fmt::format("{} rows={} V={} ld={}", b_->name(), sh.rows, sh.V, sh.ld);
     EXPECT_NEAR(got, want, 1e-6 * (1.0 + std::fabs(want))) << at;
     EXPECT_EQ(FirstOutside(bl.Read(), probs, 1e-7f, 1e-5f), "") << at << " probs";
@@ -462,7 +464,8 @@ TEST_F(BackendTest, SoftmaxCrossEntropyForwardAndBackward) {
     b_->SoftmaxCrossEntropyBackward(bp.get(), bt.get(), bdl.get(), sh.rows, sh.ld, 0.125f);
     EXPECT_EQ(FirstMismatch(bdl.Read(), dl), "") << at << " dlogits";
   }
-  EXPECT_THROW(b_->SoftmaxCrossEntropyForward(nullptr, nullptr, nullptr, 1, 5, 4), NumericsError);
+  EXPECT_THROW(b_->SoftmaxCrossEntropyForward(nullptr, nullptr, nullptr, 1, 5, 4, nullptr),
+               NumericsError);
 }
 
 TEST_F(BackendTest, GemmEveryTransposeAndAccumulate) {
@@ -829,6 +832,28 @@ TEST_F(BackendTest, CopyWithinTheBackend) {
   }
 }
 
+// Upload is queued like an op and stages its source: the host's buffer is overwritten at once
+// and the uploads still land, in queue order with the ops around them — more uploads than the
+// CUDA backend's staging ring holds, of growing sizes.
+TEST_F(BackendTest, UploadStagesItsSourceAndKeepsQueueOrder) {
+  for (size_t n : kSizes) {
+    const std::vector<float> want = Values(n, 17);
+    std::vector<std::unique_ptr<Buffer<float>>> dst;
+    for (int i = 0; i < 11; ++i) dst.push_back(std::make_unique<Buffer<float>>(*b_, n));
+    std::vector<float> host = want;
+    for (int i = 0; i < 11; ++i) {
+      b_->Fill(dst[i]->get(), static_cast<int64_t>(n), 9.0f);  // queued before: overwritten
+      b_->Upload(dst[i]->get(), host.data(), n * sizeof(float));
+      std::fill(host.begin(), host.end(), -1.0f);  // the source is reused at once
+      if (i == 10) b_->Fill(dst[i]->get(), static_cast<int64_t>(n), 4.0f);  // queued after: wins
+      host = want;
+    }
+    for (int i = 0; i < 10; ++i)
+      EXPECT_EQ(FirstMismatch(dst[i]->Read(), want), "") << b_->name() << " n=" << n << " #" << i;
+    EXPECT_EQ(dst[10]->Read(), std::vector<float>(n, 4.0f)) << b_->name() << " n=" << n;
+  }
+}
+
 TEST_F(BackendTest, Fill) {
   for (size_t n : kSizes) {
     Buffer<float> dx(*b_, Values(n, 3));
@@ -946,6 +971,25 @@ TEST(GuardedBackendEvents, AWaitRunsTheQueueUpToItsEventOnTheWaitingThread) {
   EXPECT_NO_THROW(g.Synchronize());             // raised once to the owner, as a stream's error
   EXPECT_THROW(failed->Wait(), NumericsError);  // but sticky for every wait that covers it
   EXPECT_NO_THROW(first->Wait());               // not for one recorded before it
+  g.Free(x);
+}
+
+// The deferred guarded backend stages an upload as a GPU's does: no wait on the host, the bytes
+// copied at the call and written when the queue reaches them.
+TEST(GuardedBackendEvents, UploadIsQueuedWithoutAHostWait) {
+  testing::GuardedBackend g(nullptr, /*deferred=*/true);
+  const int64_t n = 1000;
+  auto* x = static_cast<float*>(g.Alloc(n * sizeof(float)));
+  g.Fill(x, n, 1.0f);
+  std::vector<float> host(n, 5.0f);
+  const int64_t waits = g.host_waits();
+  g.Upload(x, host.data(), n * sizeof(float));
+  std::fill(host.begin(), host.end(), -1.0f);
+  EXPECT_EQ(g.host_waits(), waits);
+  std::vector<float> got(n);
+  g.CopyOut(got.data(), x, n * sizeof(float));
+  EXPECT_EQ(g.host_waits(), waits + 1);
+  EXPECT_EQ(got, std::vector<float>(n, 5.0f));
   g.Free(x);
 }
 

@@ -126,12 +126,12 @@ class CpuBackend final : public Backend {
     CheckCount(n, "SwigluBackward");
     kernels::SwigluBackward(h1, h3, da, dh1, dh3, n);
   }
-  double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
-                                    int64_t rows, int64_t V, int64_t ld) override {
+  void SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                  int64_t rows, int64_t V, int64_t ld, double* total) override {
     CheckCount(rows, "SoftmaxCrossEntropyForward");
     SSHSDP_CHECK(V >= 1 && V <= ld, NumericsError,
                  "SoftmaxCrossEntropyForward: need 1 <= V <= ld, got V={} ld={}", V, ld);
-    return kernels::SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld);
+    *total = kernels::SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld);
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                    int64_t rows, int64_t ld, float scale) override {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "sshsdp/device/backend.h"
@@ -79,6 +80,10 @@ class CudaBackend final : public Backend {
     cudaFree(partial_);
     cudaFree(row_loss_);
     cudaFree(attn_d_);
+    for (UploadSlot& slot : upload_) {
+      if (slot.done) cudaEventDestroy(slot.done);
+      if (slot.host) cudaFreeHost(slot.host);
+    }
     cublasDestroy(blas_);
     cudaStreamDestroy(stream_);
   }
@@ -111,6 +116,27 @@ class CudaBackend final : public Backend {
     Use();
     SSHSDP_CUDA_OK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     SSHSDP_CUDA_OK(cudaStreamSynchronize(stream_));  // the host source may be reused at once
+  }
+  // Through a ring of page-locked staging slots: src is copied into the next slot and the
+  // stream copies the slot to dst, so the host does not wait for the stream. A slot is reused
+  // once the copy queued kUploadSlots uploads ago has run (its event): how far ahead of the
+  // device the host may queue microbatches.
+  void Upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    Use();
+    UploadSlot& slot = upload_[upload_next_++ % kUploadSlots];
+    if (slot.done) SSHSDP_CUDA_OK(cudaEventSynchronize(slot.done));
+    if (slot.bytes < bytes) {
+      FreeHost(slot.host);
+      slot.host = nullptr;
+      slot.bytes = 0;
+      slot.host = AllocHost(bytes);
+      slot.bytes = bytes;
+    }
+    if (!slot.done) SSHSDP_CUDA_OK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
+    std::memcpy(slot.host, src, bytes);
+    SSHSDP_CUDA_OK(cudaMemcpyAsync(dst, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
+    SSHSDP_CUDA_OK(cudaEventRecord(slot.done, stream_));
   }
   void CopyOut(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
@@ -286,26 +312,26 @@ class CudaBackend final : public Backend {
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchSwigluBackward(h1, h3, da, dh1, dh3, n, stream_));
   }
-  double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
-                                    int64_t rows, int64_t V, int64_t ld) override {
+  void SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                  int64_t rows, int64_t V, int64_t ld, double* total) override {
     CheckRowsFit(rows, 1, "SoftmaxCrossEntropyForward");
     SSHSDP_CHECK(V >= 1 && V <= ld, NumericsError,
                  "SoftmaxCrossEntropyForward: need 1 <= V <= ld, got V={} ld={}", V, ld);
-    if (rows == 0) return 0.0;
     Use();
+    if (rows == 0) {
+      SSHSDP_CUDA_OK(cudaMemsetAsync(total, 0, sizeof(double), stream_));  // the empty sum
+      return;
+    }
     if (row_loss_rows_ < rows) {
       Synchronize();
       SSHSDP_CUDA_OK(cudaFree(row_loss_));
       row_loss_ = nullptr;
       row_loss_rows_ = 0;
-      SSHSDP_CUDA_OK(cudaMalloc(&row_loss_, static_cast<size_t>(rows + 1) * sizeof(double)));
+      SSHSDP_CUDA_OK(cudaMalloc(&row_loss_, static_cast<size_t>(rows) * sizeof(double)));
       row_loss_rows_ = rows;
     }
     SSHSDP_CUDA_OK(cuda::LaunchSoftmaxCrossEntropy(logits, targets, losses, row_loss_, rows, V, ld,
-                                                   row_loss_ + rows, stream_));
-    double total = 0.0;
-    CopyOut(&total, row_loss_ + rows, sizeof(double));
-    return total;
+                                                   total, stream_));
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                    int64_t rows, int64_t ld, float scale) override {
@@ -598,7 +624,15 @@ class CudaBackend final : public Backend {
   double* partial_ = nullptr;
   float* attn_d_ = nullptr;  // CausalAttentionBackward: dout·out per (sequence, head, row)
   int64_t attn_d_rows_ = 0;
-  double* row_loss_ = nullptr;  // SoftmaxCrossEntropyForward: per-row losses, then the total
+  double* row_loss_ = nullptr;  // SoftmaxCrossEntropyForward: per-row losses
+  struct UploadSlot {
+    void* host = nullptr;  // page-locked
+    size_t bytes = 0;
+    cudaEvent_t done = nullptr;  // recorded after the slot's last copy
+  };
+  static constexpr int kUploadSlots = 8;  // a microbatch uploads two (tokens, targets)
+  UploadSlot upload_[kUploadSlots];
+  uint64_t upload_next_ = 0;
   int64_t row_loss_rows_ = 0;
 };
 

@@ -201,6 +201,37 @@ TEST(EngineOnBackend, HostNeverTouchesBackendMemoryOnOneRank) {
   EXPECT_GT(guarded.calls(), 100);  // the model, G, norms and AdamW all went through it
 }
 
+// The compute handle's host waits in a steady step (the third) at M microbatches, on one rank.
+int64_t HostWaitsPerStep(int M) {
+  testing::GuardedBackend guarded(nullptr, kDeferred);
+  testing::ParityCase c;
+  c.layout = testing::kOneRank;
+  int made = 0;
+  c.make = [&made, &guarded]() -> std::unique_ptr<Model> {
+    if (made++ == 0) return std::make_unique<BackendGptModel>(guarded, TestGpt());
+    return std::make_unique<Gpt>(HostReferenceGpt());
+  };
+  c.cfg = BaseConfig(testing::kOneRank, M, DType::kF32);
+  c.ref_cfg = BaseConfig(testing::kOneRank, M, DType::kF32);
+  c.tol = testing::AdamWTolerances(DType::kF32);
+  c.cfg.backend = &guarded;
+  c.steps = 3;
+  testing::ParityRun run(c);
+  std::vector<int64_t> at;
+  run.Run([&](const testing::StepDiff&) { at.push_back(guarded.host_waits()); });
+  return at.size() == 3 ? at[2] - at[1] : -1;
+}
+
+// A microbatch costs the host no wait for the device: its tokens are uploaded behind the queued
+// work (Backend::Upload) and its loss stays on the device until the step reads all of them at
+// once (Model::KeepLoss / TakeLosses). So a step of 4 microbatches waits as often as one of 1.
+TEST(EngineOnBackend, HostWaitsPerStepDoNotGrowWithMicrobatches) {
+  if (WorldSize() != 1) GTEST_SKIP() << "one rank (the guard is per process)";
+  const int64_t one = HostWaitsPerStep(1), four = HostWaitsPerStep(4);
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(four, one);
+}
+
 // bf16 runtime weights: G casts the main weights to bf16 on the backend, the model widens
 // gains and tables and takes bf16 products there (GemmBf16).
 TEST(EngineOnBackend, Bf16WeightsOnOneRankNeverTouchedByTheHost) {

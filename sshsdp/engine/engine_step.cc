@@ -154,7 +154,7 @@ double Engine::Evaluate(const BatchFn& batch, int batches) {
   std::vector<int32_t> tokens(static_cast<size_t>(cfg_.batch_size) * cfg_.seq_len),
       targets(tokens.size());
   TraceSpan eval_span(cfg_.tracer, "evaluate", kTraceCompute, {{"batches", batches}});
-  double loss_sum = 0;
+  model_.TakeLosses();  // drops what a call that threw kept
   // The first forward runs the outer all-gathers deferred from the last update: their counts
   // belong to the next step, as without this evaluation.
   const CommCounters ag0 = up_replica_ag_->counters();
@@ -164,8 +164,10 @@ double Engine::Evaluate(const BatchFn& batch, int batches) {
     SetModelBatch(tokens.data(), targets.data());
     ForwardPass(/*release_all=*/true);  // no backward follows: the last layer is released too
     AccountActivations();  // scratch a model sizes in its first forward (MXFP8 dequantization)
-    loss_sum += model_.Loss();
+    model_.KeepLoss();
   }
+  double loss_sum = 0;
+  for (double l : model_.TakeLosses()) loss_sum += l;  // one read of the device, in order
   carried_update_comm_ += Delta(up_replica_ag_->counters(), ag0);
   carried_outer_ += counters_.outer_overlapped - outer0;
   carried_staged_ += StagedBytes() - staged0;
@@ -291,13 +293,13 @@ StepStats Engine::Step(const BatchFn& batch) {
   const uint64_t staged0 = StagedBytes();
 
   std::vector<int32_t> tokens(static_cast<size_t>(B) * T), targets(tokens.size());
-  double loss_sum = 0;
+  model_.TakeLosses();  // drops what a step that threw kept
   for (int mb = 0; mb < M; ++mb) {
     batch(mb, tokens.data(), targets.data());
     SetModelBatch(tokens.data(), targets.data());
     ForwardPass(/*release_all=*/false);
     AccountActivations();  // scratch a model sizes in its first forward (MXFP8 dequantization)
-    loss_sum += model_.Loss();
+    model_.KeepLoss();     // read once per step, below: no wait for the device here
     // Backward in reverse; gradients go straight into G′ views, then reduce-scatter. A
     // group's reduce-scatter is waited for after the next group's backward was submitted;
     // in the last microbatch its outer phase is queued then (or right after its backward
@@ -320,6 +322,8 @@ StepStats Engine::Step(const BatchFn& batch) {
     TraceSpan s(cfg_.tracer, "wait communication", kTraceCompute);
     comm_thread_->Drain();
   }
+  double loss_sum = 0;
+  for (double l : model_.TakeLosses()) loss_sum += l;  // in microbatch order, as before
 
   StepStats st;
   st.tokens = static_cast<int64_t>(M) * B * T * world_.size();

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "sshsdp/base/error.h"
 
@@ -72,12 +73,15 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_pa
     at += sizes[i];
   }
   tokens_ = static_cast<int32_t*>(b_.Alloc(static_cast<size_t>(2) * B * T * sizeof(int32_t)));
+  loss_sums_ = static_cast<double*>(b_.Alloc((kLossSlots + 1) * sizeof(double)));
+  const double zero = 0.0;  // loss() before any forward
+  b_.CopyIn(loss_sums_, &zero, sizeof(double));
 }
 
 BackendGpt::~BackendGpt() {
   for (void* p : {static_cast<void*>(weights_), static_cast<void*>(grads_), static_cast<void*>(m_),
                   static_cast<void*>(v_), static_cast<void*>(acts_), static_cast<void*>(tokens_),
-                  bf16_scratch_})
+                  static_cast<void*>(loss_sums_), bf16_scratch_})
     b_.Free(p);
 }
 
@@ -165,8 +169,7 @@ void BackendGpt::ForwardGroup(int g, const void* const* w, DType wdt) {
     const float* gain = Wide(w[0], wdt, d, wide_);
     b_.RmsNormForward(a_.residual + L * BT * d, gain, a_.lnf, a_.lnf_rstd, BT, static_cast<int>(d));
     Linear(a_.lnf, w[1], wdt, a_.probs, BT, Vp, d);
-    loss_ = b_.SoftmaxCrossEntropyForward(a_.probs, tokens_ + BT, a_.losses, BT, c_.vocab, Vp) /
-            static_cast<double>(BT);
+    b_.SoftmaxCrossEntropyForward(a_.probs, tokens_ + BT, a_.losses, BT, c_.vocab, Vp, loss_sums_);
     return;
   }
   // ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2
@@ -304,8 +307,38 @@ void BackendGpt::SetTokens(const int32_t* tokens, const int32_t* targets) {
     SSHSDP_CHECK(tokens[i] >= 0 && tokens[i] < c_.vocab && targets[i] >= 0 && targets[i] < c_.vocab,
                  ConfigError, "BackendGpt: token {} of the batch is outside the vocabulary of {}",
                  i, c_.vocab);
-  b_.CopyIn(tokens_, tokens, static_cast<size_t>(BT) * sizeof(int32_t));
-  b_.CopyIn(tokens_ + BT, targets, static_cast<size_t>(BT) * sizeof(int32_t));
+  // Queued behind the previous batch's backward, which still reads tokens_ (same stream).
+  b_.Upload(tokens_, tokens, static_cast<size_t>(BT) * sizeof(int32_t));
+  b_.Upload(tokens_ + BT, targets, static_cast<size_t>(BT) * sizeof(int32_t));
+}
+
+double BackendGpt::loss() const {
+  double sum = 0.0;
+  b_.CopyOut(&sum, loss_sums_, sizeof(double));
+  return sum / static_cast<double>(int64_t{B_} * T_);
+}
+
+void BackendGpt::KeepLoss() {
+  if (kept_ == kLossSlots) {  // the ring is full: read it back
+    const size_t at = read_back_.size();
+    read_back_.resize(at + kLossSlots);
+    b_.CopyOut(read_back_.data() + at, loss_sums_ + 1, kLossSlots * sizeof(double));
+    kept_ = 0;
+  }
+  b_.Copy(loss_sums_ + 1 + kept_, loss_sums_, sizeof(double));
+  ++kept_;
+}
+
+std::vector<double> BackendGpt::TakeLosses() {
+  std::vector<double> out = std::exchange(read_back_, {});
+  if (kept_ > 0) {  // nothing kept: no wait
+    const size_t at = out.size();
+    out.resize(at + static_cast<size_t>(kept_));
+    b_.CopyOut(out.data() + at, loss_sums_ + 1, static_cast<size_t>(kept_) * sizeof(double));
+    kept_ = 0;
+  }
+  for (double& l : out) l /= static_cast<double>(int64_t{B_} * T_);  // as loss() divides
+  return out;
 }
 
 double BackendGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets, bool accumulate) {
@@ -313,7 +346,7 @@ double BackendGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets
   SetTokens(tokens, targets);
   Forward();
   Backward(accumulate);
-  return loss_;
+  return loss();
 }
 
 double BackendGpt::TrainStep(const int32_t* tokens, const int32_t* targets, int microbatches,
@@ -322,9 +355,15 @@ double BackendGpt::TrainStep(const int32_t* tokens, const int32_t* targets, int 
   SSHSDP_CHECK(microbatches >= 1, ConfigError, "BackendGpt: microbatches must be >= 1, got {}",
                microbatches);
   const int64_t BT = int64_t{B_} * T_;
+  RequireParams("TrainStep");
+  for (int mb = 0; mb < microbatches; ++mb) {  // the losses are read once, below
+    SetTokens(tokens + mb * BT, targets + mb * BT);
+    Forward();
+    KeepLoss();
+    Backward(mb > 0);
+  }
   double loss = 0.0;
-  for (int mb = 0; mb < microbatches; ++mb)
-    loss += ForwardBackward(tokens + mb * BT, targets + mb * BT, mb > 0);
+  for (double l : TakeLosses()) loss += l;
   const double norm_scale = 1.0 / microbatches;
   const double norm = std::sqrt(b_.SumSquares(grads_, num_params_)) * norm_scale;
   if (grad_norm) *grad_norm = norm;

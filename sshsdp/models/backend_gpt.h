@@ -83,7 +83,14 @@ class BackendGpt {
   // Backward of group g (groups in reverse order after a whole forward): gradients
   // overwritten (acc = false) or added to.
   void BackwardGroup(int g, const void* const* w, DType w_dtype, float* const* grad, bool acc);
-  double loss() const { return loss_; }
+  // The last forward's mean loss (reads it back: waits for the backend).
+  double loss() const;
+  // Model::KeepLoss / TakeLosses: the last forward's loss sum is copied on the backend into a
+  // slot of its own (no wait); TakeLosses reads the kept slots back with one copy. A ring of
+  // kLossSlots: a full one is read back then (one wait per kLossSlots microbatches).
+  void KeepLoss();
+  std::vector<double> TakeLosses();
+  static constexpr int kLossSlots = 64;
 
   // ---- Halves of block l, for a model whose blocks' MLPs differ (BackendMoeModel). The
   // attention half runs ln1.g, attn.qkv, attn.proj, ln2.g (w[0..3]) up to ln2(l) =
@@ -131,8 +138,10 @@ class BackendGpt {
   float* acts_ = nullptr;       // every activation, one allocation
   std::vector<int> mlp_index_;  // per block: its slot in the MLP activations, -1 for none
   int64_t activation_bytes_ = 0;
-  double loss_ = 0.0;
-  int32_t* tokens_ = nullptr;  // [B·T] tokens, then [B·T] targets
+  double* loss_sums_ = nullptr;    // [0]: the last forward's Σ losses; [1, 1 + kLossSlots): kept
+  int kept_ = 0;                   // kept slots in use
+  std::vector<double> read_back_;  // kept sums read back when the ring filled
+  int32_t* tokens_ = nullptr;      // [B·T] tokens, then [B·T] targets
   // bf16 runtime weights only: the rounded operand of a product (x16_, dy16_) and widened
   // gains or embedding tables (wide_), one allocation.
   void* bf16_scratch_ = nullptr;

@@ -3,6 +3,7 @@
 #include "sshsdp/models/backend_gpt_model.h"
 
 #include <string>
+#include <utility>
 
 #include "sshsdp/base/error.h"
 
@@ -21,6 +22,8 @@ BackendGptModel::~BackendGptModel() = default;
 
 void BackendGptModel::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
   if (!gpt_ || gpt_->batch() != B || gpt_->seq_len() != T) {
+    if (gpt_)
+      for (double l : gpt_->TakeLosses()) taken_.push_back(l);
     gpt_.reset();  // free the old activations first
     gpt_ = std::make_unique<BackendGpt>(b_, spec_.config(), B, T, /*own_params=*/false);
   }
@@ -49,6 +52,19 @@ void BackendGptModel::Forward(int g, const std::vector<TensorRef>& w) {
 double BackendGptModel::Loss() const {
   SSHSDP_CHECK(loss_valid_, PlanError, "BackendGptModel: Loss() before the last group's Forward");
   return gpt_->loss();
+}
+
+void BackendGptModel::KeepLoss() {
+  SSHSDP_CHECK(loss_valid_, PlanError,
+               "BackendGptModel: KeepLoss() before the last group's Forward");
+  gpt_->KeepLoss();
+}
+
+std::vector<double> BackendGptModel::TakeLosses() {
+  std::vector<double> out = std::exchange(taken_, {});
+  if (gpt_)
+    for (double l : gpt_->TakeLosses()) out.push_back(l);
+  return out;
 }
 
 void BackendGptModel::Backward(int g, const std::vector<TensorRef>& w,

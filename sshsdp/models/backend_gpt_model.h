@@ -50,6 +50,9 @@ class BackendGptModel final : public Model {
   void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
   void Forward(int g, const std::vector<TensorRef>& w) override;
   double Loss() const override;
+  // The losses stay on the backend until TakeLosses (BackendGpt::KeepLoss).
+  void KeepLoss() override;
+  std::vector<double> TakeLosses() override;
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
   // Gpt's count at the batch's T (the spec, never given a batch, counts the preset's seq_len).
@@ -67,7 +70,8 @@ class BackendGptModel final : public Model {
   Backend& b_;
   Gpt spec_;  // the runtime parameters and FLOPs (no activations: never given a batch)
   std::unique_ptr<BackendGpt> gpt_;
-  MxScratch mx_;  // one group's dequantized MXFP8 weights, in mx_gemm_
+  std::vector<double> taken_;  // kept losses read from a BackendGpt that a new batch shape replaced
+  MxScratch mx_;               // one group's dequantized MXFP8 weights, in mx_gemm_
   DType mx_gemm_ = DType::kF32;
   int fwd_next_ = 0, bwd_next_ = -1;
   bool loss_valid_ = false;

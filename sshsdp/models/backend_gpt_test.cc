@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "sshsdp/kernels/elementwise.h"
+#include "sshsdp/models/backend_gpt_model.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/params/model.h"
 
@@ -105,6 +106,30 @@ TEST(BackendGpt, SameLossAndGradientsAsGpt) {
   g.ReadGrads(got.data());
   for (float& x : want) x *= 2.0f;
   ExpectClose(g, got, want, 1e-5f, "accumulated gradient");
+}
+
+// Model::KeepLoss / TakeLosses on the backend model (the engine's one read per step): the kept
+// losses come back in order, each what Loss() read after its forward, across a change of batch
+// shape (a new BackendGpt) and past the ring of kept slots (one read-back when it fills), and
+// are forgotten once taken.
+TEST(BackendGptModel, KeptLossesComeBackInOrder) {
+  auto cpu = MakeCpuBackend();
+  BackendGptModel m(*cpu, SmallConfig());
+  DenseParams p(m);  // host memory is the CPU backend's
+  p.Init(3);
+  EXPECT_THROW(m.KeepLoss(), PlanError);  // before any forward
+  std::vector<double> want;
+  std::vector<int32_t> tok, tgt;
+  for (int i = 0; i < 3 + BackendGpt::kLossSlots + 3; ++i) {
+    const int B = i < 3 ? 2 : 1, T = i < 3 ? 16 : 8;
+    Batch(B, T, i * 100, &tok, &tgt);
+    m.SetBatch(tok.data(), tgt.data(), B, T);
+    for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.Weights(g));
+    want.push_back(m.Loss());
+    m.KeepLoss();
+  }
+  EXPECT_EQ(m.TakeLosses(), want);
+  EXPECT_TRUE(m.TakeLosses().empty());
 }
 
 TEST(BackendGpt, TrainStepIsClippedAdamW) {

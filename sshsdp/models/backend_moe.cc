@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "sshsdp/base/error.h"
 
@@ -43,6 +44,8 @@ BackendMoeModel::~BackendMoeModel() {
 }
 
 void BackendMoeModel::Allocate(int B, int T) {
+  if (gpt_)
+    for (double l : gpt_->TakeLosses()) taken_.push_back(l);
   gpt_.reset();  // free the old activations first
   b_.Free(arena_);
   b_.Free(bf16_scratch_);
@@ -193,6 +196,23 @@ double BackendMoeModel::AuxLoss() const {
 }
 
 double BackendMoeModel::Loss() const { return gpt_->loss() + AuxLoss(); }
+
+void BackendMoeModel::KeepLoss() {
+  kept_aux_.push_back(AuxLoss());  // PlanError before the last group's Forward
+  gpt_->KeepLoss();
+}
+
+std::vector<double> BackendMoeModel::TakeLosses() {
+  std::vector<double> out = std::exchange(taken_, {});
+  if (gpt_)
+    for (double l : gpt_->TakeLosses()) out.push_back(l);
+  SSHSDP_CHECK(out.size() == kept_aux_.size(), PlanError,
+               "BackendMoeModel: {} kept cross-entropies against {} aux losses", out.size(),
+               kept_aux_.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] += kept_aux_[i];  // as Loss() adds them
+  kept_aux_.clear();
+  return out;
+}
 
 void BackendMoeModel::Backward(int g, const std::vector<TensorRef>& w,
                                const std::vector<TensorRef>& grad, GradWrite mode) {

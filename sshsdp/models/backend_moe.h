@@ -60,6 +60,10 @@ class BackendMoeModel final : public Model {
   void Forward(int g, const std::vector<TensorRef>& w) override;
   // Mean cross-entropy plus the MoE blocks' auxiliary losses (MoeGpt::Loss).
   double Loss() const override;
+  // The cross-entropies stay on the backend until TakeLosses (BackendGpt::KeepLoss); the
+  // auxiliary losses are host values already (read with the expert counts).
+  void KeepLoss() override;
+  std::vector<double> TakeLosses() override;
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
   // MoeGpt's count at the batch's T (the spec, never given a batch, counts the preset's seq_len).
@@ -153,6 +157,8 @@ class BackendMoeModel final : public Model {
   MxScratch mx_;  // one expert group's dequantized MXFP8 weights (fp32; backend_views.h)
   int fwd_next_ = 0, bwd_next_ = -1;
   bool loss_valid_ = false;
+  std::vector<double> taken_;     // kept cross-entropies of a trunk a new batch shape replaced
+  std::vector<double> kept_aux_;  // the aux loss of each kept forward
 };
 
 }  // namespace sshsdp

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sshsdp/numerics/dtype.h"
@@ -115,6 +116,12 @@ class Model {
   virtual void Forward(int g, const std::vector<TensorRef>& w) = 0;
   // Mean cross-entropy (nats) over the B·T tokens, valid after the last group's Forward.
   virtual double Loss() const = 0;
+  // For an engine that reads a step's losses once: KeepLoss() after the last group's Forward
+  // keeps that forward's Loss(); TakeLosses() returns the kept losses in order and forgets
+  // them. A model whose loss lives on a device keeps them there, so the engine waits for the
+  // device once per step instead of once per microbatch. The defaults read Loss() at once.
+  virtual void KeepLoss() { kept_losses_.push_back(Loss()); }
+  virtual std::vector<double> TakeLosses() { return std::exchange(kept_losses_, {}); }
   virtual void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                         GradWrite mode) = 0;
 
@@ -140,6 +147,9 @@ class Model {
   // Where Forward/Backward add their kernels' time by category (null: nowhere). For step
   // profiles (sshsdp bench --profile); a model that keeps no profile ignores it.
   virtual void SetOpProfile(OpProfile* profile) { (void)profile; }
+
+ private:
+  std::vector<double> kept_losses_;
 };
 
 // Writes count initial values of `part` (elements [begin, begin + count) of the part,

@@ -104,10 +104,19 @@ class GuardedBackend final : public Backend {
     Open o(this);
     cpu_->CopyOut(dst, src, bytes);
   }
+  // Staged as on a GPU: the bytes are copied now and land when the queue reaches them.
+  void Upload(void* dst, const void* src, size_t bytes) override {
+    const auto* p = static_cast<const uint8_t*>(src);
+    auto staged = std::make_shared<std::vector<uint8_t>>(p, p + bytes);
+    Run([=, this] { cpu_->CopyIn(dst, staged->data(), bytes); });
+  }
   void Copy(void* dst, const void* src, size_t bytes) override {
     Run([=, this] { cpu_->Copy(dst, src, bytes); });
   }
   void Synchronize() override { Sync(); }
+  // Calls on this handle that waited for its queue (Synchronize, host copies, value-returning
+  // ops): what makes a host thread stall on a GPU.
+  int64_t host_waits() const { return host_waits_; }
   std::shared_ptr<BackendEvent> RecordEvent() override {
     uint64_t mark = 0;
     {
@@ -178,9 +187,9 @@ class GuardedBackend final : public Backend {
                       int64_t n) override {
     SSHSDP_GUARDED(SwigluBackward(h1, h3, da, dh1, dh3, n));
   }
-  double SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
-                                    int64_t rows, int64_t V, int64_t ld) override {
-    SSHSDP_GUARDED_VALUE(SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld));
+  void SoftmaxCrossEntropyForward(float* logits, const int32_t* targets, float* losses,
+                                  int64_t rows, int64_t V, int64_t ld, double* total) override {
+    SSHSDP_GUARDED(SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld, total));
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,
                                    int64_t rows, int64_t ld, float scale) override {
@@ -381,6 +390,7 @@ class GuardedBackend final : public Backend {
     return e;
   }
   void Sync() {
+    ++host_waits_;
     Flush();
     if (std::exception_ptr e = TakeError()) std::rethrow_exception(e);
   }
@@ -400,6 +410,7 @@ class GuardedBackend final : public Backend {
   ShmDeviceMemory* device_ = nullptr;
   std::shared_ptr<Guard> guard_;
   bool deferred_ = false;
+  int64_t host_waits_ = 0;
   std::shared_ptr<Queue> queue_ = std::make_shared<Queue>();  // deferred only; events share it
 };
 
