@@ -83,6 +83,9 @@ class Backend {
   // Whether Alloc returns ordinary host memory of this process (the CPU backend), which host
   // code and MPI may read and write; a device's memory may only be reached through the ops.
   virtual bool host_memory() const { return false; }
+  // The widest attention head (dh) CausalAttentionForward / Backward take; a model checks it
+  // when it is built, before any collective (BackendGpt).
+  virtual int max_attention_head_dim() const { return 1 << 30; }
 
   // ---- Memory (DeviceError when an allocation fails; Alloc(0) returns nullptr; at least
   // 64-byte aligned, as a data-tree root needs). ----

@@ -466,6 +466,8 @@ TEST_F(BackendTest, SoftmaxCrossEntropyForwardAndBackward) {
   }
   EXPECT_THROW(b_->SoftmaxCrossEntropyForward(nullptr, nullptr, nullptr, 1, 5, 4, nullptr),
                NumericsError);
+  EXPECT_THROW(b_->SoftmaxCrossEntropyForward(nullptr, nullptr, nullptr, 0, 4, 4, nullptr),
+               NumericsError);
 }
 
 TEST_F(BackendTest, GemmEveryTransposeAndAccumulate) {

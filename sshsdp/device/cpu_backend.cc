@@ -131,6 +131,8 @@ class CpuBackend final : public Backend {
     CheckCount(rows, "SoftmaxCrossEntropyForward");
     SSHSDP_CHECK(V >= 1 && V <= ld, NumericsError,
                  "SoftmaxCrossEntropyForward: need 1 <= V <= ld, got V={} ld={}", V, ld);
+    SSHSDP_CHECK(total != nullptr, NumericsError,
+                 "SoftmaxCrossEntropyForward: no total (a double of the backend's memory)");
     *total = kernels::SoftmaxCrossEntropyForward(logits, targets, losses, rows, V, ld);
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, float* dlogits,

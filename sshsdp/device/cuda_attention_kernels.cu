@@ -31,9 +31,19 @@ constexpr int kAttnCols = 16;  // most output columns one thread accumulates
 
 // Query rows per forward block (keys per tile: at most 32) and rows = keys per backward tile,
 // by head width: threads_per_row = kAttnThreads / rows, columns per thread ≤ kAttnCols.
-inline int ForwardRows(int dh) { return dh <= 64 ? 64 : dh <= 128 ? 32 : 16; }
-inline int ForwardKeys(int dh) { return ForwardRows(dh) < 32 ? ForwardRows(dh) : 32; }
-inline int BackwardRows(int dh) { return dh <= 64 ? 32 : dh <= 128 ? 16 : 8; }
+constexpr int ForwardRows(int dh) { return dh <= 64 ? 64 : dh <= 128 ? 32 : 16; }
+constexpr int ForwardKeys(int dh) { return ForwardRows(dh) < 32 ? ForwardRows(dh) : 32; }
+constexpr int BackwardRows(int dh) { return dh <= 64 ? 32 : dh <= 128 ? 16 : 8; }
+// The widest head of each tile shape fits a thread's registers.
+constexpr bool ColumnsFit(int rows, int dh) {
+  return (dh + kAttnThreads / rows - 1) / (kAttnThreads / rows) <= kAttnCols;
+}
+static_assert(ColumnsFit(ForwardRows(64), 64) && ColumnsFit(ForwardRows(128), 128) &&
+                  ColumnsFit(ForwardRows(kMaxAttentionHeadDim), kMaxAttentionHeadDim),
+              "forward tiles");
+static_assert(ColumnsFit(BackwardRows(64), 64) && ColumnsFit(BackwardRows(128), 128) &&
+                  ColumnsFit(BackwardRows(kMaxAttentionHeadDim), kMaxAttentionHeadDim),
+              "backward tiles");
 
 // Shared row stride for width n: odd.
 __host__ __device__ __forceinline__ int Pad(int n) { return n | 1; }

@@ -89,6 +89,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return name_; }
+  int max_attention_head_dim() const override { return cuda::kMaxAttentionHeadDim; }
 
   void* Alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
@@ -317,6 +318,8 @@ class CudaBackend final : public Backend {
     CheckRowsFit(rows, 1, "SoftmaxCrossEntropyForward");
     SSHSDP_CHECK(V >= 1 && V <= ld, NumericsError,
                  "SoftmaxCrossEntropyForward: need 1 <= V <= ld, got V={} ld={}", V, ld);
+    SSHSDP_CHECK(total != nullptr, NumericsError,
+                 "SoftmaxCrossEntropyForward: no total (a double of the backend's memory)");
     Use();
     if (rows == 0) {
       SSHSDP_CUDA_OK(cudaMemsetAsync(total, 0, sizeof(double), stream_));  // the empty sum

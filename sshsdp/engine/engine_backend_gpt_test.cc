@@ -428,6 +428,19 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
   std::string skip;
   std::unique_ptr<Backend> gpu = testing::TestGpuOrSkip(&skip);
   if (!gpu) GTEST_SKIP() << skip;
+  // A head wider than the CUDA attention kernels take is refused when the model is built,
+  // before an engine (and any collective) exists.
+  GptConfig wide = TestGpt();
+  wide.n_head = 1;
+  wide.d_model = 288;
+  try {
+    BackendGptModel refused(*gpu, wide);
+    ADD_FAILURE() << "a 288-wide head was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("head widths up to 256, this model's is 288"),
+              std::string::npos)
+        << e.what();
+  }
   const int W = WorldSize();
   for (DType wdt : {DType::kF32, DType::kBF16})
     for (Optimizer opt : {kAdamW, kMuonF32, kMuonBf16}) {

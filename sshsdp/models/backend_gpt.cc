@@ -9,10 +9,18 @@
 
 namespace sshsdp {
 
+void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model) {
+  SSHSDP_CHECK(c.head_dim() <= b.max_attention_head_dim(), ConfigError,
+               "{}: {}'s attention takes head widths up to {}, this model's is {} (d_model {} / "
+               "n_head {}); use more heads or --backend cpu",
+               model, b.name(), b.max_attention_head_dim(), c.head_dim(), c.d_model, c.n_head);
+}
+
 BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params,
                        std::vector<bool> dense_mlp)
     : b_(b), c_(c), B_(B), T_(T) {
   c_.Validate();
+  CheckAttentionFits(b_, c_, "BackendGpt");
   SSHSDP_CHECK(B >= 1 && T >= 1 && T <= c_.seq_len, ConfigError,
                "BackendGpt: need B >= 1 and 1 <= T <= seq_len {}, got B={} T={}", c_.seq_len, B, T);
   const int64_t d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
@@ -318,11 +326,12 @@ double BackendGpt::loss() const {
   return sum / static_cast<double>(int64_t{B_} * T_);
 }
 
+// The reads land in a local buffer first: a read that throws leaves what is kept as it was.
 void BackendGpt::KeepLoss() {
   if (kept_ == kLossSlots) {  // the ring is full: read it back
-    const size_t at = read_back_.size();
-    read_back_.resize(at + kLossSlots);
-    b_.CopyOut(read_back_.data() + at, loss_sums_ + 1, kLossSlots * sizeof(double));
+    double ring[kLossSlots];
+    b_.CopyOut(ring, loss_sums_ + 1, sizeof(ring));
+    read_back_.insert(read_back_.end(), std::begin(ring), std::end(ring));
     kept_ = 0;
   }
   b_.Copy(loss_sums_ + 1 + kept_, loss_sums_, sizeof(double));
@@ -330,13 +339,12 @@ void BackendGpt::KeepLoss() {
 }
 
 std::vector<double> BackendGpt::TakeLosses() {
+  std::vector<double> fresh(static_cast<size_t>(kept_));
+  if (kept_ > 0)  // nothing kept: no wait
+    b_.CopyOut(fresh.data(), loss_sums_ + 1, fresh.size() * sizeof(double));
   std::vector<double> out = std::exchange(read_back_, {});
-  if (kept_ > 0) {  // nothing kept: no wait
-    const size_t at = out.size();
-    out.resize(at + static_cast<size_t>(kept_));
-    b_.CopyOut(out.data() + at, loss_sums_ + 1, static_cast<size_t>(kept_) * sizeof(double));
-    kept_ = 0;
-  }
+  kept_ = 0;
+  out.insert(out.end(), fresh.begin(), fresh.end());
   for (double& l : out) l /= static_cast<double>(int64_t{B_} * T_);  // as loss() divides
   return out;
 }
@@ -356,6 +364,7 @@ double BackendGpt::TrainStep(const int32_t* tokens, const int32_t* targets, int 
                microbatches);
   const int64_t BT = int64_t{B_} * T_;
   RequireParams("TrainStep");
+  TakeLosses();                                // drops what a call that threw kept
   for (int mb = 0; mb < microbatches; ++mb) {  // the losses are read once, below
     SetTokens(tokens + mb * BT, targets + mb * BT);
     Forward();

@@ -23,6 +23,10 @@
 
 namespace sshsdp {
 
+// ConfigError unless b's attention takes c's head width (the CUDA kernels: dh <= 256), naming
+// the model and the fix. The backend models call it when they are built.
+void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model);
+
 class BackendGpt {
  public:
   // A tensor of the flat weight buffer: Gpt's runtime parameter of that name and shape.

@@ -13,6 +13,7 @@ BackendGptModel::BackendGptModel(Backend& b, const GptConfig& c, DType mx_gemm)
     : b_(b), spec_(c), mx_(b), mx_gemm_(mx_gemm) {
   SSHSDP_CHECK(c.packed_qkv, ConfigError,
                "BackendGptModel runs the packed QKV layout only (GptConfig::packed_qkv = true)");
+  CheckAttentionFits(b, spec_.config(), "BackendGptModel");
   SSHSDP_CHECK(mx_gemm == DType::kF32 || mx_gemm == DType::kBF16, ConfigError,
                "the GEMMs of MXFP8 weights run in fp32 or bf16 (--mx-gemm), got {}",
                DTypeName(mx_gemm));

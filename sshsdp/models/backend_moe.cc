@@ -13,6 +13,7 @@ namespace sshsdp {
 
 BackendMoeModel::BackendMoeModel(Backend& b, const MoeConfig& c) : b_(b), c_(c), spec_(c), mx_(b) {
   c_ = spec_.config();  // d_ff resolved
+  CheckAttentionFits(b, c_.trunk, "BackendMoeModel");
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
   int next = 7;
   if (swiglu) slots_.w3 = next++;
@@ -198,19 +199,20 @@ double BackendMoeModel::AuxLoss() const {
 double BackendMoeModel::Loss() const { return gpt_->loss() + AuxLoss(); }
 
 void BackendMoeModel::KeepLoss() {
-  kept_aux_.push_back(AuxLoss());  // PlanError before the last group's Forward
+  const double aux = AuxLoss();  // PlanError before the last group's Forward
   gpt_->KeepLoss();
+  kept_aux_.push_back(aux);  // only once the trunk kept its half
 }
 
 std::vector<double> BackendMoeModel::TakeLosses() {
+  const std::vector<double> trunk = gpt_ ? gpt_->TakeLosses() : std::vector<double>{};
   std::vector<double> out = std::exchange(taken_, {});
-  if (gpt_)
-    for (double l : gpt_->TakeLosses()) out.push_back(l);
-  SSHSDP_CHECK(out.size() == kept_aux_.size(), PlanError,
+  const std::vector<double> aux = std::exchange(kept_aux_, {});
+  out.insert(out.end(), trunk.begin(), trunk.end());
+  SSHSDP_CHECK(out.size() == aux.size(), PlanError,
                "BackendMoeModel: {} kept cross-entropies against {} aux losses", out.size(),
-               kept_aux_.size());
-  for (size_t i = 0; i < out.size(); ++i) out[i] += kept_aux_[i];  // as Loss() adds them
-  kept_aux_.clear();
+               aux.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] += aux[i];  // as Loss() adds them
   return out;
 }
 

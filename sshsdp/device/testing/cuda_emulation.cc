@@ -2,6 +2,10 @@
 // and the CUDA runtime and cuBLAS functions device/cuda_backend.cc calls, defined here so a test
 // binary links this file in place of libcudart and libcublas. Memory is host memory, streams and
 // events complete at once, and cuBLAS's GEMMs are the CPU backend's (oneDNN).
+// Under AddressSanitizer (scripts/sanitize.sh) every stack switch is announced to it
+// (__sanitizer_start/finish_switch_fiber), "device" allocations and each launch's dynamic
+// shared memory are exactly their size, so a kernel reading past a buffer or past its shared
+// memory is reported where it reads.
 #include "sshsdp/device/testing/cuda_emulation.h"
 
 #include <cublas_v2.h>
@@ -19,6 +23,13 @@
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/numerics/dtype.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define SSHSDP_EMU_ASAN 1
+#else
+#define SSHSDP_EMU_ASAN 0
+#endif
+
 namespace sshsdp::emu {
 namespace {
 
@@ -31,6 +42,8 @@ constexpr size_t kMaxDynamicShared = 48 * 1024;  // without cudaFuncSetAttribute
 #if defined(__x86_64__)
 struct Context {
   void* sp = nullptr;
+  const void* stack = nullptr;  // for AddressSanitizer: this context's stack (null: not known
+  size_t stack_bytes = 0;       // yet, the scheduler's until a fiber first enters)
 };
 extern "C" void sshsdp_emu_switch(void** save_sp, void* to_sp);
 asm(R"(
@@ -55,9 +68,12 @@ sshsdp_emu_switch:
   ret
   .size sshsdp_emu_switch, .-sshsdp_emu_switch
 )");
-void Switch(Context& from, Context& to) { sshsdp_emu_switch(&from.sp, to.sp); }
+// Defined after Grid (it records the scheduler's stack under AddressSanitizer).
+void Switch(Context& from, Context& to);
 // A context that enters `entry` (which never returns) on the stack [stack, stack + bytes).
 void Start(Context& c, char* stack, size_t bytes, void (*entry)(), Context&) {
+  c.stack = stack;
+  c.stack_bytes = bytes;
   auto top = reinterpret_cast<uintptr_t>(stack + bytes) & ~uintptr_t{15};
   auto** sp = reinterpret_cast<void**>(top);
   *--sp = nullptr;                              // entry's return address: it never returns
@@ -94,7 +110,8 @@ struct Grid {
   Context scheduler;
   std::vector<std::unique_ptr<Fiber>> fibers;  // not moved: a ucontext points into itself
   std::vector<std::unique_ptr<char[]>> stacks;
-  std::vector<unsigned char> shared;
+  std::unique_ptr<unsigned char[]> shared;  // this launch's dynamic shared memory, exactly
+  size_t shared_bytes = 0;
   Fiber* current = nullptr;
   const std::function<void()>* kernel = nullptr;
   dim3 block_idx, block_dim, grid_dim;
@@ -103,9 +120,37 @@ Grid& G() {
   static Grid g;
   return g;
 }
+
+#if defined(__x86_64__)
+void Switch(Context& from, Context& to) {
+#if SSHSDP_EMU_ASAN
+  void* fake_stack = nullptr;
+  __sanitizer_start_switch_fiber(&fake_stack, to.stack, to.stack_bytes);
+  sshsdp_emu_switch(&from.sp, to.sp);
+  const void* came_from = nullptr;
+  size_t came_from_bytes = 0;
+  __sanitizer_finish_switch_fiber(fake_stack, &came_from, &came_from_bytes);
+  // A fiber is only ever resumed by the scheduler, which may run on another host thread than
+  // at the fiber's last switch: its stack is the one just left.
+  Context& scheduler = G().scheduler;
+  if (&from != &scheduler) {
+    scheduler.stack = came_from;
+    scheduler.stack_bytes = came_from_bytes;
+  }
+#else
+  sshsdp_emu_switch(&from.sp, to.sp);
+#endif
+}
+#endif
 thread_local cudaError_t last_error = cudaSuccess;
 
 void FiberMain() {
+#if SSHSDP_EMU_ASAN && defined(__x86_64__)
+  // The first entry comes from the scheduler's Switch: complete its announcement, and learn the
+  // scheduler's stack (the host thread's) for the switches back.
+  Context& s = G().scheduler;
+  __sanitizer_finish_switch_fiber(nullptr, &s.stack, &s.stack_bytes);
+#endif
   for (;;) {
     Grid& g = G();
     (*g.kernel)();
@@ -115,9 +160,22 @@ void FiberMain() {
   }
 }
 
+// SSHSDP_CUDA_EMULATION_ORDER: forward (unset: the same) or reverse; another value is a typo
+// that would silently test the forward order, so the process stops naming it.
 bool Reverse() {
-  const char* e = std::getenv("SSHSDP_CUDA_EMULATION_ORDER");
-  return e && std::string(e) == "reverse";
+  static const bool reverse = [] {
+    const char* e = std::getenv("SSHSDP_CUDA_EMULATION_ORDER");
+    const std::string v = e ? e : "forward";
+    if (v != "forward" && v != "reverse") {
+      std::fprintf(stderr,
+                   "cuda emulation: SSHSDP_CUDA_EMULATION_ORDER=%s is neither forward nor reverse "
+                   "(unset it, or set one of the two)\n",
+                   v.c_str());
+      std::exit(2);
+    }
+    return v == "reverse";
+  }();
+  return reverse;
 }
 
 void Fail(cudaError_t e, const std::string& why) {
@@ -140,7 +198,7 @@ bool RunBlock(Grid& g, size_t threads, bool reverse) {
     f.idx = dim3(static_cast<unsigned>(i % b.x), static_cast<unsigned>(i / b.x % b.y),
                  static_cast<unsigned>(i / (size_t{b.x} * b.y)));
   }
-  std::fill(g.shared.begin(), g.shared.end(), static_cast<unsigned char>(0xFF));
+  std::fill_n(g.shared.get(), g.shared_bytes, static_cast<unsigned char>(0xFF));
   for (;;) {
     size_t waiting = 0, finished = 0;
     for (size_t n = 0; n < threads; ++n) {
@@ -172,7 +230,7 @@ const dim3& ThreadIdx() { return G().current->idx; }
 const dim3& BlockIdx() { return G().block_idx; }
 const dim3& BlockDim() { return G().block_dim; }
 const dim3& GridDim() { return G().grid_dim; }
-void* DynamicShared() { return G().shared.data(); }
+void* DynamicShared() { return G().shared.get(); }
 
 void SyncThreads() {
   Grid& g = G();
@@ -202,7 +260,8 @@ void RunGrid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<voi
   std::lock_guard<std::mutex> lock(g.mu);
   while (g.stacks.size() < threads) g.stacks.emplace_back(new char[kStackBytes]);
   while (g.fibers.size() < threads) g.fibers.push_back(std::make_unique<Fiber>());
-  g.shared.assign(shared_bytes, 0);
+  g.shared.reset(new unsigned char[shared_bytes]);  // its size: a read past it is reported
+  g.shared_bytes = shared_bytes;
   g.kernel = &kernel;
   g.block_dim = block;
   g.grid_dim = grid;
@@ -257,8 +316,10 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device) {
   p->minor = 0;
   return cudaSuccess;
 }
+// 256-byte aligned as cudaMalloc's, and exactly `bytes` long (a kernel's overrun is
+// AddressSanitizer's to see).
 cudaError_t cudaMalloc(void** p, size_t bytes) {
-  *p = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (posix_memalign(p, 256, std::max<size_t>(bytes, 1)) != 0) *p = nullptr;
   return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaFree(void* p) {
