@@ -32,6 +32,12 @@
 #include "sshsdp/kernels/moe_kernels.h"
 #include "sshsdp/models/layers.h"
 
+#ifdef SSHSDP_CUDA_EMULATION
+namespace sshsdp::emu {
+int64_t EventsCreated();  // testing/cuda_emulation.h (a header for kernel files)
+}  // namespace sshsdp::emu
+#endif
+
 namespace sshsdp {
 namespace {
 
@@ -975,6 +981,21 @@ TEST(GuardedBackendEvents, AWaitRunsTheQueueUpToItsEventOnTheWaitingThread) {
   EXPECT_NO_THROW(first->Wait());               // not for one recorded before it
   g.Free(x);
 }
+
+#ifdef SSHSDP_CUDA_EMULATION
+// The CUDA backend's events come from a pool: a hand-off creates one only while more are in
+// flight than were ever before, not one per hand-off (the emulation counts the creations).
+TEST_F(BackendTest, CudaEventsComeFromAPool) {
+  if (!b_->name().starts_with("cuda")) GTEST_SKIP() << "the CUDA backend's pool";
+  b_->RecordEvent()->Wait();  // the pool's first event
+  const int64_t before = emu::EventsCreated();
+  for (int i = 0; i < 100; ++i) b_->RecordEvent()->Wait();
+  std::vector<std::shared_ptr<BackendEvent>> held;
+  for (int i = 0; i < 3; ++i) held.push_back(b_->RecordEvent());  // three at once: two more
+  for (auto& e : held) e->Wait();
+  EXPECT_EQ(emu::EventsCreated() - before, 2);
+}
+#endif
 
 // The deferred guarded backend stages an upload as a GPU's does: no wait on the host, the bytes
 // copied at the call and written when the queue reaches them.

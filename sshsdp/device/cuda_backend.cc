@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "sshsdp/device/backend.h"
@@ -31,23 +32,57 @@ void CheckCublas(cublasStatus_t s, const char* what) {
 #define SSHSDP_CUDA_OK(call) CheckCuda((call), #call)
 #define SSHSDP_CUBLAS_OK(call) CheckCublas((call), #call)
 
-// One cudaEvent recorded on a stream; any host thread may wait for it. Waiting and destroying
-// make the event's device current first: on a thread without one (the engine's communication
-// thread before its first collective) the runtime would otherwise open device 0's context. Made
-// per hand-off: an event without timing costs about a kernel launch, a few per group and
-// microbatch.
+// A backend handle's spare cudaEvents (no timing). A hand-off takes one and gives it back when
+// its BackendEvent is destroyed — on whichever thread that happens, hence the lock — so a step
+// creates events only until the pool covers the most hand-offs in flight at once, instead of a
+// create and a destroy per hand-off.
+class EventPool {
+ public:
+  explicit EventPool(int ordinal) : ordinal_(ordinal) {}
+  ~EventPool() {
+    cudaSetDevice(ordinal_);
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  EventPool(const EventPool&) = delete;
+  EventPool& operator=(const EventPool&) = delete;
+  cudaEvent_t Take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    SSHSDP_CUDA_OK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    return e;
+  }
+  void Give(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(e);
+  }
+
+ private:
+  int ordinal_;
+  std::mutex mu_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// One pooled cudaEvent recorded on a stream; any host thread may wait for it. Waiting makes the
+// event's device current first: on a thread without one (the engine's communication thread
+// before its first collective) the runtime would otherwise open device 0's context. The event
+// goes back to the pool when this is destroyed (nobody waits for it after that; the next record
+// overwrites it).
 class CudaEvent final : public BackendEvent {
  public:
-  CudaEvent(int ordinal, cudaStream_t stream) : ordinal_(ordinal) {
-    SSHSDP_CUDA_OK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  CudaEvent(EventPool& pool, int ordinal, cudaStream_t stream)
+      : pool_(pool), ordinal_(ordinal), event_(pool.Take()) {
     const cudaError_t e = cudaEventRecord(event_, stream);
-    if (e != cudaSuccess) cudaEventDestroy(event_);
+    if (e != cudaSuccess) pool_.Give(event_);
     CheckCuda(e, "cudaEventRecord");
   }
-  ~CudaEvent() override {
-    cudaSetDevice(ordinal_);
-    cudaEventDestroy(event_);
-  }
+  ~CudaEvent() override { pool_.Give(event_); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
   void Wait() override {
@@ -56,13 +91,14 @@ class CudaEvent final : public BackendEvent {
   }
 
  private:
+  EventPool& pool_;
   int ordinal_;
-  cudaEvent_t event_ = nullptr;
+  cudaEvent_t event_;
 };
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int ordinal) : ordinal_(ordinal) {
+  explicit CudaBackend(int ordinal) : ordinal_(ordinal), events_(ordinal) {
     SSHSDP_CUDA_OK(cudaSetDevice(ordinal));
     cudaDeviceProp p{};
     SSHSDP_CUDA_OK(cudaGetDeviceProperties(&p, ordinal));
@@ -156,7 +192,7 @@ class CudaBackend final : public Backend {
   }
   std::shared_ptr<BackendEvent> RecordEvent() override {
     Use();
-    return std::make_shared<CudaEvent>(ordinal_, stream_);
+    return std::make_shared<CudaEvent>(events_, ordinal_, stream_);
   }
   std::unique_ptr<Backend> NewStream() override { return std::make_unique<CudaBackend>(ordinal_); }
   void* AllocHost(size_t bytes) override {
@@ -619,6 +655,7 @@ class CudaBackend final : public Backend {
   }
 
   int ordinal_;
+  EventPool events_;  // RecordEvent's; its events must not outlive the backend (backend.h)
   std::string name_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;

@@ -12,6 +12,7 @@
 #include <ucontext.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -143,6 +144,7 @@ void Switch(Context& from, Context& to) {
 }
 #endif
 thread_local cudaError_t last_error = cudaSuccess;
+std::atomic<int64_t> events_created{0};  // any thread may create one (a handle per thread)
 
 void FiberMain() {
 #if SSHSDP_EMU_ASAN && defined(__x86_64__)
@@ -231,6 +233,7 @@ const dim3& BlockIdx() { return G().block_idx; }
 const dim3& BlockDim() { return G().block_dim; }
 const dim3& GridDim() { return G().grid_dim; }
 void* DynamicShared() { return G().shared.get(); }
+int64_t EventsCreated() { return events_created.load(); }
 
 void SyncThreads() {
   Grid& g = G();
@@ -348,6 +351,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  sshsdp::emu::events_created.fetch_add(1);
   *e = reinterpret_cast<cudaEvent_t>(new char);
   return cudaSuccess;
 }

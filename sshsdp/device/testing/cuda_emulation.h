@@ -43,6 +43,9 @@ const dim3& GridDim();
 void SyncThreads();
 // The block's dynamic shared memory (the launch's shared_bytes).
 void* DynamicShared();
+// cudaEventCreateWithFlags calls so far (backend_test holds the CUDA backend's event pool to
+// it; declared there too, as this header is for kernel files).
+int64_t EventsCreated();
 // Runs `kernel` (one thread's body) over the grid; a launch error is kept for cudaGetLastError.
 void RunGrid(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& kernel);
 
