@@ -5,11 +5,13 @@
 #
 #   scripts/sanitize.sh                 # everything
 #   scripts/sanitize.sh -R 'engine|comm'   # extra arguments go to ctest
+# GCC's -Wmaybe-uninitialized misfires under the sanitizers' instrumentation (std::regex's
+# std::function in cli/train.cc, GCC 12): a warning there, not an error.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 "$ROOT/scripts/setup.sh"
 cmake -S "$ROOT" -B "$ROOT/build-asan" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
+  -DCMAKE_CXX_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined -Wno-error=maybe-uninitialized" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined"
 cmake --build "$ROOT/build-asan" -j "$(nproc)"
 # OpenMPI's own allocations are not ours to report.

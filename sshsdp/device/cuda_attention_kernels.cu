@@ -141,6 +141,22 @@ __host__ __device__ __forceinline__ size_t BackwardSharedBytes(int dh, int n) {
   return sizeof(float) * (size_t{4} * n * Pad(dh) + size_t{2} * n * (n + 1) + size_t{2} * n);
 }
 
+// The block's (head h, sequence b) plane: its rows of qkv (q at column 0, k at d, v at 2d; rows
+// ld3 apart) and of dO, and where its T values of lse and D start.
+struct Plane {
+  int h, b, d;
+  int64_t ld3, at;
+  const float *qkv, *dout;
+  __device__ Plane(const float* qkv_all, const float* dout_all, int T, int H, int dh)
+      : h(blockIdx.y),
+        b(blockIdx.z),
+        d(H * dh),
+        ld3(int64_t{3} * d),
+        at((int64_t{b} * H + h) * T),
+        qkv(qkv_all + int64_t{b} * T * ld3 + h * dh),
+        dout(dout_all + int64_t{b} * T * d + h * dh) {}
+};
+
 // Loads the query tile [q0, q0 + n) (Q, dO, lse, D; zeros past T) into the shared tiles.
 __device__ void LoadQueryTile(const BackwardTiles& s, const float* base, const float* dout_base,
                               const float* lse_row, const float* D_row, int q0, int n, int T, int d,
@@ -177,27 +193,25 @@ __global__ void FlashBackwardQueryKernel(const float* dout, const float* qkv, co
                                          int dh, float scale, int n) {
   SSHSDP_DYNAMIC_SHARED(float, sh);
   const BackwardTiles s(sh, dh, n);
-  const int h = blockIdx.y, b = blockIdx.z, d = H * dh, q0 = blockIdx.x * n;
-  const int64_t ld3 = int64_t{3} * d, plane = (int64_t{b} * H + h) * T;
-  const float* base = qkv + int64_t{b} * T * ld3 + h * dh;
-  const float* dout_base = dout + int64_t{b} * T * d + h * dh;
+  const Plane p(qkv, dout, T, H, dh);
+  const int q0 = blockIdx.x * n;
   const int tpr = blockDim.x / n, r = threadIdx.x / tpr, lane = threadIdx.x % tpr;
-  LoadQueryTile(s, base, dout_base, lse + plane, nullptr, q0, n, T, d, dh);
+  LoadQueryTile(s, p.qkv, p.dout, lse + p.at, nullptr, q0, n, T, p.d, dh);
   __syncthreads();
   for (int i = threadIdx.x; i < n && q0 + i < T; i += blockDim.x) {
-    const float* o = out + (int64_t{b} * T + q0 + i) * d + h * dh;
+    const float* o = out + (int64_t{p.b} * T + q0 + i) * p.d + p.h * dh;
     float D = 0.0f;
     for (int c = 0; c < dh; ++c) D += s.dOs[i * s.ld + c] * o[c];
     s.rowD[i] = D;
-    Dbuf[plane + q0 + i] = D;
+    Dbuf[p.at + q0 + i] = D;
   }
   float acc[kAttnCols];
   for (int u = 0; u < kAttnCols; ++u) acc[u] = 0.0f;
   const int last = (q0 + n < T ? q0 + n : T) - 1;
   for (int k0 = 0; k0 <= last; k0 += n) {
     __syncthreads();  // rowD is written; the previous tile's dS·K is done
-    LoadRows(base + d, ld3, k0, n, T, dh, s.Ks, s.ld);
-    LoadRows(base + 2 * d, ld3, k0, n, T, dh, s.Vs, s.ld);
+    LoadRows(p.qkv + p.d, p.ld3, k0, n, T, dh, s.Ks, s.ld);
+    LoadRows(p.qkv + 2 * p.d, p.ld3, k0, n, T, dh, s.Vs, s.ld);
     __syncthreads();
     TileGradients(s, q0, k0, n, T, dh, scale);
     __syncthreads();
@@ -210,7 +224,7 @@ __global__ void FlashBackwardQueryKernel(const float* dout, const float* qkv, co
     }
   }
   if (q0 + r >= T) return;
-  float* dq = dqkv + (int64_t{b} * T + q0 + r) * ld3 + h * dh;
+  float* dq = dqkv + (int64_t{p.b} * T + q0 + r) * p.ld3 + p.h * dh;
   for (int u = 0; u < kAttnCols; ++u) {
     const int c = lane + u * tpr;
     if (c >= dh) break;
@@ -224,18 +238,16 @@ __global__ void FlashBackwardKeyKernel(const float* dout, const float* qkv, cons
                                        float scale, int n) {
   SSHSDP_DYNAMIC_SHARED(float, sh);
   const BackwardTiles s(sh, dh, n);
-  const int h = blockIdx.y, b = blockIdx.z, d = H * dh, k0 = blockIdx.x * n;
-  const int64_t ld3 = int64_t{3} * d, plane = (int64_t{b} * H + h) * T;
-  const float* base = qkv + int64_t{b} * T * ld3 + h * dh;
-  const float* dout_base = dout + int64_t{b} * T * d + h * dh;
+  const Plane p(qkv, dout, T, H, dh);
+  const int k0 = blockIdx.x * n;
   const int tpk = blockDim.x / n, j = threadIdx.x / tpk, lane = threadIdx.x % tpk;
-  LoadRows(base + d, ld3, k0, n, T, dh, s.Ks, s.ld);
-  LoadRows(base + 2 * d, ld3, k0, n, T, dh, s.Vs, s.ld);
+  LoadRows(p.qkv + p.d, p.ld3, k0, n, T, dh, s.Ks, s.ld);
+  LoadRows(p.qkv + 2 * p.d, p.ld3, k0, n, T, dh, s.Vs, s.ld);
   float acc_k[kAttnCols], acc_v[kAttnCols];
   for (int u = 0; u < kAttnCols; ++u) acc_k[u] = acc_v[u] = 0.0f;
   for (int q0 = k0; q0 < T; q0 += n) {  // tiles are aligned: the diagonal tile starts at k0
     __syncthreads();                    // K, V are loaded; the previous tile's sums are done
-    LoadQueryTile(s, base, dout_base, lse + plane, Dbuf + plane, q0, n, T, d, dh);
+    LoadQueryTile(s, p.qkv, p.dout, lse + p.at, Dbuf + p.at, q0, n, T, p.d, dh);
     __syncthreads();
     TileGradients(s, q0, k0, n, T, dh, scale);
     __syncthreads();
@@ -252,8 +264,8 @@ __global__ void FlashBackwardKeyKernel(const float* dout, const float* qkv, cons
     }
   }
   if (k0 + j >= T) return;
-  float* dk = dqkv + (int64_t{b} * T + k0 + j) * ld3 + d + h * dh;
-  float* dv = dk + d;
+  float* dk = dqkv + (int64_t{p.b} * T + k0 + j) * p.ld3 + p.d + p.h * dh;
+  float* dv = dk + p.d;
   for (int u = 0; u < kAttnCols; ++u) {
     const int c = lane + u * tpk;
     if (c >= dh) break;
