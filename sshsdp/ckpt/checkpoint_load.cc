@@ -115,7 +115,8 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
           std::vector<std::unique_ptr<InFile>> files(m.files.size());
           for (const Engine::Zero1Field& f : fields) {
             // Tail padding stays zero; a packed field holds only its optimizer's elements.
-            std::memset(f.data.data, 0, (f.data.packed ? f.data.stored() : f.chunk.size()) * 4);
+            const size_t bytes = (f.data.packed ? f.data.stored() : f.chunk.size()) * 4;
+            if (bytes > 0) std::memset(f.data.data, 0, bytes);  // an empty field may have no data
             for (const Fragment& fr : f.chain->Fragments(Shard::kZero1)) {
               const FragmentSpan sp = SpanOf(*f.pieces, fr);  // dim-0 padding stays zero
               if (sp.length == 0) continue;

@@ -117,7 +117,7 @@ void Collectives(DirectCommunicator& host, DirectCommunicator& dev, Device& d) {
         std::vector<uint8_t> buf(n * shard, 0xCD);
         const std::vector<uint8_t> own = Values(count, dt, p);
         std::copy(own.begin(), own.end(), buf.begin() + static_cast<ptrdiff_t>(p * shard));
-        std::memcpy(hbuf, buf.data(), buf.size());
+        if (!buf.empty()) std::memcpy(hbuf, buf.data(), buf.size());  // count 0: data() may be null
         d.mem->FromHost(dbuf, buf.data(), buf.size());
         host.AllGatherInPlace(hbuf, count, dt);
         dev.AllGatherInPlace(dbuf, count, dt);
@@ -131,7 +131,7 @@ void Collectives(DirectCommunicator& host, DirectCommunicator& dev, Device& d) {
       for (DType rdt : {DType::kF32, DType::kBF16}) {
         for (bool acc : {false, true}) {
           const std::vector<uint8_t> g = Values(n * count, dt, 100 + p);
-          std::memcpy(hbuf, g.data(), g.size());
+          if (!g.empty()) std::memcpy(hbuf, g.data(), g.size());
           d.mem->FromHost(dbuf, g.data(), g.size());
           std::vector<uint8_t> recv = Values(count, rdt, 7);
           DeviceBytes drecv(d, recv);

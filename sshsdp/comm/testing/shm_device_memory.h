@@ -112,9 +112,12 @@ class ShmDeviceMemory final : public DirectDeviceMemory {
     HostReduceSlices(srcs, src_dtype, m, out, out_dtype, n, accumulate);
   }
   void Complete() override { std::atomic_thread_fence(std::memory_order_seq_cst); }
-  void ToHost(void* host, const void* src, size_t bytes) override { std::memcpy(host, src, bytes); }
+  // An empty copy may name null buffers (an empty vector's data()), which memcpy may not get.
+  void ToHost(void* host, const void* src, size_t bytes) override {
+    if (bytes > 0) std::memcpy(host, src, bytes);
+  }
   void FromHost(void* dst, const void* host, size_t bytes) override {
-    std::memcpy(dst, host, bytes);
+    if (bytes > 0) std::memcpy(dst, host, bytes);
   }
 
  private:
