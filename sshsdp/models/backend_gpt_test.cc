@@ -171,6 +171,27 @@ TEST(BackendGpt, TrainStepIsClippedAdamW) {
   }
 }
 
+// A TrainStep that threw midway (a token outside the vocabulary in its second microbatch, after
+// the first kept its loss) leaves nothing behind: the next step reports its own loss only.
+TEST(BackendGpt, AFailedTrainStepLeavesNoKeptLoss) {
+  Oracle o;
+  auto cpu = MakeCpuBackend();
+  const int B = 2, T = 16;
+  BackendGpt a(*cpu, o.c, B, T), fresh(*cpu, o.c, B, T);
+  const std::vector<float> w0 = o.Weights(a);
+  a.LoadWeights(w0.data());
+  fresh.LoadWeights(w0.data());
+  std::vector<int32_t> tok, tgt;
+  Batch(2 * B, T, 300, &tok, &tgt);
+  std::vector<int32_t> bad = tok;
+  bad[static_cast<size_t>(B) * T] = o.c.vocab;  // the second microbatch's first token
+  const AdamWConfig cfg{.lr = 1e-2f};
+  EXPECT_THROW(a.TrainStep(bad.data(), tgt.data(), 2, cfg, 0.0f, 1, nullptr), ConfigError);
+  // The weights were not updated, so the same one-microbatch step gives the same loss.
+  const double want = fresh.TrainStep(tok.data(), tgt.data(), 1, cfg, 0.0f, 1, nullptr);
+  EXPECT_EQ(a.TrainStep(tok.data(), tgt.data(), 1, cfg, 0.0f, 1, nullptr), want);
+}
+
 TEST(BackendGpt, RefusesBadSizesAndTokens) {
   auto cpu = MakeCpuBackend();
   const GptConfig c = SmallConfig();
