@@ -5,11 +5,11 @@
 # *_test.cc, *_bench.cc and testing/) may include headers of, and its library may link, only
 # those layers. Tests and benchmarks may also use the reference models (models/) as fixtures.
 #
-#   base <- numerics <- layout  <- comm <-----+
-#                    <- kernels <- params <- update <- engine <- ckpt <- cli
-#                                         <- models ------------------- cli
-#                                            update <- device (backends: CPU, CUDA) <- models
-#                                                      device <- engine (EngineConfig::backend)
+#   base <- numerics <- layout  <- comm <-------------------------+
+#                    <- kernels <- backend (CPU, CUDA) <- update <- engine <- ckpt <- cli
+#                               <- params <- update                 ^
+#                                  params, backend <- models -------|-------------- cli
+#                               comm, backend <- device (staged, NCCL, direct) <- engine
 # (params/model.h is the Model interface the engine runs; models/ implements it and does not
 # depend on the engine.)
 #
@@ -21,18 +21,19 @@ if(CMAKE_SCRIPT_MODE_FILE)
   cmake_minimum_required(VERSION 3.25)  # policies when run with -P
 endif()
 
-set(SSHSDP_LAYERS base numerics layout comm kernels params update device engine models ckpt
-    cli)
+set(SSHSDP_LAYERS base numerics layout comm kernels backend params update device engine models
+    ckpt cli)
 set(SSHSDP_DEPS_base "")
 set(SSHSDP_DEPS_numerics base)
 set(SSHSDP_DEPS_layout numerics)
 set(SSHSDP_DEPS_kernels numerics)
 set(SSHSDP_DEPS_comm layout)
+set(SSHSDP_DEPS_backend kernels)
 set(SSHSDP_DEPS_params kernels layout)
-set(SSHSDP_DEPS_update params comm)
-set(SSHSDP_DEPS_device update)
+set(SSHSDP_DEPS_update params comm backend)
+set(SSHSDP_DEPS_device backend comm)
 set(SSHSDP_DEPS_engine update device)
-set(SSHSDP_DEPS_models params device)
+set(SSHSDP_DEPS_models params backend)
 set(SSHSDP_DEPS_ckpt engine)
 set(SSHSDP_DEPS_cli ckpt models)
 

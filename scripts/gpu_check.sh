@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one prepared device check of the CUDA backend (issue 19), for a machine with an NVIDIA
-# GPU: (1) every backend op (sshsdp/device) checked against its CPU op on the GPU; (2) GPT
+# GPU: (1) every backend op (sshsdp/backend) checked against its CPU op on the GPU; (2) GPT
 # small trained for 50 steps on the GPU with the whole step on the CUDA backend
 # (models/backend_gpt.h, fp32), its losses compared with the CPU backend's run from the same
 # weights and batches (first loss within 1e-5, the first five within 1e-3), tokens/s and
@@ -74,10 +74,10 @@ case "$mode" in
   prepare)
     # Its own build directory: -DSSHSDP_CUDA=ON is not left in build/'s cache.
     BUILD_DIR=build-gpu \
-      BUILD_TARGETS="device_backend_test device_nccl_test device_direct_test models_backend_gpt_check engine_backend_gpt_test engine_backend_mx_test engine_backend_moe_test sshsdp" \
+      BUILD_TARGETS="backend_test device_nccl_test device_direct_test models_backend_gpt_check engine_backend_gpt_test engine_backend_mx_test engine_backend_moe_test sshsdp" \
       scripts/build.sh -DSSHSDP_CUDA=ON
     rm -rf "$bundle" && mkdir -p "$bundle/lib"
-    cp build-gpu/sshsdp/device/device_backend_test build-gpu/sshsdp/device/device_nccl_test \
+    cp build-gpu/sshsdp/backend/backend_test build-gpu/sshsdp/device/device_nccl_test \
       build-gpu/sshsdp/device/device_direct_test build-gpu/sshsdp/models/models_backend_gpt_check \
       build-gpu/sshsdp/engine/engine_backend_gpt_test build-gpu/sshsdp/engine/engine_backend_mx_test \
       build-gpu/sshsdp/engine/engine_backend_moe_test build-gpu/bin/sshsdp "$bundle/"
@@ -98,11 +98,11 @@ case "$mode" in
     BUILD_DIR=build-gpu scripts/build.sh -DSSHSDP_CUDA=ON
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
     ctest --test-dir build-gpu -L gpu --output-on-failure
-    build-gpu/sshsdp/device/device_backend_test --backend=cuda  # exit 77 (skip) is a failure
+    build-gpu/sshsdp/backend/backend_test --backend=cuda  # exit 77 (skip) is a failure
     ;;
   run)
-    [ -x "$bundle/device_backend_test" ] || [ ! -f "$bundle.tar.xz" ] || tar -xJf "$bundle.tar.xz"
-    [ -x "$bundle/device_backend_test" ] || {
+    [ -x "$bundle/backend_test" ] || [ ! -f "$bundle.tar.xz" ] || tar -xJf "$bundle.tar.xz"
+    [ -x "$bundle/backend_test" ] || {
       echo "gpu_check.sh: no $bundle/ (run 'scripts/gpu_check.sh prepare' first and carry" \
         "$bundle.tar.xz)" >&2
       exit 2
@@ -118,12 +118,12 @@ case "$mode" in
     nccl_libs=$(find /usr/local /usr/lib /opt ${site:+"$site"} -name 'libnccl.so.2*' \
       2>/dev/null | head -1 | xargs -r dirname)
     export LD_LIBRARY_PATH="$PWD/$bundle/lib:${cuda_libs}:${rt_libs}:${nccl_libs}:${LD_LIBRARY_PATH:-}"
-    if ldd "$bundle/device_backend_test" | grep 'not found'; then
+    if ldd "$bundle/backend_test" | grep 'not found'; then
       echo "gpu_check.sh: shared libraries missing on this machine (above)" >&2
       exit 1
     fi
     rc=0
-    "$bundle/device_backend_test" --backend=cuda || rc=$?
+    "$bundle/backend_test" --backend=cuda || rc=$?
     [ $rc -eq 77 ] && echo "gpu_check.sh: the CUDA test skipped on a GPU machine: a failure" >&2
     out=${OUT:-/tmp}
     echo "== GPT small, 50 steps, fp32: CPU backend (reference) and CUDA backend =="

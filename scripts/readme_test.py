@@ -35,7 +35,7 @@ NOT_RUN = {
     "bench/peers/run_fsdp2_peer.sh": "installs PyTorch into a virtual environment (CI has no "
                                      "budget for it; bench_test checks the peer's inputs)",
     "bench/eager_sweep.sh": "runs bench/peers/run_fsdp2_peer.sh (PyTorch) over a sweep",
-    "scripts/gpu_check.sh": "needs a GPU machine (ctest's device_backend_test_cpu runs the same "
+    "scripts/gpu_check.sh": "needs a GPU machine (ctest's backend_test_cpu runs the same "
                             "checks on the CPU backend; the _cuda entry reports skipped here)",
     "--backend cuda": "needs a GPU machine (the line's --backend cpu twin runs: the same engine "
                       "code on the CPU backend)",

@@ -107,10 +107,10 @@ for run in "adamw fp32" "muon fp32" "adamw bf16" "muon bf16" "adamw fp32 1 1 2" 
 import json, sys
 dev, host = ([json.loads(l) for l in open(f)] for f in sys.argv[1:3])
 waits = (lambda w: w > 0) if sys.argv[3] == "1" else (lambda w: w == 0)
-assert all(r["backend_events"] > 0 and waits(r["backend_waits"]) for r in dev), dev
-assert all(r["backend_events"] == 0 == r["backend_waits"] for r in host), host
+# The host engine runs on the CPU backend too: the same hand-offs.
+assert all(r["backend_events"] > 0 and waits(r["backend_waits"]) for r in dev + host), (dev, host)
 PY
-  check "--backend cpu, $opt, $wdt weights ${layout[*]}: hands off by event (waits only for MXFP8's outer gather)" $?
+  check "--backend cpu and host, $opt, $wdt weights ${layout[*]}: hand off by event (waits only for MXFP8's outer gather)" $?
 done
 # The MoE preset on the backend (models/backend_moe.h: the router and the experts' GEMMs
 # on the backend): bit for bit with the host engine training MoeGpt — AdamW with fp32 weights,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `sshsdp train --backend cuda` on the CPU emulation of CUDA (device/testing/cuda_emulation.h:
+# `sshsdp train --backend cuda` on the CPU emulation of CUDA (backend/testing/cuda_emulation.h:
 # the program linked with the CUDA backend's real code and kernels, run on the CPU): what
 # scripts/gpu_check.sh checks on a GPU, in CI without one —
 #   * the run names the emulated device and reports tokens/s and MFU like any backend;

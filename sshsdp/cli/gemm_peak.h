@@ -14,8 +14,8 @@
 
 #include <string>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/comm/communicator.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/numerics/dtype.h"
 
 namespace sshsdp {

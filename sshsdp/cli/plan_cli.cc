@@ -6,10 +6,10 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/cli/model_config.h"
 #include "sshsdp/cli/train_backend.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/engine/plan.h"
 #include "sshsdp/models/data.h"
 
@@ -249,9 +249,9 @@ int RunPlanCommand(const PlanOptions& o) {
     const std::unique_ptr<Model> model = MakeModel(t, gc);
     EngineConfig cfg = EngineConfigOf(t, o.world_size, T);
     // A run on --backend cpu is planned as one: its refusals (CheckBackendOptions, the
-    // engine's CheckBackendSetup) and what it keeps on the backend (MXFP8's S′ and band scales,
-    // the update's roots between steps). A GPU run's comm-path choice and staging buffers are
-    // not modelled.
+    // engine's CheckBackendSetup) and its memory (host memory, as the host engine's). What a
+    // device keeps beyond it (MXFP8's S′ and band scales there, the update's roots between
+    // steps), a GPU run's comm-path choice and staging buffers are not modelled.
     std::unique_ptr<Backend> cpu;
     if (t.backend != "host") {
       CheckBackendOptions(t);

@@ -5,7 +5,7 @@
 # its accounted memory by category (the final "memory per rank" line, 0.01 MiB rounding);
 # --config is read and --dump-config writes one; Muon's split units and the owner map are printed; bad layouts and what
 # the plan does not model are refused by name; a run on --backend cpu (MXFP8, Muon) is planned
-# with what it keeps on the backend, and the backend's refusals are the plan's. engine_plan_test checks every rank of many
+# as one (host memory), and the backend's refusals are the plan's. engine_plan_test checks every rank of many
 # more layouts against the engine's counters.
 # Usage: plan_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
@@ -54,8 +54,7 @@ print("plan = run:", want, {k: round(v, 3) for k, v in planned.items()})
 PY
 check "plan equals the run's rank-0 bytes and accounted memory; train prints the plan" $?
 
-# A run on --backend is planned as one: what it keeps there (MXFP8's S′ and band scales, the
-# update executors' roots between steps) — the plan's memory is what train --backend cpu
+# A run on --backend is planned as one — the plan's memory is what train --backend cpu
 # accounts — and what it refuses.
 brun=(--model tiny --microbatches 2 --batch-size 2 --seq-len 32 --weight-dtype mxfp8
   --optimizer muon --backend cpu)
@@ -81,12 +80,10 @@ check "plan --backend cpu equals the backend run's accounted memory" $?
 python3 - "$tmp/bplan.json" "$tmp/hplan.json" <<'PY'
 import json, sys
 dev, host = (json.load(open(f))["ranks"][0]["memory_bytes"] for f in sys.argv[1:3])
-# The same S′ layout (row_major); on the backend also S′ and the band scales kept there, and
-# the executors' roots kept between steps.
-assert dev["scales"] > host["scales"], (dev["scales"], host["scales"])
-assert dev["update_temporaries"] > host["update_temporaries"], (dev, host)
+# The same S′ layout (row_major), in host memory on both: the CPU backend keeps nothing more.
+assert dev == host, (dev, host)
 PY
-check "plan --backend cpu counts what the backend keeps beyond the host engine's plan" $?
+check "plan --backend cpu: host memory, the host engine's plan" $?
 expect_error "plan --backend: the backend's refusals" "set the scale layout to row_major" \
   "$bin" plan -n 2 --backend cpu --weight-dtype mxfp8 --scale-layout cublas_swizzle
 expect_error "plan --backend: what a backend does not run" "pass --reduce fp32" \

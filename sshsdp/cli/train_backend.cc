@@ -67,6 +67,12 @@ void CheckBackendOptions(const TrainOptions& o) {
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
                "device are not built yet), got --reduce {}",
                b, o.reduce);
+  SSHSDP_CHECK(
+      o.weight_dtype != "mxfp8" || o.scale_layout == "auto" || o.scale_layout == "row_major",
+      ConfigError,
+      "--backend {} dequantizes MXFP8 weights for its GEMMs from per-row scales: set the "
+      "scale layout to row_major (--scale-layout row_major, or auto), got {}",
+      b, o.scale_layout);
 }
 
 DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {

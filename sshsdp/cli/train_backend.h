@@ -1,5 +1,5 @@
 // `sshsdp train --backend NAME`: the engine and the dense GPT on a device backend
-// (device/backend.h, EngineConfig::backend) instead of the host engine.
+// (backend/backend.h, EngineConfig::backend) instead of the host engine.
 //
 //   --backend host     the host engine (the default): every preset and feature
 //   --backend cpu      the device code path on the CPU backend (host memory; several ranks over
@@ -25,9 +25,9 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/cli/train.h"
 #include "sshsdp/comm/direct_device.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/engine/engine.h"
 #include "sshsdp/models/gpt.h"
 

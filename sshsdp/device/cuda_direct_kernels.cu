@@ -2,8 +2,8 @@
 // node's slices, read in place from the peers' mapped regions, in slice order — the adds of
 // comm/direct_reduce_scatter.cc's HostReduceSlices in the same order (--fmad=false), so the
 // device and host direct paths agree bit for bit.
-#include "sshsdp/device/cuda_common.cuh"
-#include "sshsdp/device/cuda_kernels_internal.h"
+#include "sshsdp/backend/cuda_common.cuh"
+#include "sshsdp/backend/cuda_kernels_internal.h"
 
 namespace sshsdp::cuda {
 namespace {

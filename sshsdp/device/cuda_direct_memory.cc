@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "sshsdp/device/cuda_kernels_internal.h"
+#include "sshsdp/backend/cuda_kernels_internal.h"
 
 namespace sshsdp {
 namespace {

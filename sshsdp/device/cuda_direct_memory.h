@@ -13,8 +13,8 @@
 
 #include <memory>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/comm/direct_device.h"
-#include "sshsdp/device/backend.h"
 
 namespace sshsdp {
 

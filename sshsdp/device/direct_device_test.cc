@@ -20,12 +20,12 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/comm/direct_communicator.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/testing/shm_device_memory.h"
 #include "sshsdp/comm/watchdog.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
 

@@ -16,11 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/ring_bytes.h"
 #include "sshsdp/comm/watchdog.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/device/nccl_communicator.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
 

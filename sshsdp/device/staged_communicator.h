@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/comm/communicator.h"
-#include "sshsdp/device/backend.h"
 
 namespace sshsdp {
 

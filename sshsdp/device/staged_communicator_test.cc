@@ -11,9 +11,9 @@
 #include <functional>
 #include <vector>
 
+#include "sshsdp/backend/testing/guarded_backend.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/testing/mpi_test_util.h"
-#include "sshsdp/device/testing/guarded_backend.h"
 
 namespace sshsdp {
 namespace {

@@ -1,12 +1,8 @@
 // sshsdp's data path (views of the flat buffers, fused accumulation) and the transient pool
 // (see engine_internal.h).
-#include <cstdlib>
-#include <cstring>
-
 #include "sshsdp/base/error.h"
 #include "sshsdp/engine/engine_internal.h"
 #include "sshsdp/engine/mx_weights.h"
-#include "sshsdp/kernels/elementwise.h"
 
 namespace sshsdp {
 
@@ -18,19 +14,9 @@ std::vector<TensorRef> RuntimeGroup::Views(const DataNode& root, DType dt) const
 
 TransientPool::~TransientPool() {
   for (auto& [p, bytes] : all_) {
-    if (dry_) {
-      // placeholders: nothing was allocated
-    } else if (backend_) {
-      backend_->Free(p);
-    } else {
-      std::free(p);
-    }
+    if (!dry_) backend_->Free(p);  // a dry pool's placeholders were never allocated
     memory_->Free("transient", bytes);
   }
-}
-
-double SumSquaresOn(Backend* backend, const float* x, int64_t n) {
-  return backend ? backend->SumSquares(x, n) : kernels::SumSquares(x, n);
 }
 
 void* TransientPool::Acquire(size_t bytes) {
@@ -43,9 +29,8 @@ void* TransientPool::Acquire(size_t bytes) {
     return p;
   }
   constexpr size_t a = DataNode::kRootAlignment;
-  void* p = dry_       ? reinterpret_cast<void*>(a * (all_.size() + 1))  // never dereferenced
-            : backend_ ? backend_->Alloc(RoundUp(bytes, a))
-                       : std::aligned_alloc(a, RoundUp(bytes, a));
+  void* p = dry_ ? reinterpret_cast<void*>(a * (all_.size() + 1))  // never dereferenced
+                 : backend_->Alloc(RoundUp(bytes, a));
   SSHSDP_CHECK(p != nullptr, Error, "out of memory allocating a {}-byte transient buffer", bytes);
   all_.emplace_back(p, bytes);
   memory_->Allocate("transient", bytes);
@@ -84,12 +69,7 @@ std::vector<TensorRef> DataPath::GradTargets(RuntimeGroup& g) {
   if (g.grad_block) {  // a transient G′: backward overwrites the members, not the tail
     const size_t gs = DTypeSize(c_.grad_dtype);
     const size_t used = g.layout.list.numel();
-    if (c_.backend) {  // fp32 G′ (CheckBackendSetup)
-      c_.backend->Fill(static_cast<float*>(g.grad_block) + used,
-                       static_cast<int64_t>(g.padded - used), 0.0f);
-    } else {
-      std::memset(static_cast<char*>(g.grad_block) + used * gs, 0, (g.padded - used) * gs);
-    }
+    c_.backend->Zero(static_cast<char*>(g.grad_block) + used * gs, (g.padded - used) * gs);
   }
   return g.Views(*g.g_full, c_.grad_dtype);
 }

@@ -32,28 +32,23 @@ std::unique_ptr<DataNode> Engine::Buffer(const std::string& name, size_t bytes,
                                          const std::string& category) {
   auto root = std::make_unique<DataNode>(name, BufferBytes(bytes));
   root->Finalize();
-  if (cfg_.backend) {  // the backend's memory, zeroed as host roots are, freed with the engine
-    const size_t alloc = (root->bytes() + 63) / 64 * 64;
-    void* p = cfg_.backend->Alloc(alloc);
-    backend_blocks_.blocks.push_back(p);
-    cfg_.backend->Fill(static_cast<float*>(p), static_cast<int64_t>(alloc / 4), 0.0f);
-    root->AttachExternal(p, root->bytes());
-    memory_.Allocate(category, root->bytes());
-  } else {
-    root->Allocate(&memory_, category);
-  }
+  const size_t alloc = (root->bytes() + 63) / 64 * 64;  // zeroed, freed with the engine
+  void* p = cfg_.backend->Alloc(alloc);
+  backend_blocks_.blocks.push_back(p);
+  cfg_.backend->Zero(p, alloc);
+  root->AttachExternal(p, root->bytes());
+  memory_.Allocate(category, root->bytes());
   return root;
 }
 
 void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
-  SSHSDP_CHECK(cfg.comm_path != CommPath::kNccl || (cfg.backend && !cfg.backend->host_memory()),
-               ConfigError,
-               "--comm-path nccl moves device buffers: it needs the engine on a GPU (--backend "
-               "cuda; EngineConfig::backend with comm_path=nccl), got {}; on the CPU use "
-               "--comm-path collective or direct",
-               cfg.backend ? "backend " + cfg.backend->name() + " (host memory)"
-                           : std::string("the host engine"));
-  if (!cfg.backend) return;
+  SSHSDP_CHECK(
+      cfg.comm_path != CommPath::kNccl || (cfg.backend && !cfg.backend->host_memory()), ConfigError,
+      "--comm-path nccl moves device buffers: it needs the engine on a GPU (--backend "
+      "cuda; EngineConfig::backend with comm_path=nccl), got {}; on the CPU use "
+      "--comm-path collective or direct",
+      "backend " + (cfg.backend ? cfg.backend->name() : std::string("cpu")) + " (host memory)");
+  if (!cfg.backend || cfg.backend->host_memory()) return;  // host memory: every feature
   const std::string b = cfg.backend->name();
   const Redundancies& R = cfg.redundancies;
   // MXFP8: a GPU without an MX GEMM (Hopper) dequantizes each weight for its GEMM, reading
@@ -78,7 +73,7 @@ void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo) {
   // (ZeRO-3 sw, ZeRO-2 sg; every microbatch) over the direct path with its DirectDeviceMemory
   // (one node) or over NCCL; the outer groups over NCCL or staged through host memory
   // (Engine::SetUpOuterGroupsOnDevice), so with sw = sg = 1 any path will do.
-  if (cfg.backend->host_memory() || (topo.sw() == 1 && topo.sg() == 1)) return;
+  if (topo.sw() == 1 && topo.sg() == 1) return;
   SSHSDP_CHECK(cfg.comm_path == CommPath::kNccl ||
                    (cfg.comm_path == CommPath::kDirect && cfg.direct_device != nullptr),
                ConfigError,
@@ -127,6 +122,11 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
     for (int g = 0; g < model.num_groups() && !any_mx; ++g) any_mx = model.GroupConsumesMx(g);
     SSHSDP_CHECK(any_mx, ConfigError,
                  "weight dtype mxfp8: no runtime group of this model consumes MXFP8 weights");
+    SSHSDP_CHECK(model.ReadsScaleLayout(cfg.scale_layout), ConfigError,
+                 "weight dtype mxfp8: this model dequantizes MXFP8 weights for its GEMMs from "
+                 "per-row scales: set the scale layout to row_major (--scale-layout row_major; "
+                 "EngineConfig::scale_layout = kRowMajor), got {}",
+                 ScaleLayoutName(cfg.scale_layout));
     // (S gathers over MPI groups of its own where W does not: Engine::mx_zero3_.)
     SSHSDP_CHECK(cfg.shard_layout == ShardLayout::kFlat && !cfg.redundancies.weight_copies &&
                      !cfg.redundancies.tw_every_use,
@@ -165,17 +165,30 @@ EngineModes CheckEngineSetup(const Model& model, const EngineConfig& cfg, const 
   return m;
 }
 
+namespace {
+
+// cfg with its backend: the given one, else `own`.
+EngineConfig WithBackend(const EngineConfig& cfg, Backend* own) {
+  EngineConfig c = cfg;
+  if (c.backend == nullptr) c.backend = own;
+  return c;
+}
+
+}  // namespace
+
 Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
-    : model_(model),
+    : own_backend_(cfg.backend ? nullptr : MakeCpuBackend()),
+      model_(model),
       world_(world),
-      cfg_(cfg),
+      cfg_(WithBackend(cfg, own_backend_.get())),
+      on_device_(!cfg_.backend->host_memory()),
       topo_(world.size(), cfg.ranks_per_node > 0 ? cfg.ranks_per_node : world.size(), cfg.sw,
             cfg.sg, EffectiveSo(cfg)),
       rank_(world.rank()),
-      pool_(std::make_unique<TransientPool>(&memory_, false, cfg.backend)) {
-  backend_blocks_.backend = cfg.backend;
-  const EngineModes modes = CheckEngineSetup(model, cfg, topo_);
-  CheckBackendSetup(cfg, topo_);
+      pool_(std::make_unique<TransientPool>(&memory_, *cfg_.backend)) {
+  backend_blocks_.backend = cfg_.backend;
+  const EngineModes modes = CheckEngineSetup(model, cfg_, topo_);
+  CheckBackendSetup(cfg_, topo_);
   cfg_.so = topo_.so();
   grad_dtype_ = modes.grad_dtype;
   store_dtype_ = modes.store_dtype;
@@ -227,19 +240,19 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   up_replica_rs_ = split(world_, sshsdp::Group::kReplicaRS);
   up_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
   up_hsdp_ = split(world_, sshsdp::Group::kHsdp);
-  const bool device = cfg_.backend && !cfg_.backend->host_memory();
-  if (cfg_.weight_dtype == DType::kE4M3 && (device || cfg_.comm_path != CommPath::kCollective)) {
+  if (cfg_.weight_dtype == DType::kE4M3 &&
+      (on_device_ || cfg_.comm_path != CommPath::kCollective)) {
     mx_replica_ag_ = split(world_, sshsdp::Group::kReplicaAG);
     mx_zero3_ = split(world_, sshsdp::Group::kZero3);
   }
-  if (device) SetUpOuterGroupsOnDevice();
+  if (on_device_) SetUpOuterGroupsOnDevice();
   comm_thread_ = std::make_unique<CommThread>("runtime");
   up_p2p_ = world_.Duplicate();
   BuildUpdate();
   for (auto& gp : groups_) AllocateState(*gp);
   if (cfg_.weight_dtype == DType::kE4M3)
     mx_ = MakeMxWeights(groups_, topo_, rank_, cfg_.scale_layout, up_p2p_.get(), &memory_,
-                        cfg_.backend);
+                        *cfg_.backend);
   DataPathContext ctx;
   ctx.cfg = &cfg_;
   ctx.zero3_position = topo_.GroupPosition(Group::kZero3, rank_);
@@ -366,7 +379,7 @@ void Engine::SetUpDirectPath() {
   // schedule keeps live at once: two gathered layers (this one and the prefetched one) or all
   // of them without reshard_after_forward; two gradient buffers (this layer's and the one
   // whose reduce-scatter is still running).
-  DirectDeviceMemory* direct_device = cfg_.backend ? cfg_.direct_device : nullptr;
+  DirectDeviceMemory* direct_device = on_device_ ? cfg_.direct_device : nullptr;
   auto to_direct = [direct_device](std::unique_ptr<Communicator>& c) {
     auto* mpi = dynamic_cast<MpiCommunicator*>(c.get());
     SSHSDP_CHECK(mpi != nullptr, ConfigError, "comm_path=direct: {} is not an MPI group",
@@ -464,7 +477,7 @@ size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1)
 std::unique_ptr<MxWeights> MakeMxWeights(const std::vector<std::unique_ptr<RuntimeGroup>>& groups,
                                          const Topology& topo, int rank, ScaleLayout scale_layout,
                                          Communicator* p2p, MemoryAccount* memory,
-                                         Backend* backend) {
+                                         Backend& backend) {
   std::vector<const GroupLayout*> layouts;
   std::vector<const ShardChain*> chains;
   std::vector<bool> mx_groups;
@@ -488,38 +501,10 @@ UpdateOptions UpdateOptionsOf(const EngineConfig& cfg) {
   // whole matrices on every rank of the ZeRO-1 group (FullTensorMuon), on any shard layout;
   // sshsdp / veScale move split units point to point.
   o.full_tensor = cfg.redundancies.structured_updates == StructuredUpdates::kFullTensor;
-  if (Backend* b = cfg.backend) {
-    o.adamw_kernel = [b](const std::vector<AdamWSpan>& spans, const AdamWConfig& c, int64_t step,
-                         float grad_scale) {
-      b->AdamW(spans.data(), static_cast<int>(spans.size()), c, step, grad_scale);
-    };
-    o.muon_kernels.momentum = [b](const float* g, float* m, void* u, DType udt, int64_t n, float mu,
-                                  bool nesterov,
-                                  float gs) { b->MuonMomentum(g, m, u, udt, n, mu, nesterov, gs); };
-    o.muon_kernels.newton_schulz = [b](const void* const* in, DType idt, float* const* out,
-                                       int64_t batch, int64_t rows, int64_t cols, int steps,
-                                       const NsCoefficients& coef, float scale) {
-      b->NewtonSchulz(in, idt, out, batch, rows, cols, steps, coef, scale);
-    };
-    o.muon_kernels.weight_update = [b](float* w, const float* v, int64_t n, float lr, float wd) {
-      b->MuonWeightUpdate(w, v, n, lr, wd);
-    };
-    // Muon's temporaries (u, v) in the backend's memory; split units' fragments staged through
-    // the host for the point-to-point exchange.
-    o.device_memory = DeviceMemoryOf(*b);
-  }
+  // AdamW and Muon as the backend's ops; Muon's temporaries (u, v) in its memory, on a device
+  // split units' fragments staged through the host for the point-to-point exchange.
+  o.backend = cfg.backend;
   return o;
-}
-
-UpdateDeviceMemory DeviceMemoryOf(Backend& backend) {
-  Backend* b = &backend;
-  UpdateDeviceMemory m;
-  m.alloc = [b](size_t bytes) { return b->Alloc(bytes); };
-  m.free = [b](void* p) { b->Free(p); };
-  m.copy = [b](void* d, const void* s, size_t n) { b->Copy(d, s, n); };
-  m.to_host = [b](void* h, const void* s, size_t n) { b->CopyOut(h, s, n); };
-  m.from_host = [b](void* d, const void* h, size_t n) { b->CopyIn(d, h, n); };
-  return m;
 }
 
 UpdateGroupView UpdateViewOf(const RuntimeGroup& g) {

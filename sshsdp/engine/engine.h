@@ -51,6 +51,7 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/base/memory_account.h"
 #include "sshsdp/base/trace.h"
@@ -58,7 +59,6 @@
 #include "sshsdp/comm/comm_thread.h"
 #include "sshsdp/comm/communicator.h"
 #include "sshsdp/comm/direct_device.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/engine/reduce_mode.h"
 #include "sshsdp/engine/redundancy.h"
 #include "sshsdp/layout/data_node.h"
@@ -137,20 +137,20 @@ struct EngineConfig {
   // collective on the communication thread with its bytes, waits, the update phase, G,
   // copies); not owned, null: none.
   Tracer* tracer = nullptr;
-  // The engine on a device backend (device/backend.h; not owned): every data-tree root, the
-  // transient gather and gradient blocks in its memory; G, fills, the gradient norm, the
-  // finiteness check, AdamW and Muon (momentum, batched Newton–Schulz, weight update; its
-  // temporaries in the backend's memory, split units' fragments staged through the host) run
-  // as its ops; the model must compute on the same backend (models/backend_gpt_model.h). Null:
-  // host memory. What it runs so far (ConfigError naming the setting otherwise, at
-  // construction): fp32 reduction, the flat layout without the baselines' redundancies, MXFP8
-  // with row-major scales (mx_weights.h: G on the backend, S on the host); checkpoints through
-  // host mirrors (Zero1Fields); every (sw, sg, so) layout. A device's
+  // The backend the engine runs on (backend/backend.h; not owned). Null: the engine makes its
+  // own CPU backend (MakeCpuBackend), the default. Every data-tree root and the transient
+  // gather and gradient blocks live in its memory; G, fills, the gradient norm, the finiteness
+  // check, AdamW and Muon (momentum, batched Newton–Schulz, weight update) run as its ops; a
+  // model that computes on a backend must compute on this one (models/backend_gpt_model.h).
+  // On a device (Backend::host_memory false) the engine runs so far (ConfigError naming the
+  // setting otherwise, at construction): fp32 reduction, the flat layout without the
+  // baselines' redundancies, MXFP8 with row-major scales (mx_weights.h: G on the backend, S on
+  // the host), checkpoints through host mirrors (Zero1Fields), every (sw, sg, so) layout; its
   // memory moves in the runtime ZeRO-3 / ZeRO-2 groups on the direct path over `direct_device`
   // (one node) or over NCCL (comm_path = nccl: NcclCommunicators, any node count; not needed
   // when sw = sg = 1), and in the outer groups over NCCL with comm_path = nccl, else staged
-  // through host memory over MPI (StagedCommunicator); a backend with host memory
-  // (Backend::host_memory: the CPU backend) moves everything over MPI.
+  // through host memory over MPI (StagedCommunicator). Host memory (the CPU backend) moves
+  // over MPI in place.
   Backend* backend = nullptr;
   DirectDeviceMemory* direct_device = nullptr;
 };
@@ -328,15 +328,15 @@ class Engine {
  private:
   void PrepareMx();  // MXFP8: G on bands, S gathers, Tw
   void BuildGroup(int g);
-  void ZeroState(RuntimeGroup& g);  // optimizer state := 0, host or backend memory
-  void SyncBackend();               // waits for EngineConfig::backend's queued ops
+  void ZeroState(RuntimeGroup& g);  // optimizer state := 0 on the backend
+  void SyncBackend();               // waits for the backend's queued ops
   // Queues `task` (a collective on `comm` for group g, traced as `name`) on the communication
-  // thread. On a backend it first waits there for an event recorded now: whatever the compute
+  // thread. It first waits there for an event recorded now on the backend: whatever the compute
   // stream was asked to do before — a backward writing G′, a forward reading a slot about to
   // be regathered — has run before the task touches the memory (the compute thread goes on).
   CommHandle SubmitComm(const char* name, int g, Communicator* comm, std::function<void()> task);
-  // A finalized root of `bytes` (at least 64), in host memory or the backend's, accounted
-  // under `category`.
+  // A finalized root of `bytes` (at least 64) in the backend's memory, zeroed, accounted under
+  // `category`.
   std::unique_ptr<DataNode> Buffer(const std::string& name, size_t bytes,
                                    const std::string& category);
   void StartGather(int g);
@@ -365,9 +365,13 @@ class Engine {
   // deferral). Fills st (loss, norm, skipped).
   void UpdatePhase(double loss_sum, StepStats* st);
 
+  // The CPU backend the engine made when EngineConfig::backend was null (destroyed last: every
+  // member below may hold its memory).
+  std::unique_ptr<Backend> own_backend_;
   Model& model_;
   Communicator& world_;
-  EngineConfig cfg_;
+  EngineConfig cfg_;  // cfg_.backend is never null (own_backend_ when none was given)
+  bool on_device_;    // !cfg_.backend->host_memory(): memory MPI cannot move in place
   Topology topo_;
   int rank_;
   MemoryAccount memory_;
@@ -413,7 +417,7 @@ class Engine {
   CommCounters carried_update_comm_;
   uint64_t carried_outer_ = 0;
   int uncaught_at_construction_ = std::uncaught_exceptions();
-  // Roots in EngineConfig::backend's memory, freed when the engine goes (also when its
+  // Roots in the backend's memory, freed when the engine goes (also when its
   // constructor throws); destroyed before the members above, after ~Engine drained the
   // communication thread.
   struct BackendBlocks {

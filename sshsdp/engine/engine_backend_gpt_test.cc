@@ -21,14 +21,14 @@
 #include <memory>
 #include <string>
 
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/backend/testing/guarded_backend.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/testing/shm_device_memory.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/device/nccl_communicator.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
-#include "sshsdp/device/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/backend_gpt_model.h"
 #include "sshsdp/models/gpt.h"
@@ -185,10 +185,12 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
   if (opt.kind == OptimizerKind::kMuon) {
     const UpdatePlan* plan = run.engine().structured_update().plan(OptimizerKind::kMuon);
     ASSERT_NE(plan, nullptr);
-    // The update's temporaries stay allocated on the backend between steps, and accounted.
+    // On a device the update's temporaries stay allocated between steps, and accounted; on
+    // host memory they live only while the update runs.
     const uint64_t temps = run.engine().structured_update().temporary_bytes();
     EXPECT_GT(temps, 0u);
-    EXPECT_EQ(run.engine().memory().current(kUpdateTemporaries), temps);
+    EXPECT_EQ(run.engine().memory().current(kUpdateTemporaries),
+              backend.host_memory() ? 0u : temps);
     // What the point-to-point communicator moved (the staged host buffers) is the plan's.
     EXPECT_EQ(last_p2p, plan->BytesSent(std::max(0, WorldRankOrMinusOne())));
   }
@@ -487,16 +489,17 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   };
   EngineConfig bf16_reduce = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
   bf16_reduce.reduce = ReduceMode::kBf16Fp32;
-  refused(bf16_reduce, "--reduce fp32");
+  refused(bf16_reduce, "--reduce fp32", &device);  // host memory reduces in bf16 too
   EngineConfig nccl = BaseConfig(testing::LayoutsFor(W).front(), 1, DType::kF32);
   nccl.comm_path = CommPath::kNccl;
   refused(nccl, "--comm-path nccl moves device buffers");  // the CPU backend: host memory
-  try {                                                    // and the host engine
+  try {                                                    // and the engine's own one
     Gpt host_model(TestGpt());
     Engine e(host_model, *world, nccl);
-    ADD_FAILURE() << "the host engine accepted comm_path=nccl";
+    ADD_FAILURE() << "the engine's own CPU backend accepted comm_path=nccl";
   } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("the host engine"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("backend cpu (host memory)"), std::string::npos)
+        << e.what();
   }
   if (W > 1) {
     refused(BaseConfig(Layout{W, W, W, W}, 1, DType::kF32), "comm_path=direct", &device);

@@ -17,12 +17,12 @@
 #include <memory>
 #include <string>
 
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/backend/testing/guarded_backend.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/testing/shm_device_memory.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
-#include "sshsdp/device/testing/guarded_backend.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/models/backend_moe.h"
 #include "sshsdp/models/moe.h"

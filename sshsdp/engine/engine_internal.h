@@ -124,17 +124,14 @@ inline size_t BufferBytes(size_t bytes) { return bytes < 64 ? 64 : bytes; }
 size_t StateElements(const std::map<std::string, Zero1Array>& fields, size_t z1);
 // The MXFP8 machinery of these groups on `rank` (its MX groups: wdt = kE4M3). A null p2p
 // builds the plan only (plan.h); `memory` may be null (nothing accounted); `backend`: where
-// main and the codes live (null: host memory).
+// main and the codes live, and what quantizes them.
 class MxWeights;
 std::unique_ptr<MxWeights> MakeMxWeights(const std::vector<std::unique_ptr<RuntimeGroup>>& groups,
                                          const Topology& topo, int rank, ScaleLayout scale_layout,
                                          Communicator* p2p, MemoryAccount* memory,
-                                         Backend* backend = nullptr);
+                                         Backend& backend);
 // The update's options of an engine configuration, and a group as the update sees it.
 UpdateOptions UpdateOptionsOf(const EngineConfig& cfg);
-// An update executor's roots in this backend's memory, staged through the host for its
-// point-to-point exchanges (update_executor.h).
-UpdateDeviceMemory DeviceMemoryOf(Backend& backend);
 UpdateGroupView UpdateViewOf(const RuntimeGroup& g);
 
 // Transient gather / gradient / copy buffers, reused by size (best fit), accounted as
@@ -143,9 +140,10 @@ UpdateGroupView UpdateViewOf(const RuntimeGroup& g);
 // of the schedule accounts exactly what the engine's pool would.
 class TransientPool {
  public:
-  // `backend`: blocks in its memory (null: host memory).
-  explicit TransientPool(MemoryAccount* memory, bool dry = false, Backend* backend = nullptr)
-      : memory_(memory), dry_(dry), backend_(backend) {}
+  // Blocks in `backend`'s memory.
+  TransientPool(MemoryAccount* memory, Backend& backend) : memory_(memory), backend_(&backend) {}
+  // A dry pool: placeholder addresses, nothing allocated (plan.h).
+  explicit TransientPool(MemoryAccount* memory) : memory_(memory), dry_(true) {}
   ~TransientPool();
   TransientPool(const TransientPool&) = delete;
   TransientPool& operator=(const TransientPool&) = delete;
@@ -171,13 +169,11 @@ struct DataPathContext {
   StepCounters* counters = nullptr;
   TimeSplit* time = nullptr;
   MxWeights* mx = nullptr;     // MXFP8 runtime weights, or null
-  Backend* backend = nullptr;  // EngineConfig::backend
+  Backend* backend = nullptr;  // EngineConfig::backend (never null)
 };
 
-// Σx² in double of n floats in host memory, or in `backend`'s memory when it is set.
-double SumSquaresOn(Backend* backend, const float* x, int64_t n);
-// The engine-on-a-backend checks of a configuration (EngineConfig::backend), ConfigError
-// naming the setting; nothing when no backend is set.
+// The engine-on-a-device checks of a configuration (EngineConfig::backend without host
+// memory), ConfigError naming the setting; on host memory only --comm-path nccl is refused.
 void CheckBackendSetup(const EngineConfig& cfg, const Topology& topo);
 
 // sshsdp's own data path: W′ and G′ are views of the flat buffers; the reduce-scatter

@@ -13,13 +13,11 @@
 namespace sshsdp {
 
 void Engine::InitWeights(uint64_t seed) {
-  Backend* b = cfg_.backend;
   for (auto& gp : groups_) {
     RuntimeGroup& g = *gp;
-    // Drawn on the host; on a backend, staged and copied in.
-    std::vector<float> staged(b ? g.z1.size() : 0);
-    float* main = b ? staged.data() : g.main_z1;
-    std::memset(main, 0, g.z1.size() * 4);
+    // Drawn on the host, then copied to the backend.
+    std::vector<float> staged(g.z1.size(), 0.0f);
+    float* main = staged.data();
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
       const FragmentSpan s = SpanOf(g.pieces, f);
       if (s.length == 0) continue;  // dim-0 padding stays zero
@@ -29,7 +27,7 @@ void Engine::InitWeights(uint64_t seed) {
                main + s.shard_offset);
     }
     ZeroState(g);
-    if (b) b->CopyIn(g.main_z1, staged.data(), staged.size() * 4);
+    cfg_.backend->CopyIn(g.main_z1, staged.data(), staged.size() * 4);
   }
   step_ = 0;
   PrepareAndGatherWeights();
@@ -50,11 +48,7 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
       const FragmentSpan s = SpanOf(g.pieces, f);
       if (s.length == 0) continue;  // dim-0 padding
       const std::vector<float>& src = weights.at(g.layout.update[s.update].name);
-      if (cfg_.backend) {
-        cfg_.backend->CopyIn(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
-      } else {
-        std::memcpy(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
-      }
+      cfg_.backend->CopyIn(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
     }
     ZeroState(g);
   }
@@ -62,18 +56,12 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
   PrepareAndGatherWeights();
 }
 
-void Engine::ZeroState(RuntimeGroup& g) {
-  if (cfg_.backend) {
-    cfg_.backend->Fill(g.state->data_as<float>(), static_cast<int64_t>(g.state->bytes() / 4), 0.0f);
-  } else {
-    std::memset(g.state->data(), 0, g.state->bytes());
-  }
-}
+void Engine::ZeroState(RuntimeGroup& g) { cfg_.backend->Zero(g.state->data(), g.state->bytes()); }
 
 void Engine::UploadZero1Mirrors() {
-  if (cfg_.backend)  // what a checkpoint load wrote into the mirrors
-    for (const Zero1Mirror& m : zero1_mirrors_)
-      cfg_.backend->CopyIn(m.device, m.host.data(), m.host.size() * sizeof(float));
+  // What a checkpoint load wrote into the mirrors (a device's; none on host memory).
+  for (const Zero1Mirror& m : zero1_mirrors_)
+    cfg_.backend->CopyIn(m.device, m.host.data(), m.host.size() * sizeof(float));
   zero1_mirrors_.clear();
 }
 
@@ -99,13 +87,8 @@ void Engine::PrepareAndGatherWeights() {
       // G: cast the ZeRO-1 main weights straight into the ZeRO-1 slice of Wᶻ³.
       ScopedTimer t(&time_.cast);
       TraceSpan s(cfg_.tracer, "G (cast)", kTraceCompute, {{"group", g.layout.group}});
-      if (cfg_.backend) {
-        cfg_.backend->CastF32ToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off,
-                                    static_cast<int64_t>(g.z1.size()));
-      } else {
-        kernels::CastToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off,
-                            static_cast<int64_t>(g.z1.size()));
-      }
+      cfg_.backend->CastF32ToBf16(g.main_z1, g.w_z3->data_as<bf16>() + z1_off,
+                                  static_cast<int64_t>(g.z1.size()));
       counters_.weight_preps++;
     }
     // Outer all-gather, in place: this rank's slice already sits at its group position.
@@ -155,7 +138,6 @@ void Engine::SyncBackend() {
   // The backend's ops may run behind the host (a CUDA stream), and a collective called on this
   // thread moves its memory on another stream. The communication thread's tasks wait for an
   // event instead (SubmitComm).
-  if (!cfg_.backend) return;
   counters_.backend_waits++;
   cfg_.backend->Synchronize();
 }
@@ -190,12 +172,12 @@ bool Engine::StateIsFinite() {
   for (auto& gp : groups_) {
     const RuntimeGroup& g = *gp;
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
-      if (!std::isfinite(SumSquaresOn(cfg_.backend, g.main_z1 + f.shard_offset,
-                                      static_cast<int64_t>(f.length))))
+      if (!std::isfinite(
+              cfg_.backend->SumSquares(g.main_z1 + f.shard_offset, static_cast<int64_t>(f.length))))
         bad = 1;
     // Optimizer state: every stored element (padding and unused elements stay zero).
-    if (!std::isfinite(SumSquaresOn(cfg_.backend, g.state->data_as<float>(),
-                                    static_cast<int64_t>(g.state->bytes() / 4))))
+    if (!std::isfinite(cfg_.backend->SumSquares(g.state->data_as<float>(),
+                                                static_cast<int64_t>(g.state->bytes() / 4))))
       bad = 1;
   }
   world_.AllReduce(&bad, 1, DType::kF32);
@@ -208,12 +190,9 @@ std::map<std::string, std::vector<float>> Engine::GatherMainWeights() {
     RuntimeGroup& g = *gp;
     const size_t c = g.z1.size();
     std::vector<float> all(c * world_.size()), full(g.padded);
-    if (cfg_.backend) {  // this rank's chunk to the host first: world_ moves host memory
-      cfg_.backend->CopyOut(all.data() + static_cast<size_t>(world_.rank()) * c, g.main_z1, c * 4);
-      world_.AllGatherInPlace(all.data(), c, DType::kF32);
-    } else {
-      world_.AllGather(g.main_z1, all.data(), c, DType::kF32);
-    }
+    // This rank's chunk to the host first (world_ moves host memory; a copy on the CPU).
+    cfg_.backend->CopyOut(all.data() + static_cast<size_t>(world_.rank()) * c, g.main_z1, c * 4);
+    world_.AllGatherInPlace(all.data(), c, DType::kF32);
     for (int j = 0; j < topo_.so(); ++j) {
       int owner = topo_.Zero1ChunkOwner(j, 0);
       std::memcpy(full.data() + j * c, all.data() + owner * c, c * 4);
@@ -240,12 +219,8 @@ std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
     const size_t c = g.z1.size();
     std::vector<uint8_t> all(c * world_.size()), full(g.padded);
     const uint8_t* mine = g.w_z3->data_as<uint8_t>() + (g.z1.begin - g.z3.begin);
-    if (cfg_.backend) {  // this rank's codes to the host first: world_ moves host memory
-      cfg_.backend->CopyOut(all.data() + static_cast<size_t>(world_.rank()) * c, mine, c);
-      world_.AllGatherInPlace(all.data(), c, DType::kE4M3);
-    } else {
-      world_.AllGather(mine, all.data(), c, DType::kE4M3);
-    }
+    cfg_.backend->CopyOut(all.data() + static_cast<size_t>(world_.rank()) * c, mine, c);
+    world_.AllGatherInPlace(all.data(), c, DType::kE4M3);
     for (int j = 0; j < topo_.so(); ++j)
       std::memcpy(full.data() + j * c, all.data() + topo_.Zero1ChunkOwner(j, 0) * c, c);
     for (size_t r = 0; r < g.layout.runtime.size(); ++r) {
@@ -260,10 +235,11 @@ std::map<std::string, Engine::MxRuntimeWeight> Engine::GatherMxWeights() {
 }
 
 std::vector<Engine::Zero1Field> Engine::Zero1Fields(bool read_state) {
-  // On a backend: a host copy of each array (its stored elements), read after every queued op.
+  // On a device: a host copy of each array (its stored elements), read after every queued op.
+  // On host memory: the arrays themselves.
   zero1_mirrors_.clear();
   auto on_host = [&](const Zero1Array& a, size_t chunk) {
-    if (!cfg_.backend) return a;
+    if (!on_device_) return a;
     Zero1Mirror& m = zero1_mirrors_.emplace_back();
     m.device = a.data;
     m.host.resize(a.packed ? a.stored() : chunk);

@@ -35,7 +35,6 @@ std::function<void()> Traced(Tracer* t, const char* name, int group, Communicato
 CommHandle Engine::SubmitComm(const char* name, int gi, Communicator* comm,
                               std::function<void()> task) {
   std::function<void()> traced = Traced(cfg_.tracer, name, gi, comm, std::move(task));
-  if (!cfg_.backend) return comm_thread_->Submit(std::move(traced));
   counters_.backend_events++;
   Tracer* t = cfg_.tracer;
   return comm_thread_->Submit(
@@ -273,8 +272,8 @@ StepStats Engine::Step(const BatchFn& batch) {
   TraceSpan step_span(cfg_.tracer, "step", kTraceCompute, {{"step", step_ + 1}});
   counters_ = {};
   counters_.outer_overlapped = carried_outer_;  // run by an Evaluate since the last step
-  // On a backend each of those outer all-gathers was one hand-off by event.
-  counters_.backend_events = cfg_.backend ? carried_outer_ : 0;
+  // Each of those outer all-gathers was one hand-off by event.
+  counters_.backend_events = carried_outer_;
   carried_outer_ = 0;
   copy_meter_.Reset();
   time_ = {};
@@ -373,8 +372,7 @@ void Engine::UpdatePhase(double loss_sum, StepStats* st) {
     TraceSpan s(cfg_.tracer, "gradient norm", kTraceCompute, {{"group", g.layout.group}});
     if (count_norm)
       for (const Fragment& f : g.chain->Fragments(Shard::kZero1))
-        sumsq +=
-            SumSquaresOn(cfg_.backend, g.g_z1 + f.shard_offset, static_cast<int64_t>(f.length));
+        sumsq += cfg_.backend->SumSquares(g.g_z1 + f.shard_offset, static_cast<int64_t>(f.length));
   }
   float red[2] = {static_cast<float>(loss_sum), static_cast<float>(sumsq)};
   {

@@ -26,14 +26,15 @@ bool MxWeights::GroupIsMx(const GroupLayout& layout) {
 MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
                      const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
                      ScaleLayout layout, Communicator* p2p, MemoryAccount* account,
-                     const std::vector<bool>& mx_groups, Backend* backend)
+                     const std::vector<bool>& mx_groups, Backend& backend)
     : topo_(topo),
       rank_(rank),
       replica_(topo.Coord(rank).d),
       layout_(layout),
       p2p_(p2p),
       account_(account),
-      backend_(backend),
+      backend_(&backend),
+      on_device_(!backend.host_memory()),
       chains_(chains) {
   std::vector<UpdateUnit> units;
   groups_.resize(layouts.size());
@@ -82,7 +83,7 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
       off += (bytes + 63) / 64 * 64;
     }
     G.s_prime.assign(std::max<size_t>(off, 64), 0);
-    if (backend_) {  // (freed with the group, a throw below included)
+    if (on_device_) {  // (freed with the group, a throw below included)
       const BackendFree free{backend_};
       G.s_prime_dev = {static_cast<uint8_t*>(backend_->Alloc(G.s_prime.size())), free};
       G.s_bands.assign(G.s_list.padded_numel(), 0);
@@ -121,17 +122,11 @@ MxWeights::MxWeights(const std::vector<const GroupLayout*>& layouts,
            const int g = it.unit->group;
            const size_t z1 = chains_[g]->LocalRange(Shard::kZero1).begin;
            uint8_t* dst = codes_z1_[g] + (it.begin - z1);
-           if (backend_) {
-             backend_->Copy(dst, it.data[0], static_cast<size_t>(it.numel));
-           } else {
-             std::memcpy(dst, it.data[0], static_cast<size_t>(it.numel));
-           }
+           backend_->Copy(dst, it.data[0], static_cast<size_t>(it.numel));
          }
        }});
   plan_ = std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica_);
-  exec_ =
-      std::make_unique<UpdateExecutor>(plan_, chains, rank, p2p, account,
-                                       backend_ ? DeviceMemoryOf(*backend_) : UpdateDeviceMemory{});
+  exec_ = std::make_unique<UpdateExecutor>(plan_, chains, rank, p2p, *backend_, account);
   // Last: a throw above (plan, executor) must not leave the scales accounted.
   if (account_) account_->Allocate("scales", persistent_bytes());
 }
@@ -152,8 +147,8 @@ size_t MxWeights::Bytes(bool on_device) const {
 }
 
 void MxWeights::QuantizeBands(const StageBatch& b) {
-  // f0: codes and scales of each whole band on its execution rank. On a backend the scales are
-  // written into the group's band-scale buffer there and read back once per group.
+  // f0: codes and scales of each whole band on its execution rank, on the backend. On a device
+  // the scales are written into the group's band-scale buffer there and read back once per group.
   std::vector<bool> touched(groups_.size(), false);
   for (const StageItem& it : b.items) {
     const size_t u = band_index_.at({it.unit->group, it.unit->begin});
@@ -162,19 +157,16 @@ void MxWeights::QuantizeBands(const StageBatch& b) {
     const int64_t rows = G.rows[br.member], cols = G.cols[br.member];
     const auto* band = static_cast<const float*>(it.data[0]);
     auto* q = static_cast<uint8_t*>(it.data[1]);
-    if (backend_) {
-      const MxBand mb = MxWeightBand(rows, cols, br.band);
-      backend_->MxQuantizeWeight(band, mb.row_end - mb.row_begin, cols, q,
-                                 G.s_bands_dev.get() + ScaleBandBegin(u), MxOptions{});
-      touched[br.group] = true;
-    } else {
-      std::vector<uint8_t>& s = band_scales_[u];
-      s.resize(static_cast<size_t>(MxBlocks(cols)));
-      MxQuantizeWeightBand(band, rows, cols, br.band, q, s.data());
-    }
+    std::vector<uint8_t>& s = band_scales_[u];
+    s.resize(static_cast<size_t>(MxBlocks(cols)));
+    const MxBand mb = MxWeightBand(rows, cols, br.band);
+    backend_->MxQuantizeWeight(band, mb.row_end - mb.row_begin, cols, q,
+                               on_device_ ? G.s_bands_dev.get() + ScaleBandBegin(u) : s.data(),
+                               MxOptions{});
+    touched[br.group] = true;
     stats_.bands_executed++;
   }
-  if (!backend_) return;
+  if (!on_device_) return;
   for (size_t g = 0; g < groups_.size(); ++g)
     if (touched[g])
       backend_->CopyOut(groups_[g].s_bands.data(), groups_[g].s_bands_dev.get(),
@@ -261,7 +253,7 @@ std::vector<MxWeights::ScaleMessage> MxWeights::ScaleMessages() const {
 }
 
 void MxWeights::QuantizeFull(int g, const float* full_main, uint8_t* codes) {
-  SSHSDP_CHECK(backend_ == nullptr, PlanError,
+  SSHSDP_CHECK(!on_device_, PlanError,
                "MxWeights: quantize-every-gather (②) runs on host memory only");
   Group& G = groups_[g];
   for (size_t m = 0; m < G.rows.size(); ++m) {
@@ -278,7 +270,7 @@ void MxWeights::Relayout(int g) {
     RelayoutPackedScales(parts, MxOperand::kAsStored, layout_, G.s_prime.data() + G.rt_offset[r],
                          G.rt_bytes[r]);
   }
-  if (backend_) backend_->CopyIn(G.s_prime_dev.get(), G.s_prime.data(), G.s_prime.size());
+  if (on_device_) backend_->CopyIn(G.s_prime_dev.get(), G.s_prime.data(), G.s_prime.size());
 }
 
 }  // namespace sshsdp

@@ -37,15 +37,15 @@
 // ScaleLayout, into a persistent S′ buffer. The weight codes are not touched: W′ stays a
 // view of the gathered buffer (zero copy); only scales move.
 //
-//   MxWeights mx(layouts, chains, topo, rank, ScaleLayout::kCublasSwizzle, *p2p, &memory);
+//   MxWeights mx(layouts, chains, topo, rank, ScaleLayout::kCublasSwizzle, *p2p, &memory, {}, cpu);
 //   mx.Quantize(main_z1, codes_z1);          // G: ZeRO-1 main → codes + S ZeRO-1 slices
 //   ... outer AG of codes and of mx.s_z3(g); ZeRO-3 AG of S into mx.s_full(g) ...
 //   mx.Relayout(g);                          // Tw: S → S′
 //   TensorRef{codes, DType::kE4M3, mx.scales(g, r), ScaleLayout::kCublasSwizzle};
 //
-// On a device backend (the engine on a GPU; `backend` set): main and the codes are its memory.
-// G runs on it (Backend::MxQuantizeWeight on each band, the executor's temporaries and fetches
-// staged as the optimizer's are), and each band's scales come back to the host, where S lives:
+// G runs on the backend (Backend::MxQuantizeWeight on each band), where main and the codes live.
+// On a device (the engine on a GPU) the executor's temporaries and fetches are staged as the
+// optimizer's are, and each band's scales come back to the host, where S lives:
 // it is 1/1024 of the codes, so its exchange, its gathers (the engine's host communicators) and
 // Tw stay host work, and only S′ is copied to the device after Tw (scales() then points there).
 // ② (QuantizeFull) is host-only.
@@ -57,9 +57,9 @@
 #include <utility>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/base/memory_account.h"
 #include "sshsdp/comm/communicator.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/layout/topology.h"
 #include "sshsdp/numerics/mx.h"
@@ -87,11 +87,11 @@ class MxWeights {
   // and buffers, the band units and the G plan (metadata only). Throws ConfigError when a
   // layout is not usable (e.g. kBlockRowMajor with parts whose rows are not multiples of 32).
   // A null p2p builds the plan only (engine/plan.h): sizes and messages, Quantize refuses.
-  // backend: where main and the codes live (null: host memory; see above).
+  // backend: where main and the codes live, and what quantizes them (see above; not owned).
   MxWeights(const std::vector<const GroupLayout*>& layouts,
             const std::vector<const ShardChain*>& chains, const Topology& topo, int rank,
             ScaleLayout layout, Communicator* p2p, MemoryAccount* account,
-            const std::vector<bool>& mx_groups = {}, Backend* backend = nullptr);
+            const std::vector<bool>& mx_groups, Backend& backend);
   ~MxWeights();
 
   bool is_mx(int g) const { return groups_[g].mx; }
@@ -102,7 +102,7 @@ class MxWeights {
   void Quantize(const std::vector<const float*>& main_z1, const std::vector<uint8_t*>& codes_z1);
   // ② "quantize every gather": quantize every member of group g from its FULL fp32 buffer
   // (gathered) into `codes` (full) and s_full(g). Local; bit-identical to Quantize. Host
-  // memory only (PlanError on a backend).
+  // memory only (PlanError on a device).
   void QuantizeFull(int g, const float* full_main, uint8_t* codes);
   // Tw: relayout s_full(g) into S′ of every runtime parameter of group g.
   void Relayout(int g);
@@ -113,20 +113,18 @@ class MxWeights {
   size_t s_z1_count(int g) const { return groups_[g].z1.size(); }
   uint8_t* s_full(int g) { return groups_[g].s_full.data(); }
   // Relaid-out scales (S′) of runtime parameter r of group g, for its [rows, cols] operand: in
-  // the backend's memory when there is one (what the model reads), and their host copy.
+  // the backend's memory (what the model reads), and their host copy (the same on host memory).
   const uint8_t* scales(int g, int r) const {
-    return (backend_ ? groups_[g].s_prime_dev.get() : groups_[g].s_prime.data()) +
+    return (on_device_ ? groups_[g].s_prime_dev.get() : groups_[g].s_prime.data()) +
            groups_[g].rt_offset[r];
   }
   const uint8_t* host_scales(int g, int r) const {
     return groups_[g].s_prime.data() + groups_[g].rt_offset[r];
   }
   size_t scales_bytes(int g, int r) const { return groups_[g].rt_bytes[r]; }
-  // Bytes of all S buffers (Sᶻ³, full S, S′; on a backend also its S′ and band-scale
-  // buffers and the band scales' host copy) on this rank (for reports), and what they would be
-  // on a backend (the plan of a --backend run, built without one).
-  size_t persistent_bytes() const { return Bytes(backend_ != nullptr); }
-  size_t persistent_bytes_on_device() const { return Bytes(true); }
+  // Bytes of all S buffers (Sᶻ³, full S, S′; on a device also its S′ and band-scale buffers
+  // and the band scales' host copy) on this rank (for reports).
+  size_t persistent_bytes() const { return Bytes(on_device_); }
   // Statistics of the last Quantize: bands executed here, split bands, point-to-point bytes
   // this rank sent (codes fetch/return + scales).
   struct Stats {
@@ -156,7 +154,7 @@ class MxWeights {
     size_t s_chunk = 0;  // ZeRO-1 chunk of S (elements = bytes)
     std::vector<uint8_t> s_z3, s_full, s_prime;
     std::vector<size_t> rt_offset, rt_bytes;
-    // On a backend: S′ there, and the scales of the bands G quantizes there (laid out as S),
+    // On a device: S′ there, and the scales of the bands G quantizes there (laid out as S),
     // with their host copy.
     std::unique_ptr<uint8_t, BackendFree> s_prime_dev, s_bands_dev;
     std::vector<uint8_t> s_bands;
@@ -173,7 +171,8 @@ class MxWeights {
   ScaleLayout layout_;
   Communicator* p2p_;  // null: plan only
   MemoryAccount* account_;
-  Backend* backend_;  // null: host memory
+  Backend* backend_;  // never null
+  bool on_device_;    // !backend_->host_memory()
   std::vector<const ShardChain*> chains_;
   std::shared_ptr<const UpdatePlan> plan_;
   std::unique_ptr<UpdateExecutor> exec_;

@@ -73,7 +73,7 @@ ScheduleReplay ReplaySchedule(const std::vector<std::unique_ptr<RuntimeGroup>>& 
   MemoryAccount acct;
   ScheduleReplay out;
   {
-    TransientPool pool(&acct, /*dry=*/true);
+    TransientPool pool(&acct);  // dry: placeholders only
     const int n = static_cast<int>(groups.size());
     std::vector<void*> gather(n, nullptr), grad(n, nullptr);
     out.gathers.assign(n, 0);
@@ -159,9 +159,14 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
                       cfg_in.sg, EffectiveSo(cfg_in));
   EngineConfig cfg = cfg_in;
   cfg.so = topo.so();
+  // The engine's backend, or the CPU backend it would make (what the update and G run on).
+  const std::unique_ptr<Backend> own = cfg.backend ? nullptr : MakeCpuBackend();
+  if (!cfg.backend) cfg.backend = own.get();
+  const bool on_device = !cfg.backend->host_memory();
   const EngineModes modes = CheckEngineSetup(model, cfg, topo);
   CheckBackendSetup(cfg, topo);  // what the engine on cfg.backend refuses (sshsdp plan --backend)
   RunPlan plan{topo, cfg, {}, {}, {}, {}, 0, 0};
+  plan.cfg.backend = cfg_in.backend;  // not `own`, which goes with this call
   const int n = model.num_groups();
   const UpdateOptions uopt = UpdateOptionsOf(cfg);
   for (int r = 0; r < world; ++r) {
@@ -190,15 +195,15 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
     }
     std::unique_ptr<MxWeights> mx;
     if (cfg.weight_dtype == DType::kE4M3) {
-      mx = MakeMxWeights(groups, topo, r, cfg.scale_layout, /*p2p=*/nullptr, /*memory=*/nullptr);
-      mem["scales"] = cfg.backend ? mx->persistent_bytes_on_device() : mx->persistent_bytes();
+      mx = MakeMxWeights(groups, topo, r, cfg.scale_layout, /*p2p=*/nullptr, /*memory=*/nullptr,
+                         *cfg.backend);
+      mem["scales"] = mx->persistent_bytes();
     }
-    // On a backend the executors keep their roots between steps (UpdateDeviceMemory): all
-    // at once; on the host each program's roots live only while it runs.
+    // On a device the executors keep their roots between steps (update_executor.h): all at
+    // once; on host memory each program's roots live only while it runs.
     const uint64_t mx_temps = mx ? mx->temporary_bytes() : 0;
-    const uint64_t temps = cfg.backend
-                               ? update.temporary_bytes() + mx_temps
-                               : std::max<uint64_t>(update.peak_temporary_bytes(), mx_temps);
+    const uint64_t temps = on_device ? update.temporary_bytes() + mx_temps
+                                     : std::max<uint64_t>(update.peak_temporary_bytes(), mx_temps);
     if (temps) mem["update_temporaries"] = temps;
     const ScheduleReplay replay = ReplaySchedule(groups, cfg, modes);
     if (replay.transient_peak) mem["transient"] = replay.transient_peak;

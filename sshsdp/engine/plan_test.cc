@@ -142,6 +142,8 @@ TEST(RunPlan, PlanOnlyPartsRefuseToRun) {
   Gpt model(testing::TestGpt());
   EngineConfig cfg =
       testing::MuonEngineConfig({1, 1, W, W}, 1, DType::kE4M3, UnitRule::kHead, DType::kBF16);
+  const std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  cfg.backend = cpu.get();
   const Topology topo(W, W, 1, 1, W);
   std::vector<std::unique_ptr<RuntimeGroup>> groups;
   for (int g = 0; g < model.num_groups(); ++g)
@@ -153,7 +155,7 @@ TEST(RunPlan, PlanOnlyPartsRefuseToRun) {
   EXPECT_GT(update.peak_temporary_bytes(), 0u);
   EXPECT_THROW(update.Run({}, ScalarState{}), PlanError);
   std::unique_ptr<MxWeights> mx =
-      MakeMxWeights(groups, topo, 0, cfg.scale_layout, nullptr, nullptr);
+      MakeMxWeights(groups, topo, 0, cfg.scale_layout, nullptr, nullptr, *cpu);
   ASSERT_NE(mx->plan(), nullptr);
   EXPECT_THROW(mx->Quantize({}, {}), PlanError);
   UpdateOptions full = UpdateOptionsOf(cfg);

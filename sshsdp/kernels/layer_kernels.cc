@@ -1,6 +1,6 @@
 // Layer kernels of the reference models, on fp32 activations (llm.c-style forward/backward
 // pairs; models/layers.h re-exports them as layers::): RMSNorm, GELU (tanh), SwiGLU and the
-// softmax cross-entropy. Here, below the model layer, so a device backend (device/backend.h)
+// softmax cross-entropy. Here, below the model layer, so a device backend (backend/backend.h)
 // can offer them as the CPU reference of its own kernels. Rows or elements go to the
 // process's kernel threads (parallel.h) with the same bits at any thread count; the
 // exponentials are one vectorised polynomial e^x (vec_math.h), built for AVX-512, AVX2 and

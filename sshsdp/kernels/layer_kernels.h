@@ -1,6 +1,6 @@
 // Layer kernels of the reference models on fp32 activations, as llm.c-style forward /
 // backward pairs: RMSNorm, GELU (tanh), SwiGLU, softmax cross-entropy. The models use them as
-// layers:: (models/layers.h); a device backend (device/backend.h) offers them as the CPU
+// layers:: (models/layers.h); a device backend (backend/backend.h) offers them as the CPU
 // reference its own kernels are checked against. Rows or elements go to the process's
 // kernel threads (parallel.h), with the same bits at any thread count.
 //

@@ -1,7 +1,7 @@
 // Mixture-of-Experts kernels on fp32 host arrays: the router's top-k gating, load-balancing loss
 // and counting-sort permutation (forward and backward), the row gathers that permute tokens to
 // their experts and back, and the gated combination of the experts' outputs. The reference MoE
-// GPT (models/moe.h) runs them; the device backends' MoE ops (device/backend.h) are checked
+// GPT (models/moe.h) runs them; the device backends' MoE ops (backend/backend.h) are checked
 // against them, and the CPU backend calls them, so the MoE GPT on a backend trains bit for bit
 // as the host one does (models/backend_moe.h).
 //

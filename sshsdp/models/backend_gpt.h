@@ -1,5 +1,5 @@
 // The dense GPT of gpt.h (packed QKV, padded vocabulary, fp32 weights and activations) with
-// its whole training step on ONE device backend (device/backend.h): forward, backward,
+// its whole training step on ONE device backend (backend/backend.h): forward, backward,
 // microbatch accumulation, global-norm clipping and AdamW, every tensor in backend memory —
 // the single-device path of the GPU backend (issue 19), built only from the backend's ops so
 // that the CPU backend trains it like Gpt (backend_gpt_test: same loss and gradients as Gpt,
@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "sshsdp/device/backend.h"
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/models/gpt.h"
 
 namespace sshsdp {

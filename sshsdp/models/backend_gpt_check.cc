@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/base/error.h"
-#include "sshsdp/device/backend.h"
 #include "sshsdp/models/backend_gpt.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/params/model.h"

@@ -1,5 +1,5 @@
 // BackendGptModel: the dense GPT as a Model (params/model.h) whose kernels run on a device
-// backend (device/backend.h) — the engine trains it like Gpt, handing it views of its flat
+// backend (backend/backend.h) — the engine trains it like Gpt, handing it views of its flat
 // buffers, and every layer op is the backend's (BackendGpt's per-group functions). With the
 // CPU backend it gives Gpt's training run through the engine at every layout
 // (engine_backend_gpt_test); it is the model side of the engine on a GPU (EngineConfig::backend:
@@ -28,7 +28,7 @@
 #include <memory>
 #include <vector>
 
-#include "sshsdp/device/backend.h"
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/models/backend_gpt.h"
 #include "sshsdp/models/backend_views.h"
 #include "sshsdp/models/gpt.h"
@@ -65,6 +65,10 @@ class BackendGptModel final : public Model {
     return (gpt_ ? gpt_->activation_bytes() : 0) + mx_.bytes();
   }
   bool ConsumesMx() const override { return true; }
+  // MXFP8 weights are dequantized for the GEMMs from per-row scales (Backend::MxDequantizeRows).
+  bool ReadsScaleLayout(ScaleLayout layout) const override {
+    return layout == ScaleLayout::kRowMajor;
+  }
 
  private:
   Backend& b_;

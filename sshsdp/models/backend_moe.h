@@ -1,5 +1,5 @@
 // BackendMoeModel: the MoE GPT of moe.h as a Model (params/model.h) whose kernels run on a device
-// backend (device/backend.h) — the engine trains it like MoeGpt, handing it views of its flat
+// backend (backend/backend.h) — the engine trains it like MoeGpt, handing it views of its flat
 // buffers, so per-expert Muon, the packed [E, out, in] expert weights and every layout run on a
 // GPU as on the host. With the CPU backend it trains bit for bit as MoeGpt does
 // (engine_backend_moe_test), because every op is the one MoeGpt runs: the trunk (embeddings,
@@ -38,7 +38,7 @@
 #include <memory>
 #include <vector>
 
-#include "sshsdp/device/backend.h"
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/models/backend_gpt.h"
 #include "sshsdp/models/backend_views.h"
 #include "sshsdp/models/moe.h"
@@ -77,6 +77,10 @@ class BackendMoeModel final : public Model {
   int64_t ActivationBytes() const override;
   // MXFP8 runtime weights for the expert groups only (MoeConfig::expert_group).
   bool ConsumesMx() const override { return c_.expert_group; }
+  // MXFP8 weights are dequantized for the GEMMs from per-row scales (Backend::MxDequantizeRows).
+  bool ReadsScaleLayout(ScaleLayout layout) const override {
+    return layout == ScaleLayout::kRowMajor;
+  }
   bool GroupConsumesMx(int g) const override { return spec_.GroupConsumesMx(g); }
 
   // The routing of MoE block l in the last forward, as MoeGpt::Routing / ExpertTokens.

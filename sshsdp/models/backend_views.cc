@@ -2,7 +2,6 @@
 #include "sshsdp/models/backend_views.h"
 
 #include "sshsdp/base/error.h"
-#include "sshsdp/update/update_unit.h"
 
 namespace sshsdp {
 

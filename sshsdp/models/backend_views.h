@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "sshsdp/device/backend.h"
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp {

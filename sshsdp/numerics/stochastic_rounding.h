@@ -62,7 +62,7 @@ inline bf16 StochasticRoundBf16(float x, uint16_t r) {
 }
 
 // NumericsError unless key.step fits the 32-bit counter word and [first, first + n) fits in
-// 64 bits: what every rounding call (on any backend, device/backend.h) checks first.
+// 64 bits: what every rounding call (on any backend, backend/backend.h) checks first.
 void CheckSrRange(const SrKey& key, size_t n, uint64_t first);
 
 // The 16-bit draw of logical element `index` under `key`.

@@ -35,6 +35,16 @@ uint64_t HashName(const std::string& s) {
 int64_t UpdatePart::numel() const { return Product(shape); }
 int64_t RuntimeParamSpec::numel() const { return Product(shape); }
 
+void MatrixView(const std::vector<int64_t>& shape, int64_t* rows, int64_t* cols) {
+  if (shape.empty()) {
+    *rows = *cols = 1;
+    return;
+  }
+  *cols = shape.back();
+  *rows = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) *rows *= shape[i];
+}
+
 void ValidateSpec(const RuntimeParamSpec& spec) {
   int64_t next = 0;
   for (const UpdatePart& p : spec.parts) {

@@ -87,6 +87,10 @@ struct RuntimeParamSpec {
 // Throws PlanError naming the parameter if the parts do not tile the runtime parameter.
 void ValidateSpec(const RuntimeParamSpec& spec);
 
+// The [rows, cols] view of a shape as an update sees it: [1, n] for vectors, [prod of
+// leading dims, last] for rank >= 2.
+void MatrixView(const std::vector<int64_t>& shape, int64_t* rows, int64_t* cols);
+
 // A view of one weight or gradient buffer: data pointer and element type (fp32 or bf16; for
 // an MXFP8 runtime weight, e4m3 codes of the whole packed [rows, cols] runtime parameter plus
 // its UE8M0 scales relaid out by the engine's Tw into `scale_layout` for the per-row scale
@@ -144,6 +148,12 @@ class Model {
   // it has update parts and none is an embedding / LM-head table (UpdateKind::kEmbedding) —
   // the dense GPT's blocks. The MoE GPT overrides it: only its expert groups (moe.h).
   virtual bool GroupConsumesMx(int g) const;
+  // Whether Forward/Backward read MXFP8 scales relaid out in `layout` (the engine refuses the
+  // others before any collective). Default: every layout.
+  virtual bool ReadsScaleLayout(ScaleLayout layout) const {
+    (void)layout;
+    return true;
+  }
   // Where Forward/Backward add their kernels' time by category (null: nowhere). For step
   // profiles (sshsdp bench --profile); a model that keeps no profile ignores it.
   virtual void SetOpProfile(OpProfile* profile) { (void)profile; }

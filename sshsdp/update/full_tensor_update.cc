@@ -14,11 +14,11 @@ namespace {}  // namespace
 
 FullTensorMuon::FullTensorMuon(std::vector<FullTensorGroup> groups, std::vector<UpdateUnit> units,
                                const MuonConfig& cfg, int rank, Communicator& zero1,
-                               MemoryAccount* account)
+                               Backend& backend, MemoryAccount* account)
     : groups_(std::move(groups)),
       units_(std::move(units)),
       cfg_(cfg),
-      program_(MuonProgram(cfg)),
+      program_(MuonProgram(cfg, backend)),
       rank_(rank),
       comm_(zero1),
       account_(account) {

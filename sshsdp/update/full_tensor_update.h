@@ -24,7 +24,7 @@
 // Numerics are those of MuonProgram (same kernels), so results match the point-to-point units
 // and the single-process reference up to summation order.
 //
-//   FullTensorMuon ft(groups, units, muon_cfg, rank, *zero1_comm, &memory);
+//   FullTensorMuon ft(groups, units, muon_cfg, rank, *zero1_comm, *cpu_backend, &memory);
 //   ft.Run(zero1_state, scalars);   // "grad_scale", "muon.lr"
 //   ft.last_run().bytes_sent;       // Σ_items (so − 1) · count · sizeof(u)
 #pragma once
@@ -69,7 +69,8 @@ class FullTensorMuon {
   // name update parameters). `zero1`: the ZeRO-1 group of this rank, position = ZeRO-1 chunk
   // index. Throws PlanError when it is not.
   FullTensorMuon(std::vector<FullTensorGroup> groups, std::vector<UpdateUnit> units,
-                 const MuonConfig& cfg, int rank, Communicator& zero1, MemoryAccount* account);
+                 const MuonConfig& cfg, int rank, Communicator& zero1, Backend& backend,
+                 MemoryAccount* account);
 
   void Run(const std::vector<Zero1State>& state, const ScalarState& scalars);
 

@@ -21,14 +21,16 @@
 // removes that amplifier when comparing against a reference.
 //
 //   MuonConfig mc;  mc.scale = MuonScale::kRms;
-//   UpdatePlan plan(MuonProgram(mc), units, chains, replica);
+//   std::unique_ptr<Backend> cpu = MakeCpuBackend();
+//   UpdatePlan plan(MuonProgram(mc, *cpu), units, chains, replica);
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <string>
 
-#include "sshsdp/update/newton_schulz.h"
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/kernels/newton_schulz.h"
+#include "sshsdp/kernels/optimizer.h"
 #include "sshsdp/update/update_stage.h"
 
 namespace sshsdp {
@@ -57,31 +59,11 @@ void ValidateMuon(const MuonConfig& c);
 // The update scale of a [rows, cols] unit.
 float MuonUpdateScale(MuonScale s, int64_t rows, int64_t cols);
 
-// f0 on one piece of host memory: g = grad_scale·grad; m = momentum·m + g; u = g + momentum·m
-// (nesterov) or m, stored as u_dtype (bf16: round to nearest even). A device backend's
-// MuonMomentum equals it bit for bit (the same fp32 operations in the same order, no FMA).
-void MuonMomentum(const float* grad, float* m, void* u, DType u_dtype, int64_t n, float momentum,
-                  bool nesterov, float grad_scale);
-// f2 on one piece: w = w·(1 − lr·weight_decay) − lr·v (likewise bit for bit on a backend).
-void MuonWeightUpdate(float* w, const float* v, int64_t n, float lr, float weight_decay);
-
-// Who runs Muon's stages: the host functions above and NewtonSchulz (null members), or a device
-// backend's ops on its memory (the engine on a backend sets all three; the pointers they get
-// are that backend's memory, pointer arrays host memory).
-struct MuonKernels {
-  std::function<void(const float* grad, float* m, void* u, DType u_dtype, int64_t n, float momentum,
-                     bool nesterov, float grad_scale)>
-      momentum;
-  std::function<void(const void* const* in, DType in_dtype, float* const* out, int64_t batch,
-                     int64_t rows, int64_t cols, int steps, const NsCoefficients& coef,
-                     float out_scale)>
-      newton_schulz;
-  std::function<void(float* w, const float* v, int64_t n, float lr, float weight_decay)>
-      weight_update;
-};
-
 // Fields: main, grad, m (state, fp32); u (cfg.u_dtype), v (fp32) (temporaries). Scalars read:
-// "grad_scale" (f0), "muon.lr" (f2). Unit cost: NewtonSchulzFlops(rows, cols, ns_steps).
-UpdateProgram MuonProgram(const MuonConfig& cfg, const MuonKernels& kernels = {});
+// "grad_scale" (f0), "muon.lr" (f2). Unit cost: NewtonSchulzFlops(rows, cols, ns_steps). The
+// stages run as `backend`'s MuonMomentum, NewtonSchulz and MuonWeightUpdate (kernels/
+// optimizer.h and kernels/newton_schulz.h on the CPU) on fields in its memory (not owned;
+// outlives the program).
+UpdateProgram MuonProgram(const MuonConfig& cfg, Backend& backend);
 
 }  // namespace sshsdp

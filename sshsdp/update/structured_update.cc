@@ -9,7 +9,9 @@
 namespace sshsdp {
 
 std::vector<std::string> OptimizerStateFields(OptimizerKind k) {
-  const UpdateProgram p = k == OptimizerKind::kAdamW ? AdamWProgram({}) : MuonProgram({});
+  const std::unique_ptr<Backend> cpu = MakeCpuBackend();  // the fields only: no kernel runs
+  const UpdateProgram p =
+      k == OptimizerKind::kAdamW ? AdamWProgram({}, *cpu) : MuonProgram({}, *cpu);
   std::vector<std::string> out;
   for (const FieldDecl& f : p.fields)
     if (f.role == FieldRole::kState && f.name != "main" && f.name != "grad") out.push_back(f.name);
@@ -33,6 +35,9 @@ void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
                              const UpdateOptions& options, int rank, Communicator* p2p,
                              MemoryAccount* account, Communicator* zero1) {
   SSHSDP_CHECK(!groups.empty(), PlanError, "structured update: no runtime groups");
+  SSHSDP_CHECK(options.backend != nullptr, PlanError,
+               "structured update: no backend to run the optimizer on (UpdateOptions::backend; "
+               "MakeCpuBackend() for host memory)");
   SSHSDP_CHECK(options.muon_unit == UnitRule::kHead || options.muon_unit == UnitRule::kMatrix,
                ConfigError, "Muon unit must be 'head' or 'matrix', got '{}'",
                UnitRuleName(options.muon_unit));
@@ -130,21 +135,22 @@ void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
     auto plan =
         std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica);
     executors_.push_back(
-        std::make_unique<UpdateExecutor>(plan, chains, rank, p2p, account, options.device_memory));
+        std::make_unique<UpdateExecutor>(plan, chains, rank, p2p, *options.backend, account));
     kinds_.push_back(k);
   };
-  add(OptimizerKind::kAdamW, AdamWProgram(options.adamw, options.adamw_kernel), std::move(adamw));
+  add(OptimizerKind::kAdamW, AdamWProgram(options.adamw, *options.backend), std::move(adamw));
   if (options.full_tensor) {
-    SSHSDP_CHECK(!options.device_memory.on_device(), PlanError,
+    SSHSDP_CHECK(options.backend->host_memory(), PlanError,
                  "structured update: full_tensor Muon runs on host memory only");
     if (!muon.empty()) {
       SSHSDP_CHECK(zero1 != nullptr, PlanError,
                    "structured update: full_tensor Muon needs the ZeRO-1 group communicator");
-      full_tensor_ = std::make_unique<FullTensorMuon>(std::move(ft_groups), std::move(muon),
-                                                      options.muon, rank, *zero1, account);
+      full_tensor_ =
+          std::make_unique<FullTensorMuon>(std::move(ft_groups), std::move(muon), options.muon,
+                                           rank, *zero1, *options.backend, account);
     }
   } else {
-    add(OptimizerKind::kMuon, MuonProgram(options.muon, options.muon_kernels), std::move(muon));
+    add(OptimizerKind::kMuon, MuonProgram(options.muon, *options.backend), std::move(muon));
   }
 }
 

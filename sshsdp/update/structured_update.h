@@ -45,11 +45,10 @@ struct UpdateOptions {
   // (FullTensorMuon, full_tensor_update.h) instead of point-to-point units. Works on any
   // buffer layout (UpdateGroupView::pieces map members to parameters).
   bool full_tensor = false;
-  // The engine on a device backend: AdamW's and Muon's kernels on its memory (adamw.h,
-  // muon.h) and where the executors' temporaries live (update_executor.h). Null: the host.
-  AdamWKernel adamw_kernel;
-  MuonKernels muon_kernels;
-  UpdateDeviceMemory device_memory;
+  // Runs AdamW's and Muon's kernels and holds the fields and the executors' temporaries
+  // (adamw.h, muon.h, update_executor.h); not owned. Required (PlanError when null): the engine
+  // passes EngineConfig::backend, the CPU backend by default.
+  Backend* backend = nullptr;
 };
 
 // One runtime group as the update sees it.

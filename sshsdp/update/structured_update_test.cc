@@ -16,6 +16,12 @@
 namespace sshsdp {
 namespace {
 
+// The CPU backend the updates of this file run on.
+Backend& Cpu() {
+  static const std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  return *cpu;
+}
+
 // Values by global element index (so every layout sees the same logical tensors).
 float InitValue(size_t i) { return 0.3f * std::sin(0.37f * static_cast<float>(i) + 0.1f); }
 float GradValue(size_t i, int step) {
@@ -115,6 +121,7 @@ TEST(StructuredUpdate, PaperExampleExactMessages) {
   Topology topo(W, 4, 2, 2, 4);  // W = 8: two HSDP replicas, ranks 0-3 and 4-7
   GroupLayout L = PaperLayout();
   UpdateOptions o;
+  o.backend = &Cpu();
   o.optimizer = OptimizerKind::kMuon;
   o.overrides["linear"] = UnitRule::kAdamW;
   std::string text;
@@ -139,6 +146,7 @@ TEST(StructuredUpdate, AlignedUnitsMoveNothing) {
     q.parts.push_back({fmt::format("q.h{}", h), {4, 8}, h * 32, UpdateKind::kMatrix, {}});
   GroupLayout L = BuildGroupLayout(0, {q}, DType::kBF16, W);
   UpdateOptions o;
+  o.backend = &Cpu();
   o.optimizer = OptimizerKind::kMuon;
   RunResult res = RunAndCompare(L, Topology(W, W, 1, 1, W), o, 2);
   EXPECT_EQ(res.counter_bytes, 0u);
@@ -168,6 +176,7 @@ TEST(StructuredUpdate, BytesEqualOffRankFragmentsOnEveryLayout) {
         GroupLayout L = BuildGroupLayout(0, {lin, gain, q}, DType::kBF16, so);
         Topology topo(W, W, sw, sg, so);
         UpdateOptions o;
+        o.backend = &Cpu();
         o.optimizer = OptimizerKind::kMuon;
         o.muon_unit = rng() % 2 ? UnitRule::kHead : UnitRule::kMatrix;
         RunResult res = RunAndCompare(L, topo, o, 1);
@@ -176,7 +185,7 @@ TEST(StructuredUpdate, BytesEqualOffRankFragmentsOnEveryLayout) {
         ShardChain chain(L.list, topo, r);
         UnitPolicy policy{true, o.muon_unit, {}};
         auto plan =
-            std::make_unique<UpdatePlan>(MuonProgram(o.muon), SelectUnits(L, policy).muon,
+            std::make_unique<UpdatePlan>(MuonProgram(o.muon, Cpu()), SelectUnits(L, policy).muon,
                                          std::vector<const ShardChain*>{&chain}, topo.Coord(r).d);
         uint64_t expect = 0;
         for (size_t i = 0; i < plan->units().size(); ++i) {
@@ -209,6 +218,7 @@ TEST(StructuredUpdate, BadMemberPiecesAreRefused) {
   Topology one(1, 1, 1, 1, 1);
   ShardChain chain(L.list, one, 0);
   UpdateOptions o;
+  o.backend = &Cpu();
   o.optimizer = OptimizerKind::kMuon;
   auto expect_plan_error = [&](std::vector<MemberPiece> pieces, const std::string& needle) {
     try {

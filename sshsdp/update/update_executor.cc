@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -25,20 +24,14 @@ bool UsesField(const UpdateStage& s, const std::string& f) {
 
 UpdateExecutor::UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
                                const std::vector<const ShardChain*>& chains, int rank,
-                               Communicator* comm, MemoryAccount* account,
-                               UpdateDeviceMemory device)
+                               Communicator* comm, Backend& backend, MemoryAccount* account)
     : plan_(std::move(plan)),
       rank_(rank),
       comm_(comm),
       account_(account),
-      device_(std::move(device)) {
+      backend_(backend),
+      on_device_(!backend.host_memory()) {
   const UpdateProgram& prog = plan_->program();
-  const int hooks =
-      !!device_.alloc + !!device_.free + !!device_.copy + !!device_.to_host + !!device_.from_host;
-  SSHSDP_CHECK(hooks == 0 || hooks == 5, PlanError,
-               "update '{}': device memory needs alloc, free, copy, to_host and from_host, got {} "
-               "of the 5",
-               prog.name, hooks);
   const std::vector<UpdateUnit>& units = plan_->units();
   const std::vector<UnitPlacement>& place = plan_->placements();
   for (const ShardChain* c : chains) z1_begin_.push_back(c->LocalRange(Shard::kZero1).begin);
@@ -164,7 +157,7 @@ UpdateExecutor::~UpdateExecutor() {
   for (auto& r : roots_) r->Release();
   if (device_blocks_.empty()) return;
   for (void* p : device_blocks_)
-    if (p) device_.free(p);
+    if (p) backend_.Free(p);
   if (account_) account_->Free(kUpdateTemporaries, temporary_bytes());
 }
 
@@ -256,7 +249,7 @@ void UpdateExecutor::Exchange(const std::vector<Xfer>& sends, const std::vector<
     stats_.bytes_sent += x.bytes;
   }
   for (const Xfer& x : recvs) r.push_back({x.peer, Ptr(x.loc), x.bytes, tag});
-  if (device_.on_device()) {
+  if (on_device_) {
     // Staged: the communicator moves host memory only. One host buffer per direction.
     size_t send_bytes = 0, recv_bytes = 0;
     for (const P2POp& op : s) send_bytes += op.bytes;
@@ -264,7 +257,7 @@ void UpdateExecutor::Exchange(const std::vector<Xfer>& sends, const std::vector<
     std::vector<uint8_t> out(send_bytes), in(recv_bytes);
     size_t at = 0;
     for (P2POp& op : s) {
-      if (op.bytes) device_.to_host(out.data() + at, op.data, op.bytes);
+      if (op.bytes) backend_.CopyOut(out.data() + at, op.data, op.bytes);
       op.data = out.data() + at;
       at += op.bytes;
     }
@@ -277,7 +270,7 @@ void UpdateExecutor::Exchange(const std::vector<Xfer>& sends, const std::vector<
     }
     comm_->Exchange(s, r);
     for (size_t i = 0; i < r.size(); ++i)
-      if (r[i].bytes) device_.from_host(dst[i], r[i].data, r[i].bytes);
+      if (r[i].bytes) backend_.CopyIn(dst[i], r[i].data, r[i].bytes);
   } else {
     comm_->Exchange(s, r);
   }
@@ -285,15 +278,12 @@ void UpdateExecutor::Exchange(const std::vector<Xfer>& sends, const std::vector<
 }
 
 void UpdateExecutor::CopyBytes(const Copy& c) {
-  if (device_.on_device())
-    device_.copy(Ptr(c.to), Ptr(c.from), c.bytes);
-  else
-    std::memcpy(Ptr(c.to), Ptr(c.from), c.bytes);
+  backend_.Copy(Ptr(c.to), Ptr(c.from), c.bytes);
   stats_.bytes_copied += c.bytes;
 }
 
 void UpdateExecutor::AllocateRoots() {
-  if (!device_.on_device()) {
+  if (!on_device_) {
     for (auto& r : roots_) r->Allocate(account_, kUpdateTemporaries);
     return;
   }
@@ -303,10 +293,10 @@ void UpdateExecutor::AllocateRoots() {
   if (device_blocks_.empty() && !roots_.empty()) {
     std::vector<void*> blocks;
     try {
-      for (auto& r : roots_) blocks.push_back(r->bytes() ? device_.alloc(r->bytes()) : nullptr);
+      for (auto& r : roots_) blocks.push_back(r->bytes() ? backend_.Alloc(r->bytes()) : nullptr);
     } catch (...) {
       for (void* p : blocks)
-        if (p) device_.free(p);
+        if (p) backend_.Free(p);
       throw;
     }
     device_blocks_ = std::move(blocks);

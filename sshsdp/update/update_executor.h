@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/base/memory_account.h"
 #include "sshsdp/comm/communicator.h"
 #include "sshsdp/layout/data_node.h"
@@ -88,33 +89,22 @@ struct UpdateRunStats {
   }
 };
 
-// Where an executor's update-scoped roots live: host memory (every member null), or a device
-// backend's (the engine on a backend sets all of them; the executor allocates its roots there
-// at the first Run and keeps them, accounted, until it is destroyed). On a device the stages'
-// kernels must work on that memory (AdamWKernel, MuonKernels), own fragments of state operands are
-// copied by `copy`, and every exchange is staged through host buffers (to_host, the communicator on
-// host memory, from_host): the byte counts and messages are those of the host path.
-struct UpdateDeviceMemory {
-  std::function<void*(size_t bytes)> alloc;  // 64-byte aligned; contents undefined
-  std::function<void(void* p)> free;
-  std::function<void(void* dst, const void* src, size_t bytes)> copy;  // device to device
-  // Device to host, after every op queued before it; host to device.
-  std::function<void(void* host_dst, const void* src, size_t bytes)> to_host;
-  std::function<void(void* dst, const void* host_src, size_t bytes)> from_host;
-  bool on_device() const { return alloc != nullptr; }
-};
-
 class UpdateExecutor {
  public:
   // `chains[g]` is this rank's shard chain of group g (as given to the plan); `comm` carries
   // the point-to-point messages and is ordered like the topology (position = rank: the world
   // communicator or a duplicate of it). Throws LayoutError when it is not. A null `comm`
   // builds a plan-only executor (engine/plan.h: its temporaries are sized, Run refuses).
-  // `device`: where the roots live (host memory by default; PlanError unless all or none of its
-  // members are set).
+  // `backend` (not owned) runs the stages' kernels and holds the fields and the executor's
+  // update-scoped roots. On host memory (Backend::host_memory: the CPU backend) the roots are
+  // allocated per Run and the communicator moves them in place. On a device they are allocated
+  // at the first Run and kept, accounted, until the executor goes (an allocation per step would
+  // synchronize the device), own fragments of state operands are copied by Backend::Copy, and
+  // every exchange is staged through host buffers (CopyOut, the communicator on host memory,
+  // CopyIn): the byte counts and messages are those of host memory.
   UpdateExecutor(std::shared_ptr<const UpdatePlan> plan,
                  const std::vector<const ShardChain*>& chains, int rank, Communicator* comm,
-                 MemoryAccount* account = nullptr, UpdateDeviceMemory device = {});
+                 Backend& backend, MemoryAccount* account = nullptr);
   ~UpdateExecutor();
   UpdateExecutor(const UpdateExecutor&) = delete;
   UpdateExecutor& operator=(const UpdateExecutor&) = delete;
@@ -172,8 +162,9 @@ class UpdateExecutor {
   int rank_;
   Communicator* comm_;  // null: plan only
   MemoryAccount* account_;
-  UpdateDeviceMemory device_;
-  std::vector<void*> device_blocks_;  // device_: the roots' memory, kept from the first Run
+  Backend& backend_;
+  bool on_device_;                    // !backend_.host_memory()
+  std::vector<void*> device_blocks_;  // on a device: the roots' memory, kept from the first Run
   std::vector<size_t> z1_begin_;      // per group
   std::vector<std::unique_ptr<DataNode>> roots_;
   std::vector<std::vector<DataNode*>> whole_, piece_;  // [field][unit] views (or nullptr)

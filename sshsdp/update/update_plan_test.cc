@@ -11,15 +11,21 @@
 #include <random>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/kernels/newton_schulz.h"
 #include "sshsdp/update/adamw.h"
 #include "sshsdp/update/muon.h"
-#include "sshsdp/update/newton_schulz.h"
 #include "sshsdp/update/structured_update.h"
 #include "sshsdp/update/update_executor.h"
 #include "sshsdp/update/update_plan.h"
 
 namespace sshsdp {
 namespace {
+
+// The CPU backend the updates of this file run on.
+Backend& Cpu() {
+  static const std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  return *cpu;
+}
 
 // A one-rank communicator: nothing to send (the executor never exchanges with itself).
 class SelfComm : public Communicator {
@@ -136,7 +142,7 @@ TEST(SelectUnits, StackedExpertsAndIneligibleMatrices) {
 
 // Muon program without f0: f1 reads u before anything produced it.
 TEST(ValidateProgram, RejectsTemporaryReadBeforeProduced) {
-  UpdateProgram p = MuonProgram(MuonConfig{});
+  UpdateProgram p = MuonProgram(MuonConfig{}, Cpu());
   p.stages.erase(p.stages.begin());
   std::vector<UpdateUnit> units = {{"h0", 0, 0, 1, UpdateKind::kMatrix, 0, 2, 3}};
   try {
@@ -151,7 +157,7 @@ TEST(ValidateProgram, RejectsTemporaryReadBeforeProduced) {
 }
 
 TEST(ValidateProgram, RejectsOperandsDisagreeingOnUnitCount) {
-  UpdateProgram p = MuonProgram(MuonConfig{});
+  UpdateProgram p = MuonProgram(MuonConfig{}, Cpu());
   p.stages[1].outputs[0].per_unit = Extent::Elements(1);  // v per element, u per unit
   std::vector<UpdateUnit> units = {{"h0", 0, 0, 1, UpdateKind::kMatrix, 0, 2, 3},
                                    {"h1", 0, 1, 1, UpdateKind::kMatrix, 6, 2, 3}};
@@ -172,7 +178,7 @@ TEST(ValidateProgram, RejectsOperandsDisagreeingOnUnitCount) {
   units.push_back({"h2", 0, 2, 1, UpdateKind::kMatrix, 12, 3, 3});
   EXPECT_THROW(ValidateProgram(p, units), PlanError);
   // Undeclared fields.
-  UpdateProgram q = MuonProgram(MuonConfig{});
+  UpdateProgram q = MuonProgram(MuonConfig{}, Cpu());
   q.stages[2].inputs[0].field = "master";
   EXPECT_THROW(ValidateProgram(q, units), PlanError);
 }
@@ -202,7 +208,7 @@ TEST(UpdatePlan, PaperExampleHead0ExecutesOnRank2) {
   std::vector<PlannedMessage> first;
   for (int r = 0; r < 4; ++r) {
     ShardChain chain(ex.layout.list, ex.topo, r);
-    UpdatePlan plan(MuonProgram(MuonConfig{}), ex.Select().muon, {&chain}, 0);
+    UpdatePlan plan(MuonProgram(MuonConfig{}, Cpu()), ex.Select().muon, {&chain}, 0);
     ASSERT_EQ(plan.units().size(), 3u);
     const auto& h0 = plan.placements()[0];
     ASSERT_EQ(h0.pieces.size(), 2u);
@@ -262,7 +268,7 @@ TEST(UpdatePlan, BalancesSplitUnitsAndBreaksTiesDeterministically) {
   ShardChain chain(L.list, topo, 0);
   UnitPolicy p;
   p.muon = true;
-  UpdatePlan plan(MuonProgram(MuonConfig{}), SelectUnits(L, p).muon, {&chain}, 0);
+  UpdatePlan plan(MuonProgram(MuonConfig{}, Cpu()), SelectUnits(L, p).muon, {&chain}, 0);
   // Loads differ by at most one unit between ranks.
   double lo = 1e300, hi = 0;
   for (int r = 0; r < 4; ++r) {
@@ -283,8 +289,8 @@ TEST(UpdatePlan, EachHsdpReplicaRunsTheSamePlanOnItsRanks) {
   PaperExample ex;
   Topology topo(8, 8, 2, 2, 4);  // two replicas of the paper's layout: ranks 0-3 and 4-7
   ShardChain c0(ex.layout.list, topo, 0), c5(ex.layout.list, topo, 5);
-  UpdatePlan p0(MuonProgram(MuonConfig{}), ex.Select().muon, {&c0}, 0);
-  UpdatePlan p1(MuonProgram(MuonConfig{}), ex.Select().muon, {&c5}, 1);
+  UpdatePlan p0(MuonProgram(MuonConfig{}, Cpu()), ex.Select().muon, {&c0}, 0);
+  UpdatePlan p1(MuonProgram(MuonConfig{}, Cpu()), ex.Select().muon, {&c5}, 1);
   ASSERT_EQ(p0.messages().size(), p1.messages().size());
   for (size_t i = 0; i < p0.messages().size(); ++i) {
     EXPECT_EQ(p1.messages()[i].src, p0.messages()[i].src + 4);
@@ -383,6 +389,7 @@ TEST(StructuredUpdate, OneRankMatchesScalarReference) {
     ShardChain chain(L.list, topo, 0);
     SelfComm comm;
     UpdateOptions o;
+    o.backend = &Cpu();
     o.optimizer = OptimizerKind::kMuon;
     o.muon_unit = rule;
     o.muon.weight_decay = 0.1f;

@@ -57,16 +57,6 @@ UnitRule ParseUnitRule(const std::string& s) {
   throw ConfigError(fmt::format("unknown update unit '{}': use adamw, head or matrix", s));
 }
 
-void MatrixView(const std::vector<int64_t>& shape, int64_t* rows, int64_t* cols) {
-  if (shape.empty()) {
-    *rows = *cols = 1;
-    return;
-  }
-  *cols = shape.back();
-  *rows = 1;
-  for (size_t i = 0; i + 1 < shape.size(); ++i) *rows *= shape[i];
-}
-
 UnitSelection SelectUnits(const GroupLayout& layout, const UnitPolicy& policy) {
   UnitSelection sel;
   const size_t n = layout.update.size();

@@ -82,8 +82,4 @@ UnitRule RuleFor(const UpdateParam& u, const RuntimeParam& rp, const UnitPolicy&
 // only some parts of a runtime parameter, or when merged parts are not contiguous.
 UnitSelection SelectUnits(const GroupLayout& layout, const UnitPolicy& policy);
 
-// The [rows, cols] view of a shape as an update sees it: [1, n] for vectors, [prod of
-// leading dims, last] for rank >= 2.
-void MatrixView(const std::vector<int64_t>& shape, int64_t* rows, int64_t* cols);
-
 }  // namespace sshsdp

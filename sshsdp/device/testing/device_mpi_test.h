@@ -19,9 +19,9 @@
 #include <memory>
 #include <string>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/comm/communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
-#include "sshsdp/device/backend.h"
 
 namespace sshsdp::testing {
 

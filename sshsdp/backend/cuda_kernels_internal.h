@@ -4,7 +4,7 @@
 // strings), so the scalar rules they apply are restated here from numerics/dtype.h (bf16 RNE),
 // numerics/stochastic_rounding.h (SR), update/adamw.h (AdamW), update/muon.h (Muon's elementwise
 // stages) and numerics/mx.h + fp8.h (MX scale codes, saturating E4M3 / E5M2 encoding) —
-// device/backend_test.cc holds them equal to those, bit for bit, on every input it tries.
+// backend/backend_test.cc holds them equal to those, bit for bit, on every input it tries.
 //
 //   cudaError_t e = LaunchCastF32ToBf16(x, y, n, stream);
 #pragma once
@@ -41,7 +41,7 @@ cudaError_t LaunchMuonWeightUpdate(float* w, const float* v, int64_t n, float de
 inline constexpr int kSumSquaresPartials = 1024;
 cudaError_t LaunchSumSquares(const float* x, int64_t n, double* partial, cudaStream_t s);
 
-// Newton–Schulz pieces (update/newton_schulz.cc's iteration):
+// Newton–Schulz pieces (kernels/newton_schulz.cc's iteration):
 // x_b *= 1 / (‖x_b‖_F + 1e-7) for `batch` contiguous matrices of `per` floats.
 cudaError_t LaunchNormalizeMatrices(float* x, int64_t per, int64_t batch, cudaStream_t s);
 // B = b·A + c·B, then + a on the diagonal of every m×m matrix; `total` = batch·m·m.

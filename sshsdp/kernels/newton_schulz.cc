@@ -1,5 +1,5 @@
 // Batched Newton–Schulz iteration on fp32 GEMMs (see newton_schulz.h).
-#include "sshsdp/update/newton_schulz.h"
+#include "sshsdp/kernels/newton_schulz.h"
 
 #include <algorithm>
 #include <cmath>

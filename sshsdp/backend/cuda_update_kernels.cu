@@ -2,9 +2,9 @@
 // elementwise stages (momentum with the Newton–Schulz input u, and the weight update), one
 // thread per element (grid-stride). Compiled with --fmad=false: each applies the fp32
 // operations of its update/ function in the same order, so it equals the CPU bit for bit
-// (device/backend_test.cc).
-#include "sshsdp/device/cuda_common.cuh"
-#include "sshsdp/device/cuda_kernels_internal.h"
+// (backend/backend_test.cc).
+#include "sshsdp/backend/cuda_common.cuh"
+#include "sshsdp/backend/cuda_kernels_internal.h"
 
 namespace sshsdp::cuda {
 namespace {

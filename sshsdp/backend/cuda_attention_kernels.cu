@@ -18,10 +18,10 @@
 // smaller tiles; every tile fits the default 48 KiB of dynamic shared memory. Rows of shared
 // tiles are padded to an odd stride so a column read by consecutive rows spreads over the
 // banks. Compiled with --fmad=false like the other kernel files; the sums run in tile order,
-// not the CPU kernel's, and device/backend_test.cc holds the results to the CPU backend's
+// not the CPU kernel's, and backend/backend_test.cc holds the results to the CPU backend's
 // within its stated tolerance. Not on tensor cores (fp32 products, as the CPU reference).
-#include "sshsdp/device/cuda_common.cuh"
-#include "sshsdp/device/cuda_kernels_internal.h"
+#include "sshsdp/backend/cuda_common.cuh"
+#include "sshsdp/backend/cuda_kernels_internal.h"
 
 namespace sshsdp::cuda {
 namespace {

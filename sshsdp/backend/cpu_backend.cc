@@ -5,7 +5,7 @@
 #include <cstring>
 #include <vector>
 
-#include "sshsdp/device/backend.h"
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/elementwise.h"
 #include "sshsdp/kernels/layer_kernels.h"
@@ -53,6 +53,9 @@ class CpuBackend final : public Backend {
   void Fill(float* x, int64_t n, float value) override {
     CheckCount(n, "Fill");
     kernels::Fill(x, n, value);
+  }
+  void Zero(void* x, size_t bytes) override {
+    if (bytes) std::memset(x, 0, bytes);
   }
   void CastF32ToBf16(const float* x, bf16* y, int64_t n) override {
     CheckCount(n, "CastF32ToBf16");

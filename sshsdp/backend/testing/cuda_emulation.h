@@ -1,6 +1,6 @@
 // The CUDA execution model emulated on the CPU, so the CUDA kernel files (device/*.cu) and the
-// CUDA backend's host code (device/cuda_backend.cc) run in CI on machines without a GPU, op by
-// op against the CPU backend (device_backend_emulated_test). It is a test tool, not a backend:
+// CUDA backend's host code (backend/cuda_backend.cc) run in CI on machines without a GPU, op by
+// op against the CPU backend (backend_emulated_test). It is a test tool, not a backend:
 // it says nothing of speed, and the real GPU check (scripts/gpu_check.sh) stays the proof.
 //
 // What it runs for real: every kernel, block by block; in a block every thread is a fiber
@@ -19,8 +19,8 @@
 // tolerances), cuBLAS (the CPU backend's GEMMs stand in: testing/cuda_emulation.cc).
 //
 // Use: compile a .cu file as C++ with this header first (-ffp-contract=off, as --fmad=false):
-//   #include "sshsdp/device/testing/cuda_emulation.h"
-//   #include "sshsdp/device/cuda_kernels.cu"
+//   #include "sshsdp/backend/testing/cuda_emulation.h"
+//   #include "sshsdp/backend/cuda_kernels.cu"
 // and link testing/cuda_emulation.cc in place of libcudart and libcublas.
 #pragma once
 

@@ -1,12 +1,12 @@
 // The CPU emulation of CUDA (cuda_emulation.h): the block scheduler with one fiber per thread,
-// and the CUDA runtime and cuBLAS functions device/cuda_backend.cc calls, defined here so a test
+// and the CUDA runtime and cuBLAS functions backend/cuda_backend.cc calls, defined here so a test
 // binary links this file in place of libcudart and libcublas. Memory is host memory, streams and
 // events complete at once, and cuBLAS's GEMMs are the CPU backend's (oneDNN).
 // Under AddressSanitizer (scripts/sanitize.sh) every stack switch is announced to it
 // (__sanitizer_start/finish_switch_fiber), "device" allocations and each launch's dynamic
 // shared memory are exactly their size, so a kernel reading past a buffer or past its shared
 // memory is reported where it reads.
-#include "sshsdp/device/testing/cuda_emulation.h"
+#include "sshsdp/backend/testing/cuda_emulation.h"
 
 #include <cublas_v2.h>
 #include <ucontext.h>

@@ -1,10 +1,13 @@
-// Device backends for the engine's own (non-model) work: the memory a data-tree root can live
-// in, and the elementwise and batched ops the engine runs on it — the cast G (fp32 -> bf16,
-// round to nearest even), bf16 stochastic rounding on the Philox stream of
-// numerics/stochastic_rounding.h, MXFP8 weight quantization, AdamW on ZeRO-1 fragments, the
-// gradient norm's sum of squares, fill, and Muon's batched Newton–Schulz. ggml's pattern: the CPU
-// backend is the reference (it calls the numerics/ and update/ functions the engine runs today) and
-// every other backend is checked against it op by op (backend_test.cc).
+// Backends: what the models, the optimizer update and the engine compute through — memory a
+// data-tree root can live in, and the ops on it: the layer ops of the models (norms,
+// activations, attention, GEMMs in fp32 and bf16, embeddings, the loss, the MoE router and
+// permutation), the engine's own work (the cast G, bf16 stochastic rounding on the Philox stream
+// of numerics/stochastic_rounding.h, MXFP8 weight quantization, the gradient norm's sum of
+// squares, fills) and the optimizers' (AdamW on ZeRO-1 fragments, Muon's momentum, batched
+// Newton–Schulz and weight update). ggml's pattern: the CPU backend is the default and the
+// reference (it calls the kernels/ and numerics/ functions), and every other backend is checked
+// against it op by op (backend_test.cc). The layer sits just above kernels/: update/, models/
+// and engine/ all take a Backend&.
 //
 // Pointers passed to a backend's ops are that backend's memory (Alloc); CopyIn / CopyOut move
 // bytes between it and host memory and return once the host side may be reused (CopyIn's data is
@@ -49,12 +52,11 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/moe_kernels.h"
+#include "sshsdp/kernels/newton_schulz.h"
+#include "sshsdp/kernels/optimizer.h"
 #include "sshsdp/numerics/dtype.h"
 #include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/stochastic_rounding.h"
-#include "sshsdp/update/adamw.h"
-#include "sshsdp/update/muon.h"
-#include "sshsdp/update/newton_schulz.h"
 
 namespace sshsdp {
 
@@ -120,6 +122,8 @@ class Backend {
 
   // ---- Ops on backend memory; n may be 0. ----
   virtual void Fill(float* x, int64_t n, float value) = 0;
+  // `bytes` zero bytes at x (any dtype's +0; the padding of a bf16 or fp32 buffer).
+  virtual void Zero(void* x, size_t bytes) = 0;
   // y = bf16(x), round to nearest even (the cast G); NaN stays NaN.
   virtual void CastF32ToBf16(const float* x, bf16* y, int64_t n) = 0;
   virtual void CastBf16ToF32(const bf16* x, float* y, int64_t n) = 0;
@@ -226,7 +230,7 @@ class Backend {
                                int64_t d) = 0;
 
   // out[i] = out_scale · NS(in[i]) for i < batch, [rows, cols] row-major matrices, in[i] fp32
-  // or bf16 (in_dtype; NumericsError otherwise), out[i] fp32 (update/newton_schulz.h: the same
+  // or bf16 (in_dtype; NumericsError otherwise), out[i] fp32 (kernels/newton_schulz.h: the same
   // iteration and normalisation). The matrices are backend memory; the pointer arrays `in` and
   // `out` are host memory.
   virtual void NewtonSchulz(const void* const* in, DType in_dtype, float* const* out, int64_t batch,

@@ -9,8 +9,8 @@
 // cuda_update_kernels.cu.
 #include <algorithm>
 
-#include "sshsdp/device/cuda_common.cuh"
-#include "sshsdp/device/cuda_kernels_internal.h"
+#include "sshsdp/backend/cuda_common.cuh"
+#include "sshsdp/backend/cuda_kernels_internal.h"
 
 namespace sshsdp::cuda {
 namespace {

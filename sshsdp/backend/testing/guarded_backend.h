@@ -38,9 +38,9 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/comm/testing/shm_device_memory.h"
-#include "sshsdp/device/backend.h"
 
 namespace sshsdp::testing {
 
@@ -134,6 +134,7 @@ class GuardedBackend final : public Backend {
   Open o(this);                    \
   return cpu_->call
   void Fill(float* x, int64_t n, float v) override { SSHSDP_GUARDED(Fill(x, n, v)); }
+  void Zero(void* x, size_t bytes) override { SSHSDP_GUARDED(Zero(x, bytes)); }
   void CastF32ToBf16(const float* x, bf16* y, int64_t n) override {
     SSHSDP_GUARDED(CastF32ToBf16(x, y, n));
   }

@@ -13,8 +13,8 @@
 #include <mutex>
 #include <vector>
 
-#include "sshsdp/device/backend.h"
-#include "sshsdp/device/cuda_kernels_internal.h"
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/backend/cuda_kernels_internal.h"
 #include "sshsdp/kernels/layer_kernels.h"
 
 namespace sshsdp {
@@ -222,6 +222,11 @@ class CudaBackend final : public Backend {
     if (n == 0) return;
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchFill(x, n, value, stream_));
+  }
+  void Zero(void* x, size_t bytes) override {
+    if (bytes == 0) return;
+    Use();
+    SSHSDP_CUDA_OK(cudaMemsetAsync(x, 0, bytes, stream_));
   }
   void CastF32ToBf16(const float* x, bf16* y, int64_t n) override {
     CheckCount(n, "CastF32ToBf16");

@@ -7,8 +7,8 @@
 // Events hand a stream's results to another thread and stream (and the guarded test backend's
 // model of them is checked here too).
 //
-//   device_backend_test --backend=cpu     # the CPU backend (runs everywhere)
-//   device_backend_test --backend=cuda    # exit 77 (ctest: skipped) without CUDA or a GPU
+//   backend_test --backend=cpu     # the CPU backend (runs everywhere)
+//   backend_test --backend=cuda    # exit 77 (ctest: skipped) without CUDA or a GPU
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,8 +24,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "sshsdp/device/backend.h"
-#include "sshsdp/device/testing/guarded_backend.h"
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/backend/testing/guarded_backend.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/layer_kernels.h"
 #include "sshsdp/kernels/matmul.h"
@@ -867,6 +867,26 @@ TEST_F(BackendTest, Fill) {
     Buffer<float> dx(*b_, Values(n, 3));
     b_->Fill(dx.get(), static_cast<int64_t>(n), -2.5f);
     EXPECT_EQ(dx.Read(), std::vector<float>(n, -2.5f)) << b_->name() << " n=" << n;
+  }
+}
+
+// Zero clears exactly the bytes asked for: an odd count of bf16 elements, the rest untouched.
+TEST_F(BackendTest, ZeroClearsItsBytesOnly) {
+  for (size_t n : kSizes) {
+    Buffer<float> dx(*b_, Values(n, 3));
+    const size_t half = n / 2;
+    b_->Zero(dx.get(), half * sizeof(float) + (n % 2 ? 2 : 0));  // and one bf16 more
+    std::vector<float> want = Values(n, 3);
+    for (size_t i = 0; i < half; ++i) want[i] = 0.0f;
+    if (n % 2) {  // the low half of float `half` (little endian): its bf16 truncation stays
+      uint32_t u;
+      std::memcpy(&u, &want[half], 4);
+      u &= 0xffff0000u;
+      std::memcpy(&want[half], &u, 4);
+    }
+    const std::vector<float> got = dx.Read();
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), n * sizeof(float)), 0)
+        << b_->name() << " n=" << n;
   }
 }
 

@@ -6,8 +6,8 @@
 // CPU's order (kernels/moe_kernels.h). Compiled with --fmad=false: GatherRows, MoeCombine and
 // MoeUnpermuteSum equal the CPU bit for bit; the dot products of MoeCombineBackward sum in tree
 // order, not the CPU's.
-#include "sshsdp/device/cuda_common.cuh"
-#include "sshsdp/device/cuda_kernels_internal.h"
+#include "sshsdp/backend/cuda_common.cuh"
+#include "sshsdp/backend/cuda_kernels_internal.h"
 
 namespace sshsdp::cuda {
 namespace {
