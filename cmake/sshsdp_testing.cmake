@@ -83,3 +83,44 @@ function(sshsdp_gpu_mpi_test)
                          SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]" PROCESSORS ${np})
   endforeach()
 endfunction()
+
+# Test tiers (ctest labels), given once every test exists (the top CMakeLists calls it):
+#   unit  single-process tests of one layer (GoogleTest binaries)
+#   mpi   multi-rank tests: real processes through mpirun (name_np<N>[_widened])
+#   e2e   whole-program tests: the sshsdp binary, checkpoints on disk, the examples, the docs
+#   slow  over ~10 s on 2 cores (also unit / mpi / e2e); `scripts/test.sh --fast` leaves them out
+#   gpu   needs a GPU (reported skipped without one); set where the test is defined
+# `ctest -L unit`, `-L mpi`, `-LE 'slow|gpu'` (scripts/test.sh --fast) pick a tier.
+set(SSHSDP_SLOW_TESTS
+    "^(cli_test|cli_test_widened|cli_fault_test|cli_backend_test|cli_emulated_cuda_test|cli_practitioner_test|cli_bench_test|ckpt_cli_faults|ckpt_cli_resume|readme_test|example_custom_model_subdirectory|backend_emulated_test_forward|backend_emulated_test_reverse)$")
+set(SSHSDP_E2E_TESTS "^(cli_|ckpt_cli_|readme_|example_|comm_failure_|layering_)")
+# Labels every test of the current directory (set_tests_properties reaches no other).
+function(sshsdp_label_tests)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(t ${tests})
+    get_test_property(${t} LABELS labels)
+    if(NOT labels)
+      set(labels "")
+    endif()
+    if("gpu" IN_LIST labels)
+      continue()
+    endif()
+    if(t MATCHES "${SSHSDP_E2E_TESTS}")
+      list(APPEND labels e2e)
+    elseif(t MATCHES "_np[0-9]+(_[a-z]+)?$")
+      list(APPEND labels mpi)
+    else()
+      list(APPEND labels unit)
+    endif()
+    if(t MATCHES "${SSHSDP_SLOW_TESTS}")
+      list(APPEND labels slow)
+    endif()
+    set_tests_properties(${t} PROPERTIES LABELS "${labels}")
+  endforeach()
+endfunction()
+
+# Labels the current directory's tests once it is processed (a test directory's CMakeLists
+# calls it where its tests begin).
+macro(sshsdp_label_tests_at_end)
+  cmake_language(DEFER CALL sshsdp_label_tests)
+endmacro()
