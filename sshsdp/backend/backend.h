@@ -52,10 +52,12 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/moe_kernels.h"
+#include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/kernels/newton_schulz.h"
 #include "sshsdp/kernels/optimizer.h"
 #include "sshsdp/numerics/dtype.h"
 #include "sshsdp/numerics/mx.h"
+#include "sshsdp/numerics/scale_layout.h"
 #include "sshsdp/numerics/stochastic_rounding.h"
 
 namespace sshsdp {
@@ -77,6 +79,16 @@ class BackendEvent {
   virtual void Wait() = 0;
 };
 
+// What a backend may lack; a model asks (Backend::Has) when it is built and refuses by name, or
+// takes another way (fp32 attention where there is no bf16 attention).
+enum class BackendFeature {
+  kStridedGemm,     // GemmStrided: per-part QKV runtime parameters (GptConfig::packed_qkv false)
+  kBf16Attention,   // CausalAttention{Forward,Backward}Bf16
+  kBf16Gradients,   // bf16 gradient views (LinearBackwardWeight, WriteOrAccumulate, embeddings)
+  kAnyScaleLayout,  // MXFP8 weights in every Tw layout (else row_major only)
+};
+const char* BackendFeatureName(BackendFeature f);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -88,6 +100,11 @@ class Backend {
   // The widest attention head (dh) CausalAttentionForward / Backward take; a model checks it
   // when it is built, before any collective (BackendGpt).
   virtual int max_attention_head_dim() const { return 1 << 30; }
+  // Whether this backend has feature f (the defaults below do not).
+  virtual bool Has(BackendFeature f) const {
+    (void)f;
+    return false;
+  }
 
   // ---- Memory (DeviceError when an allocation fails; Alloc(0) returns nullptr; at least
   // 64-byte aligned, as a data-tree root needs). ----
@@ -146,8 +163,8 @@ class Backend {
   // The same with one scale per row and 32-column block: scales [rows, ceil(cols/32)] row-major
   // (numerics/mx.h's MxDequantizeActivation; Tw's ScaleLayout::kRowMajor of a packed runtime
   // weight, where each 32x32 block scale is repeated on the rows it covers). The engine on a
-  // GPU without an MX GEMM dequantizes its MXFP8 runtime weights with it (models/
-  // backend_gpt_model.h).
+  // GPU without an MX GEMM dequantizes its MXFP8 runtime weights with it (the defaults of
+  // LinearForward and MxDequantizeOperand; models/gpt.h's --mx-gemm bf16 with the next one).
   virtual void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                                 float* out, const MxOptions& opt) = 0;
   // The same values rounded to bf16 (round to nearest even) in one pass: bf16 GEMMs' operand
@@ -200,6 +217,63 @@ class Backend {
   virtual void GemmBf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const bf16* a,
                         const bf16* b, float* c, bool accumulate) = 0;
 
+  // ---- The linear layers on typed operands (kernels/matmul.h's and kernels/mx_linear.h's
+  // Linear* contracts): x / dy fp32, or bf16 already rounded (with a bf16 weight only); the
+  // weight fp32, bf16, or MXFP8 codes with Tw-relaid scales. The CPU backend runs the kernels
+  // themselves; the defaults compose Gemm / GemmBf16 / casts / MxDequantizeRows in this
+  // backend's scratch: the same values rounded once, products in the backend's own order,
+  // MXFP8 from row_major scales only and fp32 gradients only (DeviceError naming the op
+  // otherwise; a model asks Has() first). ----
+  virtual void LinearForward(kernels::LinearInput x, const kernels::WeightView& w, float* y,
+                             int64_t m, int64_t n, int64_t k);
+  virtual void LinearBackwardData(kernels::LinearInput dy, const kernels::WeightView& w, float* dx,
+                                  int64_t m, int64_t n, int64_t k, bool accumulate);
+  // dw [n, k] (=|+=) dyᵀ·x in compute_dtype (kernels::LinearComputeDType of the weight); dw fp32
+  // or bf16 (kBf16Gradients).
+  virtual void LinearBackwardWeight(kernels::LinearInput dy, kernels::LinearInput x,
+                                    DType compute_dtype, void* dw, DType dw_dtype, int64_t m,
+                                    int64_t n, int64_t k, bool accumulate);
+  // kernels::GemmStrided (kStridedGemm): operands inside larger row-major arrays.
+  virtual void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                           const void* a, int64_t lda, const void* b, int64_t ldb, DType ab_dtype,
+                           void* c, int64_t ldc, DType c_dtype, bool accumulate);
+  // The layer ops that store a bf16 linear input (kernels/layer_kernels.h's *Bf16): the fp32
+  // results rounded once. Defaults: the fp32 op into scratch, then CastF32ToBf16.
+  virtual void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd,
+                                  int64_t rows, int d);
+  virtual void GeluForwardBf16(const float* x, bf16* y, int64_t n);
+  virtual void GeluBackwardBf16(const float* x, const float* dy, bf16* dx, int64_t n);
+  virtual void SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets,
+                                               bf16* dlogits, int64_t rows, int64_t ld,
+                                               float scale);
+  // Attention on bf16 operands (kernels/attention.h's *Bf16, kBf16Attention); `scratch` holds
+  // AttentionBf16ScratchFloats floats of this backend's memory.
+  virtual int64_t AttentionBf16ScratchFloats(int B, int T, int H, int dh) const;
+  virtual void CausalAttentionForwardBf16(const float* qkv, float* out, float* lse, float* scratch,
+                                          int64_t scratch_floats, int B, int T, int H, int dh);
+  virtual void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const float* out,
+                                           const float* lse, float* dqkv, float* scratch,
+                                           int64_t scratch_floats, int B, int T, int H, int dh);
+  // Embeddings of fp32 or bf16 tables (tables' dtype `dt`): rows read as fp32, out fp32.
+  // wte has `vocab` rows, wpe `seq_len`.
+  virtual void EmbeddingForwardTyped(const void* wte, const void* wpe, DType dt,
+                                     const int32_t* tokens, int B, int T, int d, int64_t vocab,
+                                     int64_t seq_len, float* out);
+  // Into fp32 or bf16 gradient tables (bf16: kBf16Gradients; summed in fp32 in `scratch`,
+  // (vocab + seq_len)·d floats of this backend's memory, and rounded once; null when both are
+  // fp32). Overwrite gives rows that never occur explicit zeros.
+  virtual void EmbeddingBackwardTyped(const float* dx, const int32_t* tokens, int B, int T, int d,
+                                      void* dwte, DType dwte_dtype, int64_t vocab, void* dwpe,
+                                      DType dwpe_dtype, int64_t seq_len, bool accumulate,
+                                      float* scratch);
+  // dst (fp32, or bf16: kBf16Gradients) = or += src (kernels::WriteOrAccumulate).
+  virtual void WriteOrAccumulate(const float* src, void* dst, DType dst_dtype, int64_t n,
+                                 bool accumulate);
+  // kernels::MxDequantizeOperand: MXFP8 codes [mn, k] with scales in `layout` as fp32 (row_major
+  // only unless kAnyScaleLayout).
+  virtual void MxDequantizeOperand(const uint8_t* codes, DType elem, const uint8_t* scales,
+                                   ScaleLayout layout, int64_t mn, int64_t k, float* out);
+
   // ---- The MoE router (kernels/moe_kernels.h's MoeTopK, MoeExpertStats, MoePermute and
   // MoeRouterBackward: the same contracts, every array in backend memory; 1 <= k <= E). The
   // host keeps step 3 (MoeBalance: E counts in, the offsets and f_e out). ----
@@ -242,6 +316,20 @@ class Backend {
                             float momentum, bool nesterov, float grad_scale) = 0;
   virtual void MuonWeightUpdate(float* w, const float* v, int64_t n, float lr,
                                 float weight_decay) = 0;
+
+ protected:
+  // Backend memory for the defaults' intermediates: slot i grown to `bytes` and kept (a growth
+  // frees the old block, which on a device waits for its queued users). A backend that uses the
+  // defaults calls ReleaseScratch in its destructor, while its Free still works.
+  void* Scratch(int slot, size_t bytes);
+  void ReleaseScratch();
+
+ private:
+  struct ScratchBlock {
+    void* p = nullptr;
+    size_t bytes = 0;
+  };
+  ScratchBlock scratch_[3];
 };
 
 // NumericsError naming the op unless n >= 0 (every backend checks its counts with it).

@@ -11,6 +11,7 @@
 #include "sshsdp/kernels/layer_kernels.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/moe_kernels.h"
+#include "sshsdp/kernels/mx_linear.h"
 
 namespace sshsdp {
 namespace {
@@ -18,6 +19,7 @@ namespace {
 class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
+  bool Has(BackendFeature) const override { return true; }
 
   void* Alloc(size_t bytes) override {
     if (bytes == 0) return nullptr;
@@ -183,6 +185,77 @@ class CpuBackend final : public Backend {
                  m, n, k);
     kernels::Gemm(trans_a, trans_b, m, n, k, a, b, DType::kBF16, c, DType::kF32, accumulate);
   }
+  // The typed layer ops: the kernels the models were written on, so a model on this backend
+  // computes their bits.
+  void LinearForward(kernels::LinearInput x, const kernels::WeightView& w, float* y, int64_t m,
+                     int64_t n, int64_t k) override {
+    kernels::LinearForward(x, w, y, m, n, k);
+  }
+  void LinearBackwardData(kernels::LinearInput dy, const kernels::WeightView& w, float* dx,
+                          int64_t m, int64_t n, int64_t k, bool accumulate) override {
+    kernels::LinearBackwardData(dy, w, dx, m, n, k, accumulate);
+  }
+  void LinearBackwardWeight(kernels::LinearInput dy, kernels::LinearInput x, DType compute_dtype,
+                            void* dw, DType dw_dtype, int64_t m, int64_t n, int64_t k,
+                            bool accumulate) override {
+    kernels::LinearBackwardWeight(dy, x, compute_dtype, dw, dw_dtype, m, n, k, accumulate);
+  }
+  void GemmStrided(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const void* a,
+                   int64_t lda, const void* b, int64_t ldb, DType ab_dtype, void* c, int64_t ldc,
+                   DType c_dtype, bool accumulate) override {
+    kernels::GemmStrided(trans_a, trans_b, m, n, k, a, lda, b, ldb, ab_dtype, c, ldc, c_dtype,
+                         accumulate);
+  }
+  void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows,
+                          int d) override {
+    CheckRows(rows, d, "RmsNormForwardBf16");
+    kernels::RmsNormForwardBf16(x, g, y, rstd, rows, d);
+  }
+  void GeluForwardBf16(const float* x, bf16* y, int64_t n) override {
+    CheckCount(n, "GeluForwardBf16");
+    kernels::GeluForwardBf16(x, y, n);
+  }
+  void GeluBackwardBf16(const float* x, const float* dy, bf16* dx, int64_t n) override {
+    CheckCount(n, "GeluBackwardBf16");
+    kernels::GeluBackwardBf16(x, dy, dx, n);
+  }
+  void SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, bf16* dlogits,
+                                       int64_t rows, int64_t ld, float scale) override {
+    CheckCount(rows, "SoftmaxCrossEntropyBackwardBf16");
+    kernels::SoftmaxCrossEntropyBackwardBf16(probs, targets, dlogits, rows, ld, scale);
+  }
+  int64_t AttentionBf16ScratchFloats(int B, int T, int H, int dh) const override {
+    return kernels::AttentionBf16ScratchFloats(B, T, H, dh);
+  }
+  void CausalAttentionForwardBf16(const float* qkv, float* out, float* lse, float* scratch,
+                                  int64_t scratch_floats, int B, int T, int H, int dh) override {
+    CheckAttentionShape(B, T, H, dh, "CausalAttentionForwardBf16");
+    kernels::CausalAttentionForwardBf16(qkv, out, lse, scratch, scratch_floats, B, T, H, dh);
+  }
+  void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const float* out,
+                                   const float* lse, float* dqkv, float* scratch,
+                                   int64_t scratch_floats, int B, int T, int H, int dh) override {
+    CheckAttentionShape(B, T, H, dh, "CausalAttentionBackwardBf16");
+    kernels::CausalAttentionBackwardBf16(dout, qkv, out, lse, dqkv, scratch, scratch_floats, B, T,
+                                         H, dh);
+  }
+  void EmbeddingForwardTyped(const void* wte, const void* wpe, DType dt, const int32_t* tokens,
+                             int B, int T, int d, int64_t vocab, int64_t seq_len,
+                             float* out) override;
+  void EmbeddingBackwardTyped(const float* dx, const int32_t* tokens, int B, int T, int d,
+                              void* dwte, DType dwte_dtype, int64_t vocab, void* dwpe,
+                              DType dwpe_dtype, int64_t seq_len, bool accumulate,
+                              float* scratch) override;
+  void WriteOrAccumulate(const float* src, void* dst, DType dst_dtype, int64_t n,
+                         bool accumulate) override {
+    CheckCount(n, "WriteOrAccumulate");
+    kernels::WriteOrAccumulate(src, dst, dst_dtype, n, accumulate);
+  }
+  void MxDequantizeOperand(const uint8_t* codes, DType elem, const uint8_t* scales,
+                           ScaleLayout layout, int64_t mn, int64_t k, float* out) override {
+    kernels::MxDequantizeOperand(codes, elem, scales, layout, mn, k, out);
+  }
+
   void MoeTopK(float* score, int64_t N, int E, int k, const kernels::MoeRouterOptions& opt,
                int32_t* sel, float* gate) override {
     CheckRouterShape(N, E, k, "MoeTopK");
@@ -242,6 +315,56 @@ class CpuBackend final : public Backend {
   sshsdp::NewtonSchulz ns_;
   std::vector<float> attention_scratch_;
 };
+
+// Row `row` of a [rows, d] fp32 / bf16 table as fp32.
+void LoadRow(const void* table, DType dt, int64_t row, int d, float* out) {
+  if (dt == DType::kF32) {
+    std::memcpy(out, static_cast<const float*>(table) + row * d, static_cast<size_t>(d) * 4);
+  } else {
+    Bf16ToFloat(static_cast<const bf16*>(table) + row * d, out, static_cast<size_t>(d));
+  }
+}
+
+void CpuBackend::EmbeddingForwardTyped(const void* wte, const void* wpe, DType dt,
+                                       const int32_t* tokens, int B, int T, int d, int64_t, int64_t,
+                                       float* out) {
+  CheckShape(B, T, d, "EmbeddingForwardTyped");
+  if (dt == DType::kF32) {
+    kernels::EmbeddingForwardF32(static_cast<const float*>(wte), static_cast<const float*>(wpe),
+                                 tokens, B, T, d, out);
+    return;
+  }
+  std::vector<float> pos(static_cast<size_t>(d));
+  for (int b = 0; b < B; ++b)
+    for (int t = 0; t < T; ++t) {
+      float* x = out + (static_cast<int64_t>(b) * T + t) * d;
+      LoadRow(wte, dt, tokens[static_cast<int64_t>(b) * T + t], d, x);
+      LoadRow(wpe, dt, t, d, pos.data());
+      for (int i = 0; i < d; ++i) x[i] += pos[static_cast<size_t>(i)];
+    }
+}
+
+// The scatter-add is kernels::EmbeddingBackwardF32's, into fp32 tables: a view itself when it is
+// fp32 (zeroed first unless accumulating, so rows that never occur get explicit zeros), else a
+// zeroed part of `scratch` written once at the end, so bf16 rounding happens once per element.
+void CpuBackend::EmbeddingBackwardTyped(const float* dx, const int32_t* tokens, int B, int T, int d,
+                                        void* dwte, DType dwte_dtype, int64_t vocab, void* dwpe,
+                                        DType dwpe_dtype, int64_t seq_len, bool accumulate,
+                                        float* scratch) {
+  CheckShape(B, T, d, "EmbeddingBackwardTyped");
+  const int64_t n_te = vocab * d, n_pe = seq_len * d;
+  const bool te_direct = dwte_dtype == DType::kF32, pe_direct = dwpe_dtype == DType::kF32;
+  SSHSDP_CHECK((te_direct && pe_direct) || scratch != nullptr, NumericsError,
+               "EmbeddingBackwardTyped: a bf16 gradient table needs (vocab + seq_len)·d floats "
+               "of scratch");
+  float* te = te_direct ? static_cast<float*>(dwte) : scratch;
+  float* pe = pe_direct ? static_cast<float*>(dwpe) : scratch + (te_direct ? 0 : n_te);
+  if (!te_direct || !accumulate) kernels::Fill(te, n_te, 0.0f);
+  if (!pe_direct || !accumulate) kernels::Fill(pe, n_pe, 0.0f);
+  kernels::EmbeddingBackwardF32(dx, tokens, B, T, d, te, vocab, pe, seq_len, /*accumulate=*/true);
+  if (!te_direct) kernels::WriteOrAccumulate(te, dwte, dwte_dtype, n_te, accumulate);
+  if (!pe_direct) kernels::WriteOrAccumulate(pe, dwpe, dwpe_dtype, n_pe, accumulate);
+}
 
 }  // namespace
 

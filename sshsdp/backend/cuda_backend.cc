@@ -110,6 +110,7 @@ class CudaBackend final : public Backend {
     SSHSDP_CUDA_OK(cudaMalloc(&partial_, (cuda::kSumSquaresPartials + 1) * sizeof(double)));
   }
   ~CudaBackend() override {
+    ReleaseScratch();  // the typed layer ops run as backend.h's defaults here
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(stream_);
     cudaFree(work_);

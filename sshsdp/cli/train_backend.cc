@@ -10,8 +10,8 @@
 #include "sshsdp/cli/model_config.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/device/cuda_direct_memory.h"
-#include "sshsdp/models/backend_gpt_model.h"
 #include "sshsdp/models/backend_moe.h"
+#include "sshsdp/models/gpt.h"
 
 namespace sshsdp {
 
@@ -117,9 +117,11 @@ std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
     c.trunk = gc;
     return std::make_unique<BackendMoeModel>(*dev.backend, c);
   }
-  if (dev.backend)
-    return std::make_unique<BackendGptModel>(*dev.backend, gc,
-                                             o.mx_gemm == "bf16" ? DType::kBF16 : DType::kF32);
+  if (dev.backend) {  // the one GPT, on the run's backend
+    GptConfig g = gc;
+    g.mx_gemm = o.mx_gemm == "bf16" ? DType::kBF16 : DType::kF32;
+    return std::make_unique<Gpt>(g, *dev.backend);
+  }
   return MakeModel(o, gc);
 }
 

@@ -62,7 +62,8 @@ struct DeviceCommChoice {
 DeviceCommChoice ChooseDeviceCommPath(int world, int ranks_per_node, int sw, int sg, int so,
                                       const std::string& comm_path, const std::string& backend);
 
-// The run's model: BackendGptModel on dev.backend, or the host model of the preset (Gpt, MoeGpt).
+// The run's model: Gpt on dev.backend (BackendMoeModel for the MoE presets), or the host model of
+// the preset (Gpt on its own CPU backend, MoeGpt).
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev);
 

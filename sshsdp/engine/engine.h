@@ -141,7 +141,7 @@ struct EngineConfig {
   // own CPU backend (MakeCpuBackend), the default. Every data-tree root and the transient
   // gather and gradient blocks live in its memory; G, fills, the gradient norm, the finiteness
   // check, AdamW and Muon (momentum, batched Newton–Schulz, weight update) run as its ops; a
-  // model that computes on a backend must compute on this one (models/backend_gpt_model.h).
+  // model that computes on a backend must compute on this one (models/gpt.h).
   // On a device (Backend::host_memory false) the engine runs so far (ConfigError naming the
   // setting otherwise, at construction): fp32 reduction, the flat layout without the
   // baselines' redundancies, MXFP8 with row-major scales (mx_weights.h: G on the backend, S on

@@ -1,6 +1,6 @@
-// The engine training BackendGptModel (models/backend_gpt_model.h: the GPT's kernels on a
-// device backend, here the CPU backend) equals the single-process reference of the same
-// logical update with the host Gpt, at every (sw, sg, so) layout of this world size, fp32,
+// The engine training Gpt on a backend it is handed (models/gpt.h: every op a backend op, here
+// the CPU backend) equals the single-process reference of the same logical update with the
+// host Gpt, at every (sw, sg, so) layout of this world size, fp32,
 // two microbatches: the model side of the engine on a GPU, run through the engine's real
 // schedule (gathers, views of W′ and G′, fused accumulation, reduce-scatters, the update).
 //
@@ -30,7 +30,6 @@
 #include "sshsdp/device/nccl_communicator.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
 #include "sshsdp/engine/testing/parity_harness.h"
-#include "sshsdp/models/backend_gpt_model.h"
 #include "sshsdp/models/gpt.h"
 
 namespace sshsdp {
@@ -48,15 +47,16 @@ Backend& Cpu() {
   return *cpu;
 }
 
-// The host Gpt BackendGpt is compared with: attention fp32 whatever the weights, as the
-// backends' attention (GptConfig::bf16_attention = false).
+// The Gpt every backend runs here, and the host reference: attention fp32 whatever the weights,
+// as the backends without bf16 attention (GptConfig::bf16_attention = false), so the CPU, the
+// guarded test backend and CUDA compute one function.
 GptConfig HostReferenceGpt() {
   GptConfig c = TestGpt();
   c.bf16_attention = false;
   return c;
 }
 
-// fp32 runtime weights, and bf16 ones (BackendGpt's bf16 linears against Gpt's).
+// fp32 runtime weights, and bf16 ones: the engine on the CPU backend it is handed.
 TEST(EngineBackendGpt, AllLayoutsMatchTheHostGptReference) {
   const int W = WorldSize();
   for (DType wdt : {DType::kF32, DType::kBF16})
@@ -66,14 +66,14 @@ TEST(EngineBackendGpt, AllLayoutsMatchTheHostGptReference) {
       c.layout = l;
       int made = 0;  // the first model is the engine's under test, the second the reference's
       c.make = [&made]() -> std::unique_ptr<Model> {
-        if (made++ == 0) return std::make_unique<BackendGptModel>(Cpu(), TestGpt());
+        if (made++ == 0) return std::make_unique<Gpt>(HostReferenceGpt(), Cpu());
         return std::make_unique<Gpt>(HostReferenceGpt());
       };
       c.cfg = BaseConfig(l, 2, wdt);
       c.ref_cfg = BaseConfig(testing::kOneRank, 2 * W, wdt);
       c.tol = testing::AdamWTolerances(wdt);
       testing::ParityRun run(c);
-      EXPECT_NE(dynamic_cast<BackendGptModel*>(&run.model()), nullptr);
+      EXPECT_NE(dynamic_cast<Gpt*>(&run.model()), nullptr);
       run.Run([&](const testing::StepDiff& d) {
         EXPECT_EQ(d.dist.counters.add_passes, 0u);
         EXPECT_EQ(d.dist.counters.bytes_copied, 0u);
@@ -133,7 +133,7 @@ constexpr Optimizer kAdamW{};
 constexpr Optimizer kMuonF32{OptimizerKind::kMuon, DType::kF32};
 constexpr Optimizer kMuonBf16{OptimizerKind::kMuon, DType::kBF16};
 
-// The engine on `backend`, training BackendGptModel on it, against the host Gpt's one-rank
+// The engine on `backend`, training Gpt on it, against the host Gpt's one-rank
 // reference on the host engine: losses, norms and main weights within the optimizer's fp32
 // tolerances. Muon: the bytes of split units' fragments are the host path's (staged through
 // host memory, counted alike).
@@ -143,7 +143,7 @@ void RunOnBackend(Backend& backend, const Layout& l, DType wdt, DirectDeviceMemo
   c.layout = l;
   int made = 0;
   c.make = [&made, &backend]() -> std::unique_ptr<Model> {
-    if (made++ == 0) return std::make_unique<BackendGptModel>(backend, TestGpt());
+    if (made++ == 0) return std::make_unique<Gpt>(HostReferenceGpt(), backend);
     return std::make_unique<Gpt>(HostReferenceGpt());
   };
   const int W = WorldSize();
@@ -210,7 +210,7 @@ int64_t HostWaitsPerStep(int M) {
   c.layout = testing::kOneRank;
   int made = 0;
   c.make = [&made, &guarded]() -> std::unique_ptr<Model> {
-    if (made++ == 0) return std::make_unique<BackendGptModel>(guarded, TestGpt());
+    if (made++ == 0) return std::make_unique<Gpt>(HostReferenceGpt(), guarded);
     return std::make_unique<Gpt>(HostReferenceGpt());
   };
   c.cfg = BaseConfig(testing::kOneRank, M, DType::kF32);
@@ -388,7 +388,7 @@ TEST(EngineOnBackend, StatePathsOnDeferredGuardedMemoryMatchTheCpuBackend) {
     SCOPED_TRACE(Describe(W, l) + " " + std::string(DTypeName(wdt)));
     testing::GuardedBackend guarded(nullptr, kDeferred);
     std::unique_ptr<Backend> cpu = MakeBackend("cpu");
-    BackendGptModel model_a(guarded, TestGpt()), model_b(*cpu, TestGpt());
+    Gpt model_a(HostReferenceGpt(), guarded), model_b(HostReferenceGpt(), *cpu);
     EngineConfig ca = testing::MuonEngineConfig(l, 2, wdt, UnitRule::kHead, DType::kBF16);
     EngineConfig cb = ca;
     ca.backend = &guarded;
@@ -436,7 +436,7 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
   wide.n_head = 1;
   wide.d_model = 288;
   try {
-    BackendGptModel refused(*gpu, wide);
+    Gpt refused(wide, *gpu);
     ADD_FAILURE() << "a 288-wide head was accepted";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("head widths up to 256, this model's is 288"),
@@ -476,7 +476,7 @@ TEST(EngineOnBackend, OnTheCudaBackend) {
 TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
   auto world = MpiCommunicator::World(WorldSize());
   const int W = WorldSize();
-  BackendGptModel model(Cpu(), TestGpt());
+  Gpt model(HostReferenceGpt(), Cpu());
   testing::GuardedBackend device;  // not host memory, like a GPU's
   auto refused = [&](EngineConfig cfg, const std::string& what, Backend* b = &Cpu()) {
     cfg.backend = b;
@@ -509,7 +509,7 @@ TEST(EngineOnBackend, RefusesWhatIsNotBuiltByName) {
 }
 
 TEST(EngineBackendGpt, RefusesMixedViewsByName) {
-  BackendGptModel model(Cpu(), TestGpt());
+  Gpt model(HostReferenceGpt(), Cpu());
   std::vector<int32_t> tokens(2 * 8, 1);
   model.SetBatch(tokens.data(), tokens.data(), 2, 8);
   std::vector<uint16_t> w(1 << 16);
@@ -517,13 +517,13 @@ TEST(EngineBackendGpt, RefusesMixedViewsByName) {
     try {
       model.Forward(0, v);
       ADD_FAILURE() << "accepted: " << what;
-    } catch (const ConfigError& e) {
+    } catch (const PlanError& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
   // The embeddings stay bf16 under MXFP8 (engine_backend_mx_test refuses blocks without S′).
-  refused({{w.data(), DType::kE4M3}, {w.data(), DType::kE4M3}}, "for a group that consumes none");
-  refused({{w.data(), DType::kBF16}, {w.data(), DType::kF32}}, "one dtype per group");
+  refused({{w.data(), DType::kE4M3}, {w.data(), DType::kE4M3}}, "must be non-null fp32 or bf16");
+  refused({{w.data(), DType::kBF16}, {w.data(), DType::kF32}}, "in one dtype");
   EXPECT_THROW(model.Forward(2, {}), PlanError);  // out of order
 }
 

@@ -1,4 +1,4 @@
-// BackendGpt (backend_gpt.h): gpt.cc's forward and backward, op for op, on a device backend.
+// BackendGpt (backend_gpt.h): the backend MoE model's dense trunk, gpt.cc's blocks op for op.
 #include "sshsdp/models/backend_gpt.h"
 
 #include <algorithm>
@@ -9,49 +9,13 @@
 
 namespace sshsdp {
 
-void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model) {
-  SSHSDP_CHECK(c.head_dim() <= b.max_attention_head_dim(), ConfigError,
-               "{}: {}'s attention takes head widths up to {}, this model's is {} (d_model {} / "
-               "n_head {}); use more heads or --backend cpu",
-               model, b.name(), b.max_attention_head_dim(), c.head_dim(), c.d_model, c.n_head);
-}
-
-BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params,
-                       std::vector<bool> dense_mlp)
+BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, std::vector<bool> dense_mlp)
     : b_(b), c_(c), B_(B), T_(T) {
   c_.Validate();
   CheckAttentionFits(b_, c_, "BackendGpt");
   SSHSDP_CHECK(B >= 1 && T >= 1 && T <= c_.seq_len, ConfigError,
                "BackendGpt: need B >= 1 and 1 <= T <= seq_len {}, got B={} T={}", c_.seq_len, B, T);
-  const int64_t d = c_.d_model, ff = c_.ff(), Vp = c_.padded_vocab();
-  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay) {
-    int64_t n = 1;
-    for (int64_t s : shape) n *= s;
-    tensors_.push_back({std::move(name), std::move(shape), num_params_, n, decay});
-    num_params_ += n;
-  };
-  add("wte", {Vp, d}, true);
-  add("wpe", {c_.seq_len, d}, true);
-  for (int l = 0; l < c_.n_layer; ++l) {
-    const std::string p = "blocks." + std::to_string(l) + ".";
-    add(p + "ln1.g", {d}, false);
-    add(p + "attn.qkv", {3 * d, d}, true);
-    add(p + "attn.proj", {d, d}, true);
-    add(p + "ln2.g", {d}, false);
-    add(p + "mlp.fc1", {ff, d}, true);
-    add(p + "mlp.fc2", {d, ff}, true);
-  }
-  add("lnf.g", {d}, false);
-  add("lm_head", {Vp, d}, true);
-
-  if (own_params) {
-    const int64_t n = num_params_ * static_cast<int64_t>(sizeof(float));
-    weights_ = static_cast<float*>(b_.Alloc(n));
-    grads_ = static_cast<float*>(b_.Alloc(n));
-    m_ = static_cast<float*>(b_.Alloc(n));
-    v_ = static_cast<float*>(b_.Alloc(n));
-  }
-
+  const int64_t d = c_.d_model, ff = c_.ff();
   // Activations: Gpt's table of sizes plus the gain-gradient scratch row, one allocation.
   float** slots[] = {&a_.residual, &a_.ln1,     &a_.ln1_rstd, &a_.qkv,  &a_.lse,      &a_.atty,
                      &a_.res_mid,  &a_.ln2,     &a_.ln2_rstd, &a_.fch,  &a_.fch_gelu, &a_.lnf,
@@ -87,34 +51,9 @@ BackendGpt::BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_pa
 }
 
 BackendGpt::~BackendGpt() {
-  for (void* p : {static_cast<void*>(weights_), static_cast<void*>(grads_), static_cast<void*>(m_),
-                  static_cast<void*>(v_), static_cast<void*>(acts_), static_cast<void*>(tokens_),
+  for (void* p : {static_cast<void*>(acts_), static_cast<void*>(tokens_),
                   static_cast<void*>(loss_sums_), bf16_scratch_})
     b_.Free(p);
-}
-
-void BackendGpt::RequireParams(const char* what) const {
-  SSHSDP_CHECK(weights_ != nullptr, ConfigError,
-               "BackendGpt::{}: built without parameter buffers (the engine's model, whose "
-               "weights the engine holds); train it through the engine",
-               what);
-}
-
-void BackendGpt::LoadWeights(const float* host) {
-  RequireParams("LoadWeights");
-  b_.CopyIn(weights_, host, static_cast<size_t>(num_params_) * sizeof(float));
-  b_.Fill(m_, num_params_, 0.0f);
-  b_.Fill(v_, num_params_, 0.0f);
-}
-
-void BackendGpt::ReadWeights(float* host) {
-  RequireParams("ReadWeights");
-  b_.CopyOut(host, weights_, static_cast<size_t>(num_params_) * sizeof(float));
-}
-
-void BackendGpt::ReadGrads(float* host) {
-  RequireParams("ReadGrads");
-  b_.CopyOut(host, grads_, static_cast<size_t>(num_params_) * sizeof(float));
 }
 
 void BackendGpt::RequireBf16Scratch() {
@@ -284,31 +223,6 @@ void BackendGpt::BackwardAttention(int l, const void* const* w, DType wdt, float
   GainGrad(a_.dtmp, x, g1, a_.ln1_rstd + l * BT, a_.dres, grad[0], true, acc);
 }
 
-// The group's slice of the flat buffers: group g's tensors are consecutive in tensors().
-int BackendGpt::FirstTensor(int g) const {
-  return g == 0 ? 0 : g == c_.n_layer + 1 ? 2 + 6 * c_.n_layer : 2 + 6 * (g - 1);
-}
-
-void BackendGpt::Forward() {
-  for (int g = 0; g < num_groups(); ++g) {
-    std::vector<const void*> w;
-    for (int i = FirstTensor(g); i < FirstTensor(g) + GroupTensors(g); ++i) w.push_back(W(i));
-    ForwardGroup(g, w.data(), DType::kF32);
-  }
-}
-
-void BackendGpt::Backward(bool acc) {
-  for (int g = num_groups() - 1; g >= 0; --g) {
-    std::vector<const void*> w;
-    std::vector<float*> grad;
-    for (int i = FirstTensor(g); i < FirstTensor(g) + GroupTensors(g); ++i) {
-      w.push_back(W(i));
-      grad.push_back(G(i));
-    }
-    BackwardGroup(g, w.data(), DType::kF32, grad.data(), acc);
-  }
-}
-
 void BackendGpt::SetTokens(const int32_t* tokens, const int32_t* targets) {
   const int64_t BT = int64_t{B_} * T_;
   for (int64_t i = 0; i < BT; ++i)
@@ -347,44 +261,6 @@ std::vector<double> BackendGpt::TakeLosses() {
   out.insert(out.end(), fresh.begin(), fresh.end());
   for (double& l : out) l /= static_cast<double>(int64_t{B_} * T_);  // as loss() divides
   return out;
-}
-
-double BackendGpt::ForwardBackward(const int32_t* tokens, const int32_t* targets, bool accumulate) {
-  RequireParams("ForwardBackward");
-  SetTokens(tokens, targets);
-  Forward();
-  Backward(accumulate);
-  return loss();
-}
-
-double BackendGpt::TrainStep(const int32_t* tokens, const int32_t* targets, int microbatches,
-                             const AdamWConfig& adamw, float clip, int64_t step,
-                             double* grad_norm) {
-  SSHSDP_CHECK(microbatches >= 1, ConfigError, "BackendGpt: microbatches must be >= 1, got {}",
-               microbatches);
-  const int64_t BT = int64_t{B_} * T_;
-  RequireParams("TrainStep");
-  TakeLosses();                                // drops what a call that threw kept
-  for (int mb = 0; mb < microbatches; ++mb) {  // the losses are read once, below
-    SetTokens(tokens + mb * BT, targets + mb * BT);
-    Forward();
-    KeepLoss();
-    Backward(mb > 0);
-  }
-  double loss = 0.0;
-  for (double l : TakeLosses()) loss += l;
-  const double norm_scale = 1.0 / microbatches;
-  const double norm = std::sqrt(b_.SumSquares(grads_, num_params_)) * norm_scale;
-  if (grad_norm) *grad_norm = norm;
-  double coef = 1.0;
-  if (clip > 0 && norm > clip) coef = clip / (norm + 1e-6);
-  std::vector<AdamWSpan> spans;
-  for (const Tensor& t : tensors_)
-    spans.push_back({weights_ + t.offset, grads_ + t.offset, m_ + t.offset, v_ + t.offset, t.size,
-                     t.decay ? adamw.weight_decay : 0.0f});
-  b_.AdamW(spans.data(), static_cast<int>(spans.size()), adamw, step,
-           static_cast<float>(coef * norm_scale));
-  return loss / microbatches;
 }
 
 }  // namespace sshsdp

@@ -1,17 +1,13 @@
-// The dense GPT of gpt.h (packed QKV, padded vocabulary, fp32 weights and activations) with
-// its whole training step on ONE device backend (backend/backend.h): forward, backward,
-// microbatch accumulation, global-norm clipping and AdamW, every tensor in backend memory —
-// the single-device path of the GPU backend (issue 19), built only from the backend's ops so
-// that the CPU backend trains it like Gpt (backend_gpt_test: same loss and gradients as Gpt,
-// the same AdamW as update/adamw.h) and the CUDA backend runs the same program on a GPU
-// (models_backend_gpt_check, scripts/gpu_check.sh). One flat allocation each for weights,
-// gradients, AdamW's m and v, and activations, with a table of per-tensor offsets (llm.c).
+// The dense GPT trunk of gpt.h (packed QKV, padded vocabulary, fp32 or bf16 weights, fp32
+// activations) as per-group functions on weights and gradients someone else holds, every op the
+// backend's: the trunk of the backend MoE model (BackendMoeModel runs its attention halves and
+// dense blocks here, and its experts itself). The dense GPT itself is models/gpt.h on any
+// backend; this trunk goes once the MoE model is written on gpt.h's blocks too (issue 42).
+// Activations in one allocation with a table of offsets (llm.c).
 //
-//   std::unique_ptr<Backend> dev = MakeBackend("cuda");
-//   BackendGpt gpt(*dev, GptConfig::Preset("small"), /*B=*/4, /*T=*/128);
-//   gpt.LoadWeights(host_weights.data());          // gpt.tensors() order, fp32
-//   double loss = gpt.TrainStep(tokens, targets, /*microbatches=*/4, adamw, /*clip=*/1.0f,
-//                               /*step=*/1, &grad_norm);
+//   BackendGpt trunk(backend, c.trunk, B, T, dense_mlp);
+//   trunk.SetTokens(tokens, targets);
+//   trunk.ForwardAttention(l, w, DType::kF32);   // ln1 .. ln2 of block l
 #pragma once
 
 #include <cstdint>
@@ -23,53 +19,16 @@
 
 namespace sshsdp {
 
-// ConfigError unless b's attention takes c's head width (the CUDA kernels: dh <= 256), naming
-// the model and the fix. The backend models call it when they are built.
-void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model);
-
 class BackendGpt {
  public:
-  // A tensor of the flat weight buffer: Gpt's runtime parameter of that name and shape.
-  struct Tensor {
-    std::string name;
-    std::vector<int64_t> shape;
-    int64_t offset = 0, size = 0;
-    bool decay = true;  // AdamW weight decay (not on norm gains)
-  };
-
-  // Batches of B sequences of T <= c.seq_len tokens. ConfigError for bad sizes. Without
-  // own_params only the activations are allocated: the per-group functions below then compute
-  // on weights and gradients someone else holds (BackendGptModel: the engine's views), and
-  // the whole-step functions refuse.
-  // dense_mlp (empty: every block) marks the blocks whose dense MLP runs here (ForwardGroup /
+  // Batches of B sequences of T <= c.seq_len tokens. ConfigError for bad sizes. dense_mlp
+  // (empty: every block) marks the blocks whose dense MLP runs here (ForwardGroup /
   // BackwardGroup); the others — an MoE model's, which run only the attention halves below —
   // get no MLP activations.
-  BackendGpt(Backend& b, const GptConfig& c, int B, int T, bool own_params = true,
-             std::vector<bool> dense_mlp = {});
+  BackendGpt(Backend& b, const GptConfig& c, int B, int T, std::vector<bool> dense_mlp = {});
   ~BackendGpt();
   BackendGpt(const BackendGpt&) = delete;
   BackendGpt& operator=(const BackendGpt&) = delete;
-
-  // wte, wpe, then per block ln1.g, attn.qkv, attn.proj, ln2.g, mlp.fc1, mlp.fc2, then lnf.g,
-  // lm_head (Gpt's runtime parameters in group order).
-  const std::vector<Tensor>& tensors() const { return tensors_; }
-  int64_t num_params() const { return num_params_; }
-
-  // Host fp32 arrays of num_params() floats in tensors() order. Loading zeroes m and v.
-  void LoadWeights(const float* host);
-  void ReadWeights(float* host);
-  void ReadGrads(float* host);
-
-  // Forward and backward of one batch (host tokens / targets [B, T], each < vocab): returns
-  // the mean cross-entropy; gradients overwritten (accumulate = false) or added to.
-  double ForwardBackward(const int32_t* tokens, const int32_t* targets, bool accumulate);
-
-  // One optimizer step over `microbatches` batches ([microbatches, B, T] host arrays):
-  // gradients summed, scaled by 1/microbatches, clipped to global norm `clip` (0: off) as the
-  // engine clips (coefficient clip / (norm + 1e-6) when norm > clip), then AdamW at `step`
-  // (>= 1). Returns the mean loss; *grad_norm (if given) gets the norm before clipping.
-  double TrainStep(const int32_t* tokens, const int32_t* targets, int microbatches,
-                   const AdamWConfig& adamw, float clip, int64_t step, double* grad_norm);
 
   // ---- Per runtime group (Gpt's groups: 0 embeddings, 1..L blocks, L+1 final norm + head),
   // on weight and gradient pointers in backend memory, in the group's tensors() order. ----
@@ -114,11 +73,7 @@ class BackendGpt {
   int seq_len() const { return T_; }
 
  private:
-  void RequireParams(const char* what) const;  // ConfigError without own_params
-  int FirstTensor(int g) const;
   int MlpIndex(int l) const;  // block l's MLP activations (PlanError without a dense MLP)
-  void Forward();
-  void Backward(bool acc);
   // Gain gradient: overwritten, or added through the scratch row.
   void GainGrad(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
                 float* dg, bool acc_dx, bool acc_dg);
@@ -130,15 +85,10 @@ class BackendGpt {
   void LinearBackward(const float* dy, const float* x, const void* w, DType w_dtype, float* dx,
                       float* dw, int64_t m, int64_t n, int64_t k, bool acc);
   void RequireBf16Scratch();  // allocates the bf16 path's scratch on its first use
-  float* W(int i) { return weights_ + tensors_[i].offset; }
-  float* G(int i) { return grads_ + tensors_[i].offset; }
 
   Backend& b_;
   GptConfig c_;
   int B_, T_;
-  std::vector<Tensor> tensors_;
-  int64_t num_params_ = 0;
-  float *weights_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
   float* acts_ = nullptr;       // every activation, one allocation
   std::vector<int> mlp_index_;  // per block: its slot in the MLP activations, -1 for none
   int64_t activation_bytes_ = 0;

@@ -57,7 +57,7 @@ void BackendMoeModel::Allocate(int B, int T) {
   arena_bytes_ = bf16_bytes_ = 0;
   std::vector<bool> dense;  // the trunk keeps MLP activations for the dense blocks only
   for (int l = 0; l < c_.trunk.n_layer; ++l) dense.push_back(!c_.IsMoeLayer(l));
-  gpt_ = std::make_unique<BackendGpt>(b_, c_.trunk, B, T, /*own_params=*/false, dense);
+  gpt_ = std::make_unique<BackendGpt>(b_, c_.trunk, B, T, dense);
   const int64_t N = int64_t{B} * T, d = c_.trunk.d_model, E = c_.n_expert, k = c_.top_k;
   const int64_t Nk = N * k, f = c_.expert_ff(), fs = c_.shared_ff();
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU, shared = c_.shared_expert;

@@ -170,8 +170,8 @@ TEST(BackendMoe, TrunkHoldsMlpActivationsOnlyForDenseBlocks) {
   auto cpu = MakeCpuBackend();
   const GptConfig c = testing::TinyConfig().trunk;
   const int B = 2, T = 8;
-  BackendGpt all(*cpu, c, B, T, false), one(*cpu, c, B, T, false, {true, false}),
-      none(*cpu, c, B, T, false, {false, false});
+  BackendGpt all(*cpu, c, B, T), one(*cpu, c, B, T, {true, false}),
+      none(*cpu, c, B, T, {false, false});
   const int64_t mlp = int64_t{B} * T * c.ff() * 4;
   EXPECT_EQ(all.activation_bytes() - one.activation_bytes(), 2 * mlp);
   EXPECT_EQ(one.activation_bytes() - none.activation_bytes(), 3 * mlp);
@@ -182,7 +182,7 @@ TEST(BackendMoe, TrunkHoldsMlpActivationsOnlyForDenseBlocks) {
   one.ForwardGroup(0, p, DType::kF32);
   one.ForwardGroup(1, p, DType::kF32);  // block 0: dense
   EXPECT_THROW(one.ForwardGroup(2, p, DType::kF32), PlanError);
-  EXPECT_THROW(BackendGpt(*cpu, c, B, T, false, {true}), ConfigError);
+  EXPECT_THROW(BackendGpt(*cpu, c, B, T, {true}), ConfigError);
 }
 
 TEST(BackendMoe, MxOnlyInExpertGroupsAndFp32GradientsOnly) {

@@ -1,4 +1,4 @@
-// The views a backend model (BackendGptModel, BackendMoeModel) hands its kernels on a device
+// The views the backend MoE model (BackendMoeModel) hands its kernels on a device
 // backend: a runtime group's weight views checked and turned into pointers in their one dtype —
 // MXFP8 views dequantized into scratch on the backend first (Backend::MxDequantizeRows, or
 // MxDequantizeRowsBf16 for bf16 GEMMs: what a GPU without an MX GEMM, Hopper, does) — and its
@@ -7,10 +7,10 @@
 //
 //   MxScratch scratch(backend);
 //   DType wdt = DType::kF32;
-//   std::vector<const void*> w = BackendWeights(backend, "BackendGptModel", g, views,
+//   std::vector<const void*> w = BackendWeights(backend, "BackendMoeModel", g, views,
 //                                               model.GroupParams(g), /*mx_ok=*/true,
 //                                               DType::kF32, &scratch, &wdt);
-//   std::vector<float*> d = BackendGrads("BackendGptModel", g, grad_views, w.size());
+//   std::vector<float*> d = BackendGrads("BackendMoeModel", g, grad_views, w.size());
 #pragma once
 
 #include <cstddef>

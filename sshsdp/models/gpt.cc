@@ -1,31 +1,23 @@
-// Reference GPT forward/backward (see gpt.h), llm.c style: every layer is a plain pair of
-// loops or GEMM calls over activations stored in one arena; GEMMs go through
-// kernels/matmul so bf16 runtime weights run bf16 GEMMs; weight gradients are written
-// straight into the views the engine passes, in overwrite or accumulate mode. The layer
-// kernels (RMSNorm, GELU, attention) live in layers.{h,cc}, shared with the MoE model.
+// Reference GPT forward/backward (see gpt.h), llm.c style: every layer is a pair of backend
+// ops over activations stored in one arena of the backend's memory; bf16 runtime weights run
+// bf16 GEMMs; weight gradients are written straight into the views the engine passes, in
+// overwrite or accumulate mode.
 #include "sshsdp/models/gpt.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <string_view>
+#include <utility>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/base/op_profile.h"
-#include "sshsdp/kernels/attention.h"
-#include "sshsdp/kernels/elementwise.h"
-#include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
 
 namespace sshsdp {
 namespace {
 
-using kernels::LinearBackwardData;
-using kernels::LinearBackwardWeight;
-using kernels::LinearForward;
-
-namespace {
 // The kernel operand of a weight view (MX views carry their relaid-out scales).
 kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales, t.scale_layout}; }
 
@@ -41,7 +33,7 @@ kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales
 // (att_bf16_scratch_, sized by Forward).
 // Forward records which inputs it stored in bf16 (Gpt::bf16_inputs_) and Backward refuses
 // views of other dtypes, which would read those slots as the wrong type. No function reads
-// the same bytes of a slot both as fp32 and as bf16 (the products hand them to oneDNN).
+// the same bytes of a slot both as fp32 and as bf16 (the products hand them to the GEMMs).
 bool Bf16Weight(const TensorRef& t) { return t.dtype == DType::kBF16; }
 bf16* Narrow(float* slot) { return reinterpret_cast<bf16*>(slot); }
 const bf16* Narrow(const float* slot) { return reinterpret_cast<const bf16*>(slot); }
@@ -49,30 +41,28 @@ kernels::LinearInput Input(const float* slot, bool narrow) {
   return narrow ? kernels::LinearInput(Narrow(slot)) : kernels::LinearInput(slot);
 }
 // RMSNorm into `y`'s slot, in bf16 when `narrow`.
-void RmsNormInto(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d,
-                 bool narrow) {
+void RmsNormInto(Backend& b, const float* x, const float* g, float* y, float* rstd, int64_t rows,
+                 int d, bool narrow) {
   if (narrow) {
-    kernels::RmsNormForwardBf16(x, g, Narrow(y), rstd, rows, d);
+    b.RmsNormForwardBf16(x, g, Narrow(y), rstd, rows, d);
   } else {
-    kernels::RmsNormForward(x, g, y, rstd, rows, d);
+    b.RmsNormForward(x, g, y, rstd, rows, d);
   }
 }
-}  // namespace
 
-using layers::EmbeddingBackward;
-using layers::EmbeddingForward;
-using layers::GeluBackwardInPlace;
-using layers::GeluForward;
 using layers::IsFloatType;
 using layers::kOnes;
 using layers::Normal;
-using layers::RmsNormBackward;
-using layers::RmsNormForward;
 using layers::Single;
-using layers::SoftmaxCrossEntropyBackward;
-using layers::SoftmaxCrossEntropyForward;
 
 }  // namespace
+
+void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model) {
+  SSHSDP_CHECK(c.head_dim() <= b.max_attention_head_dim(), ConfigError,
+               "{}: {}'s attention takes head widths up to {}, this model's is {} (d_model {} / "
+               "n_head {}); use more heads or --backend cpu",
+               model, b.name(), b.max_attention_head_dim(), c.head_dim(), c.d_model, c.n_head);
+}
 
 GptConfig GptConfig::Preset(std::string_view name) {
   GptConfig c;
@@ -105,11 +95,58 @@ void GptConfig::Validate() const {
                "GPT config: fused_qkv (one [3d, d] QKV parameter) needs packed_qkv");
 }
 
-Gpt::Gpt(const GptConfig& config) : c_(config) {
+Gpt::Gpt(const GptConfig& config) : Gpt(config, MakeCpuBackend()) {}
+
+Gpt::Gpt(const GptConfig& config, std::unique_ptr<Backend> own)
+    : own_(std::move(own)),
+      b_(*own_),
+      c_(config),
+      tokens_(b_),
+      loss_sum_(b_),
+      arena_(b_),
+      gain_scratch_(b_),
+      dgain_scratch_(b_),
+      table_scratch_(b_),
+      x_bf16_(b_),
+      dy_bf16_(b_),
+      att_bf16_scratch_(b_),
+      mx16_(b_) {
+  Init();
+}
+
+Gpt::Gpt(const GptConfig& config, Backend& backend)
+    : b_(backend),
+      c_(config),
+      tokens_(b_),
+      loss_sum_(b_),
+      arena_(b_),
+      gain_scratch_(b_),
+      dgain_scratch_(b_),
+      table_scratch_(b_),
+      x_bf16_(b_),
+      dy_bf16_(b_),
+      att_bf16_scratch_(b_),
+      mx16_(b_) {
+  Init();
+}
+
+void Gpt::Init() {
   c_.Validate();
   if (c_.d_ff <= 0) c_.d_ff = 4 * c_.d_model;
-  gain_scratch_.resize(c_.d_model);
-  dgain_scratch_.resize(c_.d_model);
+  CheckAttentionFits(b_, c_, "GPT");
+  SSHSDP_CHECK(c_.packed_qkv || b_.Has(BackendFeature::kStridedGemm), ConfigError,
+               "GPT with per-part QKV runtime parameters (packed_qkv = false, veScale's model) "
+               "on backend {}: it has no {}; use packed QKV or --backend cpu",
+               b_.name(), BackendFeatureName(BackendFeature::kStridedGemm));
+  bf16_attention_ = c_.bf16_attention && b_.Has(BackendFeature::kBf16Attention);
+  SSHSDP_CHECK(c_.mx_gemm == DType::kF32 || c_.mx_gemm == DType::kBF16, ConfigError,
+               "GPT: MXFP8 weights are dequantized to fp32 or bf16 for their GEMMs (--mx-gemm), "
+               "got {}",
+               DTypeName(c_.mx_gemm));
+  gain_scratch_.Reserve<float>(c_.d_model);
+  dgain_scratch_.Reserve<float>(c_.d_model);
+  const double zero = 0.0;  // Loss() before any forward
+  b_.CopyIn(loss_sum_.Reserve<double>(1 + kLossSlots), &zero, sizeof(double));
 }
 
 std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
@@ -177,33 +214,28 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
                  ConfigError, "GPT batch position {}: token {} / target {} outside vocab {}", i,
                  tokens[i], targets[i], c_.vocab);
   }
-  tokens_.assign(tokens, tokens + BT);
-  targets_.assign(targets, targets + BT);
+  // Queued behind the last batch's backward, which still reads the tokens (same stream).
+  int32_t* tok = tokens_.Reserve<int32_t>(2 * BT);
+  b_.Upload(tok, tokens, static_cast<size_t>(BT) * sizeof(int32_t));
+  b_.Upload(tok + BT, targets, static_cast<size_t>(BT) * sizeof(int32_t));
   B_ = B, T_ = T;
 
   // Arena: one allocation, each tensor 64-byte aligned.
-  float** slots[] = {
-      &acts_.residual, &acts_.ln1,     &acts_.ln1_rstd,   &acts_.qkv,  &acts_.lse,      &acts_.atty,
-      &acts_.res_mid,  &acts_.ln2,     &acts_.ln2_rstd,   &acts_.fch,  &acts_.fch_gelu, &acts_.lnf,
-      &acts_.lnf_rstd, &acts_.probs,   &acts_.losses,     &acts_.dres, &acts_.dtmp,     &acts_.dqkv,
-      &acts_.dfch,     &acts_.dlogits, &acts_.att_scratch};
-  int64_t sizes[kGptActivationTensors + 1];
-  const auto model_sizes = GptActivationFloats(c_, B, T);
-  std::copy(model_sizes.begin(), model_sizes.end(), sizes);
-  sizes[kGptActivationTensors] = kernels::AttentionScratchFloats(B, T, c_.n_head);
-  static_assert(sizeof(slots) / sizeof(slots[0]) == sizeof(sizes) / sizeof(sizes[0]));
-  int64_t offsets[sizeof(sizes) / sizeof(sizes[0])];
+  float** slots[] = {&acts_.residual, &acts_.ln1,   &acts_.ln1_rstd, &acts_.qkv,
+                     &acts_.lse,      &acts_.atty,  &acts_.res_mid,  &acts_.ln2,
+                     &acts_.ln2_rstd, &acts_.fch,   &acts_.fch_gelu, &acts_.lnf,
+                     &acts_.lnf_rstd, &acts_.probs, &acts_.losses,   &acts_.dres,
+                     &acts_.dtmp,     &acts_.dqkv,  &acts_.dfch,     &acts_.dlogits};
+  const auto sizes = GptActivationFloats(c_, B, T);
+  static_assert(std::size(slots) == std::tuple_size_v<decltype(sizes)>);
+  int64_t offsets[std::size(slots)];
   int64_t total = 0;
   for (size_t i = 0; i < std::size(sizes); ++i) {
     offsets[i] = total;
     total += (sizes[i] + 15) / 16 * 16;
   }
-  if (static_cast<int64_t>(arena_.size()) < total) {
-    arena_.clear();
-    arena_.shrink_to_fit();
-    arena_.resize(total);
-  }
-  for (size_t i = 0; i < std::size(sizes); ++i) *slots[i] = arena_.data() + offsets[i];
+  float* arena = arena_.Reserve<float>(total);
+  for (size_t i = 0; i < std::size(sizes); ++i) *slots[i] = arena + offsets[i];
 
   fwd_next_ = 0;
   fwd_done_ = false;
@@ -228,16 +260,43 @@ void Gpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what) c
   }
 }
 
+const std::vector<TensorRef>& Gpt::GemmViews(int g, const std::vector<TensorRef>& w) {
+  const bool any_mx = std::any_of(w.begin(), w.end(),
+                                  [](const TensorRef& t) { return kernels::IsMxElement(t.dtype); });
+  if (c_.mx_gemm != DType::kBF16 || !any_mx) return w;
+  const std::vector<RuntimeParamSpec> specs = GroupParams(g);
+  int64_t total = 0;
+  for (const RuntimeParamSpec& s : specs) total += (s.numel() + 31) / 32 * 32;
+  bf16* at = mx16_.Reserve<bf16>(total);
+  mx16_views_ = w;
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!kernels::IsMxElement(w[i].dtype)) continue;
+    SSHSDP_CHECK(w[i].scale_layout == ScaleLayout::kRowMajor, ConfigError,
+                 "GPT group {}: --mx-gemm bf16 dequantizes MXFP8 weights from row_major scales, "
+                 "got {} (--scale-layout row_major)",
+                 g, ScaleLayoutName(w[i].scale_layout));
+    int64_t rows = 0, cols = 0;
+    MatrixView(specs[i].shape, &rows, &cols);
+    MxOptions opt;
+    opt.elem = w[i].dtype;
+    b_.MxDequantizeRowsBf16(static_cast<const uint8_t*>(w[i].data), w[i].scales, rows, cols, at,
+                            opt);
+    mx16_views_[i] = TensorRef{at, DType::kBF16};
+    at += (rows * cols + 31) / 32 * 32;
+  }
+  return mx16_views_;
+}
+
 const float* Gpt::Gain(const TensorRef& t) {
   if (t.dtype == DType::kF32) return static_cast<const float*>(t.data);
+  float* out = gain_scratch_.data<float>();
   if (kernels::IsMxElement(t.dtype)) {  // an MX vector: [1, d] with its own scales
-    kernels::MxDequantizeOperand(static_cast<const uint8_t*>(t.data), t.dtype, t.scales,
-                                 t.scale_layout, 1, static_cast<int64_t>(gain_scratch_.size()),
-                                 gain_scratch_.data());
-    return gain_scratch_.data();
+    b_.MxDequantizeOperand(static_cast<const uint8_t*>(t.data), t.dtype, t.scales, t.scale_layout,
+                           1, c_.d_model, out);
+    return out;
   }
-  Bf16ToFloat(static_cast<const bf16*>(t.data), gain_scratch_.data(), gain_scratch_.size());
-  return gain_scratch_.data();
+  b_.CastBf16ToF32(static_cast<const bf16*>(t.data), out, c_.d_model);
+  return out;
 }
 
 void Gpt::Forward(int g, const std::vector<TensorRef>& w) {
@@ -253,7 +312,7 @@ void Gpt::Forward(int g, const std::vector<TensorRef>& w) {
   } else if (g == num_groups() - 1) {
     ForwardHead(w);
   } else {
-    ForwardBlock(g - 1, w);
+    ForwardBlock(g - 1, GemmViews(g, w));
   }
   fwd_next_ = g + 1;
   if (fwd_next_ == num_groups()) {
@@ -264,7 +323,36 @@ void Gpt::Forward(int g, const std::vector<TensorRef>& w) {
 
 double Gpt::Loss() const {
   SSHSDP_CHECK(fwd_done_, PlanError, "GPT Loss() before the last group's Forward");
-  return loss_;
+  double sum = 0.0;
+  b_.CopyOut(&sum, loss_sum_.data<double>(), sizeof(double));
+  return sum / static_cast<double>(static_cast<int64_t>(B_) * T_);
+}
+
+// The reads land in a local buffer first: a read that throws leaves what is kept as it was.
+void Gpt::KeepLoss() {
+  SSHSDP_CHECK(fwd_done_, PlanError, "GPT KeepLoss() before the last group's Forward");
+  double* sums = loss_sum_.data<double>();
+  const int kept = static_cast<int>(kept_tokens_.size());
+  if (kept == kLossSlots) {  // the ring is full: read it back
+    double ring[kLossSlots];
+    b_.CopyOut(ring, sums + 1, sizeof(ring));
+    for (int i = 0; i < kLossSlots; ++i)
+      read_back_.push_back(ring[i] / static_cast<double>(kept_tokens_[static_cast<size_t>(i)]));
+    kept_tokens_.clear();
+  }
+  b_.Copy(sums + 1 + kept_tokens_.size(), sums, sizeof(double));
+  kept_tokens_.push_back(static_cast<int64_t>(B_) * T_);
+}
+
+std::vector<double> Gpt::TakeLosses() {
+  std::vector<double> fresh(kept_tokens_.size());
+  if (!fresh.empty())  // nothing kept: no wait
+    b_.CopyOut(fresh.data(), loss_sum_.data<double>() + 1, fresh.size() * sizeof(double));
+  std::vector<double> out = std::exchange(read_back_, {});
+  for (size_t i = 0; i < fresh.size(); ++i)
+    out.push_back(fresh[i] / static_cast<double>(kept_tokens_[i]));
+  kept_tokens_.clear();
+  return out;
 }
 
 void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
@@ -282,7 +370,7 @@ void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<Ten
   } else if (g == 0) {
     BackwardEmbedding(grad, acc);
   } else {
-    BackwardBlock(g - 1, w, grad, acc);
+    BackwardBlock(g - 1, GemmViews(g, w), grad, acc);
   }
   // After group 0 the pass may be repeated (activations are untouched by backward).
   bwd_next_ = g == 0 ? num_groups() - 1 : g - 1;
@@ -290,7 +378,11 @@ void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<Ten
 
 void Gpt::ForwardEmbedding(const std::vector<TensorRef>& w) {
   OpScope s(profile_, OpCategory::kEmbedding);
-  EmbeddingForward(w[0], w[1], tokens_.data(), B_, T_, c_.d_model, acts_.residual);
+  SSHSDP_CHECK(w[0].dtype == w[1].dtype, PlanError,
+               "GPT embeddings: wte and wpe in one dtype (one group buffer), got {} and {}",
+               DTypeName(w[0].dtype), DTypeName(w[1].dtype));
+  b_.EmbeddingForwardTyped(w[0].data, w[1].data, w[0].dtype, tokens_.data<int32_t>(), B_, T_,
+                           c_.d_model, c_.padded_vocab(), c_.seq_len, acts_.residual);
 }
 
 void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
@@ -311,7 +403,7 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   if (in.any) DyBf16(nullptr, BT * std::max<int64_t>(ff, 3 * d));  // sized before backward
   {
     OpScope s(profile_, OpCategory::kNorm);
-    RmsNormInto(x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d, in.ln1);
+    RmsNormInto(b_, x, Gain(w[0]), ln1, acts_.ln1_rstd + l * BT, BT, d, in.ln1);
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
@@ -320,46 +412,44 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
   {
     OpScope s(profile_, OpCategory::kAttention);
     if (in.attention) {
-      const int64_t n = kernels::AttentionBf16ScratchFloats(B_, T_, c_.n_head, c_.head_dim());
-      if (static_cast<int64_t>(att_bf16_scratch_.size()) < n) att_bf16_scratch_.resize(n);
-      kernels::CausalAttentionForwardBf16(qkv, atty, lse, att_bf16_scratch_.data(),
-                                          static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_,
-                                          c_.n_head, c_.head_dim());
+      const int64_t n = b_.AttentionBf16ScratchFloats(B_, T_, c_.n_head, c_.head_dim());
+      float* scratch = att_bf16_scratch_.Reserve<float>(n);
+      b_.CausalAttentionForwardBf16(qkv, atty, lse, scratch, att_bf16_scratch_.bytes() / 4, B_, T_,
+                                    c_.n_head, c_.head_dim());
     } else {
-      kernels::CausalAttentionForward(qkv, atty, lse, acts_.att_scratch, B_, T_, c_.n_head,
-                                      c_.head_dim());
+      b_.CausalAttentionForward(qkv, atty, lse, B_, T_, c_.n_head, c_.head_dim());
     }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(atty, View(w[q + 1]), res_mid, BT, d, d);
+    b_.LinearForward(atty, View(w[q + 1]), res_mid, BT, d, d);
   }
   {
     OpScope s(profile_, OpCategory::kElementwise);
-    kernels::AddThreaded(x, res_mid, res_mid, BT * d);
+    b_.Add(x, res_mid, res_mid, BT * d);
   }
   {
     OpScope s(profile_, OpCategory::kNorm);
-    RmsNormInto(res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d, in.ln2);
+    RmsNormInto(b_, res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d, in.ln2);
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(Input(ln2, in.ln2), View(w[q + 3]), fch, BT, ff, d);
+    b_.LinearForward(Input(ln2, in.ln2), View(w[q + 3]), fch, BT, ff, d);
   }
   {
     OpScope s(profile_, OpCategory::kActivation);
     if (in.fch_gelu) {
-      kernels::GeluForwardBf16(fch, Narrow(fch_gelu), BT * ff);
+      b_.GeluForwardBf16(fch, Narrow(fch_gelu), BT * ff);
     } else {
-      GeluForward(fch, fch_gelu, BT * ff);
+      b_.GeluForward(fch, fch_gelu, BT * ff);
     }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(Input(fch_gelu, in.fch_gelu), View(w[q + 4]), out, BT, d, ff);
+    b_.LinearForward(Input(fch_gelu, in.fch_gelu), View(w[q + 4]), out, BT, d, ff);
   }
   OpScope s(profile_, OpCategory::kElementwise);
-  kernels::AddThreaded(res_mid, out, out, BT * d);
+  b_.Add(res_mid, out, out, BT * d);
 }
 
 void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
@@ -368,15 +458,15 @@ void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   const bool lnf16 = RecordBf16Inputs(num_groups() - 1, w).lnf;
   {
     OpScope s(profile_, OpCategory::kNorm);
-    RmsNormInto(x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d, lnf16);
+    RmsNormInto(b_, x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d, lnf16);
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearForward(Input(acts_.lnf, lnf16), View(w[1]), acts_.probs, BT, V, d);
+    b_.LinearForward(Input(acts_.lnf, lnf16), View(w[1]), acts_.probs, BT, V, d);
   }
   OpScope s(profile_, OpCategory::kLoss);
-  loss_ = SoftmaxCrossEntropyForward(acts_.probs, targets_.data(), acts_.losses, BT, c_.vocab, V) /
-          static_cast<double>(BT);
+  b_.SoftmaxCrossEntropyForward(acts_.probs, tokens_.data<int32_t>() + BT, acts_.losses, BT,
+                                c_.vocab, V, loss_sum_.data<double>());
 }
 
 void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
@@ -388,24 +478,26 @@ void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tensor
   {
     OpScope s(profile_, OpCategory::kLoss);
     const float scale = static_cast<float>(1.0 / static_cast<double>(BT));
+    const int32_t* targets = tokens_.data<int32_t>() + BT;
     if (lnf16) {  // the bf16 gradient in the first half of its own fp32 slot
-      kernels::SoftmaxCrossEntropyBackwardBf16(acts_.probs, targets_.data(), Narrow(acts_.dlogits),
-                                               BT, V, scale);
+      b_.SoftmaxCrossEntropyBackwardBf16(acts_.probs, targets, Narrow(acts_.dlogits), BT, V, scale);
       dlogits = Narrow(acts_.dlogits);
     } else {
-      SoftmaxCrossEntropyBackward(acts_.probs, targets_.data(), acts_.dlogits, BT, V, scale);
+      b_.SoftmaxCrossEntropyBackward(acts_.probs, targets, acts_.dlogits, BT, V, scale);
     }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(dlogits, Input(acts_.lnf, lnf16), kernels::LinearComputeDType(w[1].dtype),
-                         grad[1].data, grad[1].dtype, BT, V, d, acc);
-    LinearBackwardData(dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
+    b_.LinearBackwardWeight(dlogits, Input(acts_.lnf, lnf16),
+                            kernels::LinearComputeDType(w[1].dtype), grad[1].data, grad[1].dtype,
+                            BT, V, d, acc);
+    b_.LinearBackwardData(dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
   }
   OpScope s(profile_, OpCategory::kNorm);
-  RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.lnf_rstd, acts_.dres, dgain_scratch_.data(), BT,
-                  d, /*accumulate_dx=*/false);
-  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+  float* dgain = dgain_scratch_.data<float>();
+  b_.RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.lnf_rstd, acts_.dres, dgain, BT,
+                     static_cast<int>(d), /*accumulate_dx=*/false);
+  b_.WriteOrAccumulate(dgain, grad[0].data, grad[0].dtype, d, acc);
 }
 
 void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
@@ -430,33 +522,34 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   {
     OpScope s(profile_, OpCategory::kGemm);
     const kernels::LinearInput dy = in.fch_gelu ? DyBf16(dres, BT * d) : kernels::LinearInput(dres);
-    LinearBackwardWeight(dy, Input(fch_gelu, in.fch_gelu),
-                         kernels::LinearComputeDType(w[fc2].dtype), grad[fc2].data, grad[fc2].dtype,
-                         BT, d, ff, acc);
-    LinearBackwardData(dy, View(w[fc2]), acts_.dfch, BT, d, ff, false);
+    b_.LinearBackwardWeight(dy, Input(fch_gelu, in.fch_gelu),
+                            kernels::LinearComputeDType(w[fc2].dtype), grad[fc2].data,
+                            grad[fc2].dtype, BT, d, ff, acc);
+    b_.LinearBackwardData(dy, View(w[fc2]), acts_.dfch, BT, d, ff, false);
   }
   kernels::LinearInput dfch = acts_.dfch;
   {
     OpScope s(profile_, OpCategory::kActivation);
     if (in.ln2) {
       bf16* d16 = DyBf16(nullptr, BT * ff);
-      kernels::GeluBackwardBf16(fch, acts_.dfch, d16, BT * ff);
+      b_.GeluBackwardBf16(fch, acts_.dfch, d16, BT * ff);
       dfch = d16;
     } else {
-      GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
+      b_.GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
     }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    LinearBackwardWeight(dfch, Input(ln2, in.ln2), kernels::LinearComputeDType(w[fc1].dtype),
-                         grad[fc1].data, grad[fc1].dtype, BT, ff, d, acc);
-    LinearBackwardData(dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
+    b_.LinearBackwardWeight(dfch, Input(ln2, in.ln2), kernels::LinearComputeDType(w[fc1].dtype),
+                            grad[fc1].data, grad[fc1].dtype, BT, ff, d, acc);
+    b_.LinearBackwardData(dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
   }
   {
     OpScope s(profile_, OpCategory::kNorm);
-    RmsNormBackward(acts_.dtmp, res_mid, Gain(w[g2]), acts_.ln2_rstd + l * BT, dres,
-                    dgain_scratch_.data(), BT, d, /*accumulate_dx=*/true);
-    kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[g2].data, grad[g2].dtype, d, acc);
+    b_.RmsNormBackward(acts_.dtmp, res_mid, Gain(w[g2]), acts_.ln2_rstd + l * BT, dres,
+                       dgain_scratch_.data<float>(), BT, static_cast<int>(d),
+                       /*accumulate_dx=*/true);
+    b_.WriteOrAccumulate(dgain_scratch_.data<float>(), grad[g2].data, grad[g2].dtype, d, acc);
   }
 
   // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
@@ -464,23 +557,23 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
     OpScope s(profile_, OpCategory::kGemm);
     const kernels::LinearInput dy =
         Bf16Weight(w[proj]) ? DyBf16(dres, BT * d) : kernels::LinearInput(dres);
-    LinearBackwardWeight(dy, atty, kernels::LinearComputeDType(w[proj].dtype), grad[proj].data,
-                         grad[proj].dtype, BT, d, d, acc);
-    LinearBackwardData(dy, View(w[proj]), acts_.dtmp, BT, d, d, false);
+    b_.LinearBackwardWeight(dy, atty, kernels::LinearComputeDType(w[proj].dtype), grad[proj].data,
+                            grad[proj].dtype, BT, d, d, acc);
+    b_.LinearBackwardData(dy, View(w[proj]), acts_.dtmp, BT, d, d, false);
   }
   {
     OpScope s(profile_, OpCategory::kAttention);
     if (in.attention) {
       // Nothing carries over from Forward in the scratch: sized again in case the path or
       // the thread count changed since.
-      const int64_t n = kernels::AttentionBf16ScratchFloats(B_, T_, c_.n_head, c_.head_dim());
-      if (static_cast<int64_t>(att_bf16_scratch_.size()) < n) att_bf16_scratch_.resize(n);
-      kernels::CausalAttentionBackwardBf16(
-          acts_.dtmp, qkv, atty, lse, acts_.dqkv, att_bf16_scratch_.data(),
-          static_cast<int64_t>(att_bf16_scratch_.size()), B_, T_, c_.n_head, c_.head_dim());
+      const int64_t n = b_.AttentionBf16ScratchFloats(B_, T_, c_.n_head, c_.head_dim());
+      float* scratch = att_bf16_scratch_.Reserve<float>(n);
+      b_.CausalAttentionBackwardBf16(acts_.dtmp, qkv, atty, lse, acts_.dqkv, scratch,
+                                     att_bf16_scratch_.bytes() / 4, B_, T_, c_.n_head,
+                                     c_.head_dim());
     } else {
-      kernels::CausalAttentionBackward(acts_.dtmp, qkv, atty, lse, acts_.dqkv, acts_.att_scratch,
-                                       B_, T_, c_.n_head, c_.head_dim());
+      b_.CausalAttentionBackward(acts_.dtmp, qkv, atty, lse, acts_.dqkv, B_, T_, c_.n_head,
+                                 c_.head_dim());
     }
   }
   {
@@ -488,9 +581,9 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
     QkvBackward(Input(ln1, in.ln1), in.some_qkv, w, grad, acts_.dtmp, acc);
   }
   OpScope s(profile_, OpCategory::kNorm);
-  RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres, dgain_scratch_.data(),
-                  BT, d, /*accumulate_dx=*/true);
-  kernels::WriteOrAccumulate(dgain_scratch_.data(), grad[0].data, grad[0].dtype, d, acc);
+  b_.RmsNormBackward(acts_.dtmp, x, Gain(w[0]), acts_.ln1_rstd + l * BT, dres,
+                     dgain_scratch_.data<float>(), BT, d, /*accumulate_dx=*/true);
+  b_.WriteOrAccumulate(dgain_scratch_.data<float>(), grad[0].data, grad[0].dtype, d, acc);
 }
 
 Gpt::Bf16Inputs Gpt::InputsOf(int g, const std::vector<TensorRef>& w) const {
@@ -501,7 +594,7 @@ Gpt::Bf16Inputs Gpt::InputsOf(int g, const std::vector<TensorRef>& w) const {
   } else if (g > 0) {
     const int q = NumQkv();
     in.ln1 = std::all_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
-    in.attention = in.ln1 && c_.bf16_attention;
+    in.attention = in.ln1 && bf16_attention_;
     in.some_qkv = std::any_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
     in.ln2 = Bf16Weight(w[q + 3]);
     in.fch_gelu = Bf16Weight(w[q + 4]);
@@ -530,16 +623,16 @@ Gpt::Bf16Inputs Gpt::CheckBf16Inputs(int g, const std::vector<TensorRef>& w) con
 }
 
 bf16* Gpt::DyBf16(const float* src, int64_t n) {
-  if (dy_bf16_.size() < static_cast<size_t>(n)) dy_bf16_.resize(static_cast<size_t>(n));
-  if (src != nullptr) kernels::CastToBf16(src, dy_bf16_.data(), n);
-  return dy_bf16_.data();
+  bf16* out = dy_bf16_.Reserve<bf16>(n);
+  if (src != nullptr) b_.CastF32ToBf16(src, out, n);
+  return out;
 }
 
 void Gpt::QkvForward(kernels::LinearInput ln1, bool some_bf16, const std::vector<TensorRef>& w,
                      float* qkv) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, dh = c_.head_dim();
   if (c_.packed_qkv) {
-    LinearForward(ln1, View(w[1]), qkv, BT, 3 * d, d);
+    b_.LinearForward(ln1, View(w[1]), qkv, BT, 3 * d, d);
     return;
   }
   // One GEMM per part j: qkv[:, j·dh .. (j+1)·dh) = ln1 · W_jᵀ (row stride 3d). bf16 parts
@@ -549,17 +642,17 @@ void Gpt::QkvForward(kernels::LinearInput ln1, bool some_bf16, const std::vector
   for (int j = 0; j < NumQkv(); ++j) {
     const TensorRef& wj = w[1 + j];
     const void* a = wj.dtype == DType::kBF16 ? ln1_16 : ln1.data;
-    kernels::GemmStrided(false, true, BT, dh, d, a, d, wj.data, d, wj.dtype, qkv + j * dh, 3 * d,
-                         DType::kF32, false);
+    b_.GemmStrided(false, true, BT, dh, d, a, d, wj.data, d, wj.dtype, qkv + j * dh, 3 * d,
+                   DType::kF32, false);
   }
 }
 
 const void* Gpt::QkvInputBf16(kernels::LinearInput ln1, bool some_bf16) {
   if (ln1.dtype == DType::kBF16 || !some_bf16) return ln1.data;  // rounded, or nobody reads it
   const int64_t n = static_cast<int64_t>(B_) * T_ * c_.d_model;
-  x_bf16_.resize(static_cast<size_t>(n));
-  kernels::CastToBf16(static_cast<const float*>(ln1.data), x_bf16_.data(), n);
-  return x_bf16_.data();
+  bf16* out = x_bf16_.Reserve<bf16>(n);
+  b_.CastF32ToBf16(static_cast<const float*>(ln1.data), out, n);
+  return out;
 }
 
 void Gpt::QkvBackward(kernels::LinearInput ln1, bool some_bf16, const std::vector<TensorRef>& w,
@@ -569,9 +662,9 @@ void Gpt::QkvBackward(kernels::LinearInput ln1, bool some_bf16, const std::vecto
   const bf16* dqkv16 = some_bf16 ? DyBf16(dqkv, BT * 3 * d) : nullptr;
   if (c_.packed_qkv) {
     const kernels::LinearInput dy = some_bf16 ? kernels::LinearInput(dqkv16) : dqkv;
-    LinearBackwardWeight(dy, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
-                         grad[1].dtype, BT, 3 * d, d, acc);
-    LinearBackwardData(dy, View(w[1]), dx, BT, 3 * d, d, false);
+    b_.LinearBackwardWeight(dy, ln1, kernels::LinearComputeDType(w[1].dtype), grad[1].data,
+                            grad[1].dtype, BT, 3 * d, d, acc);
+    b_.LinearBackwardData(dy, View(w[1]), dx, BT, 3 * d, d, false);
     return;
   }
   const void* ln1_16 = QkvInputBf16(ln1, some_bf16);
@@ -582,18 +675,25 @@ void Gpt::QkvBackward(kernels::LinearInput ln1, bool some_bf16, const std::vecto
         b16 ? static_cast<const void*>(dqkv16 + j * dh) : static_cast<const void*>(dqkv + j * dh);
     const void* x = b16 ? ln1_16 : ln1.data;
     // dW_j[dh, d] (=|+=) dqkv[:, j]ᵀ · ln1, straight into part j's gradient view.
-    kernels::GemmStrided(true, false, dh, d, BT, dy, 3 * d, x, d, wj.dtype, grad[1 + j].data, d,
-                         grad[1 + j].dtype, acc);
+    b_.GemmStrided(true, false, dh, d, BT, dy, 3 * d, x, d, wj.dtype, grad[1 + j].data, d,
+                   grad[1 + j].dtype, acc);
     // dx[BT, d] (=, then +=) dqkv[:, j] · W_j.
-    kernels::GemmStrided(false, false, BT, d, dh, dy, 3 * d, wj.data, d, wj.dtype, dx, d,
-                         DType::kF32, j > 0);
+    b_.GemmStrided(false, false, BT, d, dh, dy, 3 * d, wj.data, d, wj.dtype, dx, d, DType::kF32,
+                   j > 0);
   }
 }
 
 void Gpt::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
   OpScope s(profile_, OpCategory::kEmbedding);
-  EmbeddingBackward(acts_.dres, tokens_.data(), B_, T_, c_.d_model, grad[0], c_.padded_vocab(),
-                    grad[1], c_.seq_len, acc, table_scratch_);
+  // The bf16 tables are summed in fp32 scratch (the wte part first) and rounded once.
+  const int64_t n_te = int64_t{c_.padded_vocab()} * c_.d_model,
+                n_pe = int64_t{c_.seq_len} * c_.d_model;
+  const int64_t need =
+      (grad[0].dtype == DType::kF32 ? 0 : n_te) + (grad[1].dtype == DType::kF32 ? 0 : n_pe);
+  float* scratch = table_scratch_.Reserve<float>(need);
+  b_.EmbeddingBackwardTyped(acts_.dres, tokens_.data<int32_t>(), B_, T_, c_.d_model, grad[0].data,
+                            grad[0].dtype, c_.padded_vocab(), grad[1].data, grad[1].dtype,
+                            c_.seq_len, acc, scratch);
 }
 
 double Gpt::FlopsPerToken() const {
@@ -605,10 +705,8 @@ double Gpt::FlopsPerToken() const {
 }
 
 int64_t Gpt::ActivationBytes() const {
-  return static_cast<int64_t>((arena_.size() + table_scratch_.size() + gain_scratch_.size() +
-                               dgain_scratch_.size() + att_bf16_scratch_.size()) *
-                                  sizeof(float) +
-                              (x_bf16_.size() + dy_bf16_.size()) * sizeof(bf16));
+  return arena_.bytes() + table_scratch_.bytes() + gain_scratch_.bytes() + dgain_scratch_.bytes() +
+         att_bf16_scratch_.bytes() + x_bf16_.bytes() + dy_bf16_.bytes() + mx16_.bytes();
 }
 
 }  // namespace sshsdp

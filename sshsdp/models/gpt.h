@@ -1,5 +1,8 @@
 // Reference dense GPT with a manual forward and backward, written against runtime-parameter
-// views (model.h): it never sees shards, communicators or optimizer state.
+// views (model.h): it never sees shards, communicators or optimizer state. Every op runs on a
+// Backend (backend/backend.h): the CPU backend by default, whose ops are the kernels/ functions
+// (so the bits are theirs), or any backend the engine runs on. Activations live in that
+// backend's memory.
 //
 // Pre-norm GPT over bytes by default: token embedding wte [Vp,d] (Vp = padded vocabulary) + learned
 // positions wpe [seq_len,d]; per block RMSNorm → causal multi-head attention with ONE packed QKV
@@ -9,7 +12,8 @@
 // residual. Final RMSNorm, untied LM head [Vp,d], mean cross-entropy over the V real logits.
 // No biases.
 //
-//   Gpt model(GptConfig::Preset("small"));
+//   Gpt model(GptConfig::Preset("small"));            // its own CPU backend
+//   Gpt on(GptConfig::Preset("small"), backend);      // or the engine's (EngineConfig::backend)
 //   model.GroupParams(1)[1].parts[2].name;   // "blocks.0.attn.q.h2"
 //
 // Runtime groups: 0 = {wte, wpe}; 1..L = block l-1 {ln1.g, attn.qkv, attn.proj, ln2.g,
@@ -34,9 +38,12 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/backend/backend_buffer.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp {
@@ -70,6 +77,12 @@ struct GptConfig {
   // torch.autocast's CPU attention computes); false: attention stays fp32 whatever the
   // weights (sshsdp's choice before bf16 attention existed; `--attention-dtype fp32`).
   bool bf16_attention = true;
+  // The dtype MXFP8 block weights are dequantized to for their GEMMs (a run option, not the
+  // architecture: --mx-gemm): fp32 (the dequantized weight times fp32 activations), or bf16 —
+  // dequantized straight to bf16 (exact: an E4M3 code times a power of two has 4 significant
+  // bits, unless it lies below bf16's normal range) and run as bf16 weights (bf16 products,
+  // bf16-rounded inputs; row_major scales only), bit for bit bf16 weights holding those values.
+  DType mx_gemm = DType::kF32;
 
   // "tiny" (d=64, L=2, H=4, T=64), "small" (d=128, L=4, H=4, T=128),
   // "base" (d=256, L=6, H=8, T=256). Throws ConfigError naming the presets otherwise.
@@ -90,9 +103,20 @@ struct GptConfig {
 inline constexpr int kGptActivationTensors = 20;
 std::array<int64_t, kGptActivationTensors> GptActivationFloats(const GptConfig& c, int B, int T);
 
+// ConfigError unless b's attention takes c's head width (the CUDA kernels: dh <= 256), naming
+// the model and the fix. The models call it when they are built.
+void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model);
+
 class Gpt final : public Model {
  public:
+  // On the model's own CPU backend.
   explicit Gpt(const GptConfig& config);
+  // On `backend` (not owned; outlives the model). ConfigError naming the feature when the
+  // config needs one the backend lacks (per-part QKV: a strided GEMM) or its attention does not
+  // take the head width. bf16 attention runs where the backend has it (fp32 elsewhere).
+  Gpt(const GptConfig& config, Backend& backend);
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   const GptConfig& config() const { return c_; }
 
@@ -101,6 +125,12 @@ class Gpt final : public Model {
   void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
   void Forward(int g, const std::vector<TensorRef>& w) override;
   double Loss() const override;
+  // The last forward's loss sum is copied on the backend into a slot of its own (no wait);
+  // TakeLosses reads the kept slots back with one copy. A ring of kLossSlots: a full one is
+  // read back then (one wait per kLossSlots microbatches).
+  void KeepLoss() override;
+  std::vector<double> TakeLosses() override;
+  static constexpr int kLossSlots = 64;
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
   // 6·N (N = all GEMM weights: blocks and LM head; embedding lookups are free) plus
@@ -111,10 +141,17 @@ class Gpt final : public Model {
   // (the engine keeps groups with embedding tables in bf16).
   // Not with packed_qkv = false (per-part runtime weights).
   bool ConsumesMx() const override { return c_.packed_qkv; }
+  // Every Tw layout where the backend dequantizes them all (the CPU) and mx_gemm is fp32,
+  // row_major elsewhere.
+  bool ReadsScaleLayout(ScaleLayout layout) const override {
+    return layout == ScaleLayout::kRowMajor ||
+           (b_.Has(BackendFeature::kAnyScaleLayout) && c_.mx_gemm == DType::kF32);
+  }
   void SetOpProfile(OpProfile* profile) override { profile_ = profile; }
 
-  // Logits' softmax of the last forward, [B*T, padded_vocab()] (padded columns 0).
-  const float* Probs() const override { return acts_.probs; }
+  // Logits' softmax of the last forward, [B*T, padded_vocab()] (padded columns 0); on a
+  // backend with host memory only (null elsewhere).
+  const float* Probs() const override { return b_.host_memory() ? acts_.probs : nullptr; }
   int64_t ProbsStride() const override { return c_.padded_vocab(); }
 
  private:
@@ -136,12 +173,11 @@ class Gpt final : public Model {
     float* probs;     // [BT, V]
     float* losses;    // [BT]
     // Backward scratch, reused by every group.
-    float* dres;         // [BT, d] gradient of the residual stream flowing down
-    float* dtmp;         // [BT, d]
-    float* dqkv;         // [BT, 3d]
-    float* dfch;         // [BT, d_ff]
-    float* dlogits;      // [BT, V]
-    float* att_scratch;  // AttentionScratchFloats(B, T, H): fused attention's blocks
+    float* dres;     // [BT, d] gradient of the residual stream flowing down
+    float* dtmp;     // [BT, d]
+    float* dqkv;     // [BT, 3d]
+    float* dfch;     // [BT, d_ff]
+    float* dlogits;  // [BT, V]
   };
 
   // Runtime parameters of the QKV projection in a block group: 1 packed, or 3·H parts.
@@ -173,6 +209,11 @@ class Gpt final : public Model {
   Bf16Inputs RecordBf16Inputs(int g, const std::vector<TensorRef>& w);  // Forward
   Bf16Inputs CheckBf16Inputs(int g,
                              const std::vector<TensorRef>& w) const;  // Backward: as Forward's
+  Gpt(const GptConfig& config, std::unique_ptr<Backend> own);
+  void Init();  // what every constructor does once the backend is known
+  // mx_gemm = bf16: block g's MXFP8 views dequantized to bf16 (into mx16_), the others as given;
+  // w itself otherwise.
+  const std::vector<TensorRef>& GemmViews(int g, const std::vector<TensorRef>& w);
   // n elements of the bf16 gradient scratch dy_bf16_ (grown as needed), holding src rounded
   // when src is given (a gradient both backward products of a bf16 linear read). Block
   // forwards with bf16 weights size it for their backward, so ActivationBytes counts it from
@@ -188,21 +229,29 @@ class Gpt final : public Model {
   // Gain as fp32 (converted into scratch for bf16).
   const float* Gain(const TensorRef& t);
 
+  std::unique_ptr<Backend> own_;  // the one-argument constructor's CPU backend
+  Backend& b_;
   GptConfig c_;
+  bool bf16_attention_ = false;  // c_.bf16_attention, where the backend has it
   int B_ = 0, T_ = 0;
-  std::vector<int32_t> tokens_, targets_;
-  double loss_ = 0.0;
+  BackendBuffer tokens_;  // [B·T] tokens, then [B·T] targets
+  // [0]: Σ losses of the last forward; [1, 1 + kLossSlots): the kept ones (KeepLoss).
+  BackendBuffer loss_sum_;
+  std::vector<int64_t> kept_tokens_;  // B·T of each kept slot in use
+  std::vector<double> read_back_;     // kept means read back when the ring filled
 
-  std::vector<float> arena_;
+  BackendBuffer arena_;
   Acts acts_{};
-  std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_;
-  OpProfile* profile_ = nullptr;  // SetOpProfile
+  BackendBuffer gain_scratch_, dgain_scratch_, table_scratch_;  // [d], [d], bf16 tables' sums
+  OpProfile* profile_ = nullptr;                                // SetOpProfile
   // bf16 roundings of GEMM operands: ln1 for bf16 QKV parts beside fp32 ones (x_bf16_), a
   // gradient feeding a bf16 linear's two backward products (dy_bf16_, DyBf16).
-  std::vector<bf16> x_bf16_, dy_bf16_;
-  // The bf16 attention's scratch (kernels::AttentionBf16ScratchFloats), sized by the first
+  BackendBuffer x_bf16_, dy_bf16_;
+  // The bf16 attention's scratch (Backend::AttentionBf16ScratchFloats), sized by the first
   // Forward that runs it.
-  std::vector<float> att_bf16_scratch_;
+  BackendBuffer att_bf16_scratch_;
+  BackendBuffer mx16_;  // mx_gemm = bf16: one block's weights dequantized to bf16
+  std::vector<TensorRef> mx16_views_;
   std::vector<uint8_t> bf16_inputs_;  // per group, Bf16Inputs::Bits() of its last Forward
 
   // Execution order guards: next forward group, whether a forward pass completed, next

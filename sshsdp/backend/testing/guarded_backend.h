@@ -19,7 +19,7 @@
 //
 //   testing::GuardedBackend b;
 //   cfg.backend = &b;
-//   BackendGptModel model(b, TestGpt());      // the model's kernels through it too
+//   Gpt model(TestGpt(), b);                  // the model's ops through it too
 //   Engine engine(model, *world, cfg);        // any host access to b's memory faults
 #pragma once
 
@@ -54,6 +54,7 @@ class GuardedBackend final : public Backend {
         guard_(std::make_shared<Guard>()),
         deferred_(deferred) {}
   ~GuardedBackend() override {
+    ReleaseScratch();  // the typed ops' defaults ran through this handle
     Flush();
     ReportPendingError();
     std::lock_guard<std::mutex> lock(guard_->mu);
