@@ -397,7 +397,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
           dev.backend ? fmt::format(" | backend {}", dev.backend->name()) : "", gemm_peak.path,
           gemm_peak.ToString(), kernels::CpuIsaName(),
           kernels::AttentionPathDescription(
-              !dev.backend && RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)),
+              RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype) &&
+              (!dev.backend ||
+               (!IsMoePreset(o.model) && dev.backend->Has(BackendFeature::kBf16Attention)))),
           threads.description);
       for (const std::string& n : dev.notes) fmt::print("note: {}\n", n);
       std::fflush(stdout);

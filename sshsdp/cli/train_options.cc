@@ -139,8 +139,9 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option(
          "--attention-dtype", o.attention_dtype,
          "attention's operands: auto (bf16 — Q, K, V, P, dO, dS rounded, softmax and sums in "
-         "fp32, as torch.autocast — where the QKV weights are bf16 on the host engine; fp32 "
-         "otherwise and on --backend, whose attention is fp32) | fp32 (always)")
+         "fp32, as torch.autocast — where the QKV weights are bf16 and the backend has bf16 "
+         "attention: the host and --backend cpu, except the MoE presets on --backend; fp32 "
+         "otherwise) | fp32 (always)")
       ->capture_default_str();
   app.add_option("--scale-layout", o.scale_layout,
                  "MXFP8 scale layout of packed runtime weights (Tw): auto | row_major | "
