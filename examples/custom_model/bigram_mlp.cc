@@ -12,7 +12,7 @@
 // one gather — holding TWO update parameters, mlp.gate and mlp.up: AdamW treats them alike,
 // per-matrix Muon (--muon-unit matrix) orthogonalises the packed [2h, d] unit, per-head Muon
 // would treat gate and up as two matrices. The model never sees a shard: the engine hands it
-// views of whole runtime parameters.
+// views of whole runtime parameters, and computes through the backend's ops.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -20,13 +20,13 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/backend/backend_buffer.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/engine/engine.h"
-#include "sshsdp/kernels/elementwise.h"
-#include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/models/layers.h"
 
@@ -36,8 +36,15 @@ using namespace sshsdp;
 
 constexpr int V = 64, D = 32, H = 48;
 
+// Every op runs on the Backend the model is given (backend/backend.h) — the engine's, so the
+// model's activations and the engine's buffers live in the same memory — and the model keeps
+// its activations there in one allocation with a table of offsets (llm.c). On the CPU backend
+// the ops are sshsdp's kernels; a backend that has the same ops runs the same model.
 class BigramMlp final : public Model {
  public:
+  explicit BigramMlp(Backend& b)
+      : b_(b), acts_(b), onehot_(b), onehot16_(b), gain_(b), dgain_(b), loss_(b) {}
+
   int num_groups() const override { return 3; }
 
   std::vector<RuntimeParamSpec> GroupParams(int g) const override {
@@ -55,36 +62,58 @@ class BigramMlp final : public Model {
 
   void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override {
     n_ = static_cast<int64_t>(B) * T;
-    tok_.assign(tokens, tokens + n_);
-    tgt_.assign(targets, targets + n_);
-    for (int64_t i = 0; i < n_; ++i)
-      SSHSDP_CHECK(tok_[i] >= 0 && tok_[i] < V && tgt_[i] >= 0 && tgt_[i] < V, ConfigError,
-                   "bigram MLP: token {} / target {} outside the vocabulary of {}", tok_[i],
-                   tgt_[i], V);
-    for (auto* v : {&x0_, &x1_, &xn_, &dx_, &dxn_}) v->assign(n_ * D, 0.0f);
-    for (auto* v : {&h1_, &h3_, &a_, &da_}) v->assign(n_ * H, 0.0f);
-    for (auto* v : {&p_, &dl_}) v->assign(n_ * V, 0.0f);
-    rstd_.assign(n_, 0.0f);
-    losses_.assign(n_, 0.0f);
+    std::vector<float> onehot(n_ * V, 0.0f);  // row i: token i (the embedding as a GEMM)
+    for (int64_t i = 0; i < n_; ++i) {
+      SSHSDP_CHECK(tokens[i] >= 0 && tokens[i] < V && targets[i] >= 0 && targets[i] < V,
+                   ConfigError, "bigram MLP: token {} / target {} outside the vocabulary of {}",
+                   tokens[i], targets[i], V);
+      onehot[i * V + tokens[i]] = 1.0f;
+    }
+    std::vector<bf16> onehot16(onehot.size());  // exact: 0 and 1
+    FloatToBf16(onehot.data(), onehot16.data(), onehot.size());
+    b_.CopyIn(onehot_.Reserve<float>(n_ * V), onehot.data(), onehot.size() * 4);
+    b_.CopyIn(onehot16_.Reserve<bf16>(n_ * V), onehot16.data(), onehot16.size() * 2);
+    // Activations: one allocation, the table of offsets below.
+    const int64_t sizes[] = {n_ * D, n_ * D, n_ * D, n_ * D, n_ * D, n_ * H, n_ * H,
+                             n_ * H, n_ * H, n_ * V, n_ * V, n_,     n_,     n_};
+    float** slots[] = {&x0_, &x1_, &xn_, &dx_, &dxn_,  &h1_,     &h3_,
+                       &a_,  &da_, &p_,  &dl_, &rstd_, &losses_, &tgt_f_};
+    int64_t total = 0;
+    for (int64_t n : sizes) total += (n + 15) / 16 * 16;
+    float* at = acts_.Reserve<float>(total);
+    for (size_t i = 0; i < std::size(slots); ++i) {
+      *slots[i] = at;
+      at += (sizes[i] + 15) / 16 * 16;
+    }
+    b_.CopyIn(tgt_f_, targets, static_cast<size_t>(n_) * 4);  // int32 targets in their slot
   }
 
   void Forward(int g, const std::vector<TensorRef>& w) override {
-    if (g == 0) {
-      for (int64_t i = 0; i < n_; ++i) layers::LoadRow(w[0], tok_[i], D, &x0_[i * D]);
+    if (g == 0) {  // x0 = onehot · emb: the rows of the batch's tokens
+      if (w[0].dtype == DType::kF32) {
+        b_.Gemm(false, false, n_, D, V, onehot_.data<float>(), static_cast<const float*>(w[0].data),
+                x0_, false);
+      } else {
+        b_.GemmBf16(false, false, n_, D, V, onehot16_.data<bf16>(),
+                    static_cast<const bf16*>(w[0].data), x0_, false);
+      }
     } else if (g == 1) {
-      kernels::LinearForward(x0_.data(), w[0].data, w[0].dtype, h1_.data(), n_, H, D);
-      kernels::LinearForward(x0_.data(), Row(w[0], H * D), w[0].dtype, h3_.data(), n_, H, D);
-      layers::SwigluForward(h1_.data(), h3_.data(), a_.data(), n_ * H);
-      kernels::LinearForward(a_.data(), w[1].data, w[1].dtype, x1_.data(), n_, D, H);
-      kernels::Add(x1_.data(), x0_.data(), x1_.data(), n_ * D);  // residual
+      b_.LinearForward(x0_, Weight(w[0]), h1_, n_, H, D);
+      b_.LinearForward(x0_, Weight(w[0], H * D), h3_, n_, H, D);
+      b_.SwigluForward(h1_, h3_, a_, n_ * H);
+      b_.LinearForward(a_, Weight(w[1]), x1_, n_, D, H);
+      b_.Add(x1_, x0_, x1_, n_ * D);  // residual
     } else {
-      layers::RmsNormForward(x1_.data(), Gain(w[0]), xn_.data(), rstd_.data(), n_, D);
-      kernels::LinearForward(xn_.data(), w[1].data, w[1].dtype, p_.data(), n_, V, D);
-      loss_ = layers::SoftmaxCrossEntropyForward(p_.data(), tgt_.data(), losses_.data(), n_, V, V) /
-              static_cast<double>(n_);
+      b_.RmsNormForward(x1_, Gain(w[0]), xn_, rstd_, n_, D);
+      b_.LinearForward(xn_, Weight(w[1]), p_, n_, V, D);
+      b_.SoftmaxCrossEntropyForward(p_, Targets(), losses_, n_, V, V, loss_.Reserve<double>(1));
     }
   }
-  double Loss() const override { return loss_; }
+  double Loss() const override {
+    double sum = 0.0;
+    b_.CopyOut(&sum, loss_.data<double>(), sizeof(double));
+    return sum / static_cast<double>(n_);
+  }
 
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override {
@@ -92,57 +121,54 @@ class BigramMlp final : public Model {
     for (const TensorRef& t : grad)
       SSHSDP_CHECK(t.dtype == DType::kF32, ConfigError, "bigram MLP: fp32 gradients only");
     if (g == 2) {
-      layers::SoftmaxCrossEntropyBackward(p_.data(), tgt_.data(), dl_.data(), n_, V,
-                                          static_cast<float>(1.0 / n_));
-      kernels::LinearBackwardWeight(dl_.data(), xn_.data(), w[1].dtype, grad[1].data, DType::kF32,
-                                    n_, V, D, acc);
-      kernels::LinearBackwardData(dl_.data(), w[1].data, w[1].dtype, dxn_.data(), n_, V, D, false);
-      std::vector<float> dg(D);
-      layers::RmsNormBackward(dxn_.data(), x1_.data(), Gain(w[0]), rstd_.data(), dx_.data(),
-                              dg.data(), n_, D, /*accumulate_dx=*/false);
-      kernels::WriteOrAccumulate(dg.data(), grad[0].data, DType::kF32, D, acc);
+      b_.SoftmaxCrossEntropyBackward(p_, Targets(), dl_, n_, V, static_cast<float>(1.0 / n_));
+      b_.LinearBackwardWeight(dl_, xn_, Compute(w[1]), grad[1].data, DType::kF32, n_, V, D, acc);
+      b_.LinearBackwardData(dl_, Weight(w[1]), dxn_, n_, V, D, false);
+      float* dg = dgain_.Reserve<float>(D);
+      b_.RmsNormBackward(dxn_, x1_, Gain(w[0]), rstd_, dx_, dg, n_, D, /*accumulate_dx=*/false);
+      b_.WriteOrAccumulate(dg, grad[0].data, DType::kF32, D, acc);
     } else if (g == 1) {
       // dx_ holds dL/dx1; x1 = x0 + a·W_outᵀ, so dL/dx0 = dx1 + (gate and up paths).
-      kernels::LinearBackwardWeight(dx_.data(), a_.data(), w[1].dtype, grad[1].data, DType::kF32,
-                                    n_, D, H, acc);
-      kernels::LinearBackwardData(dx_.data(), w[1].data, w[1].dtype, da_.data(), n_, D, H, false);
-      layers::SwigluBackward(h1_.data(), h3_.data(), da_.data(), h1_.data(), h3_.data(), n_ * H);
+      b_.LinearBackwardWeight(dx_, a_, Compute(w[1]), grad[1].data, DType::kF32, n_, D, H, acc);
+      b_.LinearBackwardData(dx_, Weight(w[1]), da_, n_, D, H, false);
+      b_.SwigluBackward(h1_, h3_, da_, h1_, h3_, n_ * H);
       float* dgate = static_cast<float*>(grad[0].data);  // mlp.in's gradient: [gate; up]
-      kernels::LinearBackwardWeight(h1_.data(), x0_.data(), w[0].dtype, dgate, DType::kF32, n_, H,
-                                    D, acc);
-      kernels::LinearBackwardWeight(h3_.data(), x0_.data(), w[0].dtype, dgate + H * D, DType::kF32,
-                                    n_, H, D, acc);
-      kernels::LinearBackwardData(h1_.data(), w[0].data, w[0].dtype, dx_.data(), n_, H, D, true);
-      kernels::LinearBackwardData(h3_.data(), Row(w[0], H * D), w[0].dtype, dx_.data(), n_, H, D,
-                                  true);
-    } else {
-      float* demb = static_cast<float*>(grad[0].data);
-      if (!acc) kernels::Fill(demb, V * D, 0.0f);  // rows that never occur get explicit zeros
-      for (int64_t i = 0; i < n_; ++i)
-        for (int j = 0; j < D; ++j) demb[tok_[i] * D + j] += dx_[i * D + j];
+      b_.LinearBackwardWeight(h1_, x0_, Compute(w[0]), dgate, DType::kF32, n_, H, D, acc);
+      b_.LinearBackwardWeight(h3_, x0_, Compute(w[0]), dgate + H * D, DType::kF32, n_, H, D, acc);
+      b_.LinearBackwardData(h1_, Weight(w[0]), dx_, n_, H, D, true);
+      b_.LinearBackwardData(h3_, Weight(w[0], H * D), dx_, n_, H, D, true);
+    } else {  // demb = onehotᵀ · dx: rows that never occur get explicit zeros
+      b_.Gemm(true, false, V, D, n_, onehot_.data<float>(), dx_, static_cast<float*>(grad[0].data),
+              acc);
     }
   }
 
   double FlopsPerToken() const override { return 6.0 * (3.0 * H * D + V * D); }
   int64_t ActivationBytes() const override {
-    return static_cast<int64_t>(4 * (5 * n_ * D + 4 * n_ * H + 2 * n_ * V + 2 * n_));
+    return acts_.bytes() + onehot_.bytes() + onehot16_.bytes();
   }
 
  private:
-  // Element `offset` of a runtime weight view (fp32 or bf16).
-  static const void* Row(const TensorRef& t, int64_t offset) {
-    return static_cast<const char*>(t.data) + offset * static_cast<int64_t>(DTypeSize(t.dtype));
+  // A weight view from element `offset` of a runtime weight (fp32 or bf16).
+  static kernels::WeightView Weight(const TensorRef& t, int64_t offset = 0) {
+    return {static_cast<const char*>(t.data) + offset * static_cast<int64_t>(DTypeSize(t.dtype)),
+            t.dtype};
   }
+  static DType Compute(const TensorRef& t) { return kernels::LinearComputeDType(t.dtype); }
   const float* Gain(const TensorRef& t) {
-    gain_.resize(D);
-    layers::LoadRow(t, 0, D, gain_.data());
-    return gain_.data();
+    if (t.dtype == DType::kF32) return static_cast<const float*>(t.data);
+    float* g = gain_.Reserve<float>(D);
+    b_.CastBf16ToF32(static_cast<const bf16*>(t.data), g, D);
+    return g;
   }
+  const int32_t* Targets() const { return reinterpret_cast<const int32_t*>(tgt_f_); }
 
+  Backend& b_;
+  BackendBuffer acts_, onehot_, onehot16_, gain_, dgain_, loss_;
   int64_t n_ = 0;
-  double loss_ = 0.0;
-  std::vector<int32_t> tok_, tgt_;
-  std::vector<float> x0_, x1_, xn_, dx_, dxn_, h1_, h3_, a_, da_, p_, dl_, rstd_, losses_, gain_;
+  float *x0_ = nullptr, *x1_ = nullptr, *xn_ = nullptr, *dx_ = nullptr, *dxn_ = nullptr,
+        *h1_ = nullptr, *h3_ = nullptr, *a_ = nullptr, *da_ = nullptr, *p_ = nullptr,
+        *dl_ = nullptr, *rstd_ = nullptr, *losses_ = nullptr, *tgt_f_ = nullptr;
 };
 
 // Trains `steps` steps on W ranks next to the same engine on one rank with W·M microbatches
@@ -156,12 +182,15 @@ int TrainAndCheck(Communicator& world, const EngineConfig& base, const char* lab
   const int W = world.size(), rank = world.rank(), M = base.microbatches, B = base.batch_size;
   const int T = base.seq_len, steps = 8;
   SyntheticTokens data(V, /*seed=*/5);
-  BigramMlp model, ref_model;
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();  // the model computes where the engine runs
+  BigramMlp model(*cpu), ref_model(*cpu);
   EngineConfig cfg = base;
+  cfg.backend = cpu.get();
   cfg.sw = cfg.sg = cfg.so = W;  // fully sharded
   Engine engine(model, world, cfg);
   std::unique_ptr<Communicator> self = world.Split(rank, 0);
-  EngineConfig ref_cfg = base;
+  EngineConfig ref_cfg = cfg;
+  ref_cfg.sw = ref_cfg.sg = ref_cfg.so = 1;
   ref_cfg.microbatches = M * W;
   Engine ref(ref_model, *self, ref_cfg);
   engine.InitWeights(1);
