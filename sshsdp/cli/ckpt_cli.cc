@@ -9,6 +9,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/cli/run_config.h"
 
 namespace sshsdp {
 
@@ -63,6 +64,8 @@ int RunCkpt(const CkptOptions& o) {
       fmt::print("checksums: all {} files verified\n", m.files.size());
       return 0;
     }
+    // The output may not replace a file of the checkpoint it is read from, nor its tree's.
+    CheckOutputsOutsideCheckpoints({{"the output", o.out}}, {{"the checkpoint", o.path}});
     VerifyCheckpointFiles(m);
     auto tensors = ReadConsolidated(m, o.field);
     WriteSafetensors(o.out, tensors,

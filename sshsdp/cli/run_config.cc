@@ -215,6 +215,37 @@ void CheckWritableOutput(const char* flag, const std::string& path, bool renamed
   if (!existed) ::unlink(probe.c_str());
 }
 
+namespace {
+
+// Whether `p` is `root` or lies below it, both resolved.
+bool Within(const std::filesystem::path& p, const std::filesystem::path& root) {
+  auto [r, q] = std::mismatch(root.begin(), root.end(), p.begin(), p.end());
+  return r == root.end() || (std::next(r) == root.end() && r->empty());  // "root/" ends in ""
+}
+
+}  // namespace
+
+void CheckOutputsOutsideCheckpoints(const std::vector<NamedPath>& outputs,
+                                    const std::vector<NamedPath>& trees) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& [tree_flag, tree] : trees) {
+    if (tree.empty()) continue;
+    fs::path root = fs::weakly_canonical(fs::absolute(tree, ec), ec);
+    // A step directory (step_<N>) belongs to its root, where `latest` lives.
+    if (root.filename().string().starts_with("step_")) root = root.parent_path();
+    for (const auto& [flag, path] : outputs) {
+      if (path.empty()) continue;
+      const fs::path out = fs::weakly_canonical(fs::absolute(path, ec), ec);
+      SSHSDP_CHECK(!Within(out, root), ConfigError,
+                   "{} {} lies inside {} {} (checkpoint tree {}): writing it would replace a "
+                   "file the checkpoint needs (a rank file, the manifest, `latest`); name a "
+                   "file outside it",
+                   flag, path, tree_flag, tree, root.string());
+    }
+  }
+}
+
 void CheckOutputsDistinct(const std::vector<NamedPath>& outputs,
                           const std::vector<NamedPath>& inputs) {
   namespace fs = std::filesystem;

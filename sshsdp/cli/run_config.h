@@ -56,4 +56,12 @@ using NamedPath = std::pair<const char*, std::string>;
 void CheckOutputsDistinct(const std::vector<NamedPath>& outputs,
                           const std::vector<NamedPath>& inputs);
 
+// ConfigError when an output file is, or lies inside, a checkpoint tree the command reads or
+// writes (flag, root or step directory: --ckpt-dir, --resume, `ckpt export`'s checkpoint):
+// replacing a rank file, the manifest or the `latest` record would leave a checkpoint that no
+// longer verifies. Paths are compared resolved (symlinks, `..`); a step directory's root (its
+// parent) is part of the tree. Empty paths are skipped.
+void CheckOutputsOutsideCheckpoints(const std::vector<NamedPath>& outputs,
+                                    const std::vector<NamedPath>& trees);
+
 }  // namespace sshsdp

@@ -139,11 +139,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       CheckWritableOutput("--save-weights", o.save_weights);
       CheckWritableOutput("--metrics", o.metrics, /*renamed_into_place=*/false);  // appended
       CheckWritableOutput("--trace", o.trace);
-      CheckOutputsDistinct(
-          {{"--save-weights", o.save_weights}, {"--metrics", o.metrics}, {"--trace", o.trace}},
-          {{"--data", o.data == "synthetic" ? "" : o.data},
-           {"--val-data", o.val_data},
-           {"--init-weights", o.init_weights}});
+      const std::vector<NamedPath> outputs = {
+          {"--save-weights", o.save_weights}, {"--metrics", o.metrics}, {"--trace", o.trace}};
+      CheckOutputsDistinct(outputs, {{"--data", o.data == "synthetic" ? "" : o.data},
+                                     {"--val-data", o.val_data},
+                                     {"--init-weights", o.init_weights}});
+      CheckOutputsOutsideCheckpoints(outputs, {{"--ckpt-dir", o.ckpt_dir}, {"--resume", o.resume}});
     }
     const TraceWindow trace_window = ParseTraceSteps(o.trace_steps);  // ConfigError if malformed
     Tracer tracer;

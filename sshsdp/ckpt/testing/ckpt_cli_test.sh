@@ -290,6 +290,20 @@ if [ "$section" = errors ]; then
   expect_error "saved layout not fitting the world size is refused" \
     "layout W=2 nodes=1x2 sw=2 sg=2 so=2 does not fit 3 ranks" \
     -- job 3 --steps 4 --resume "$good"
+  # An output never replaces a file of a checkpoint tree it reads or writes (resolved paths).
+  expect_error "ckpt export into its own checkpoint is refused" "checkpoint tree" \
+    -- timeout 60 "$bin" ckpt export "$good" "$step/rank_00000.safetensors"
+  "${inspect[@]}" "$good" >/dev/null 2>&1
+  check "  ... and the checkpoint still verifies" $?
+  ln -sfn "$good" "$tmp/good_link"
+  expect_error "--save-weights onto --ckpt-dir's latest record (through a symlink) is refused" \
+    "checkpoint tree" -- job 2 --steps 2 --ckpt-dir "$good" \
+    --save-weights "$tmp/good_link/latest"
+  expect_error "--metrics into a --resume step directory (through ..) is refused" \
+    "--metrics" "checkpoint tree" \
+    -- "${resume[@]}" "$step" --metrics "$step/../step_00000002/rank_00001.safetensors"
+  "${inspect[@]}" "$good" >/dev/null 2>&1
+  check "  ... and the checkpoint still verifies after both" $?
   touch "$tmp/afile"
   expect_error "an unusable --ckpt-dir fails at startup, named" \
     "afile/ckpt: cannot create the checkpoint directory" \
