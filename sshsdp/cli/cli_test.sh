@@ -60,6 +60,13 @@ expect_error "bench ranks with different --lr: refused" \
   --model tiny --layers 1 --steps 1 --lr 0.1
 # An output renamed into place must be a file that can be created now: a device there would be
 # replaced by a regular file (as root: /dev/full), and /proc refuses new files only at the end.
+# Validation over held-out samples of the training source is capped (it never ends otherwise).
+timeout 60 "$bin" "${tiny[@]}" --steps 1 --eval-every 1 --eval-tokens 2000000000 \
+  >"$tmp/evalcap.out" 2>&1 && grep -q "note: --eval-tokens 2000000000 exceeds the 4194304" \
+  "$tmp/evalcap.out"
+check "--eval-tokens beyond the held-out budget is capped, with a note" $?
+expect_error "plan of an absurd world is refused, not run for hours" \
+  "plans at most 8192" "$bin" plan -n 1000000000
 expect_error "--save-weights on a device is refused at start-up" \
   "--save-weights /dev/full: exists and is not a regular file" \
   "$bin" "${tiny[@]}" --save-weights /dev/full --steps 1

@@ -454,6 +454,20 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
         val_batches = static_cast<int>(cap);
       }
     }
+    // Held-out samples of the training source (no --val-data) are unlimited: a fixed budget.
+    if (!val && o.eval_every > 0) {
+      constexpr int64_t kHeldOutTokens = int64_t{1} << 22;
+      const int64_t cap = std::max<int64_t>(1, kHeldOutTokens / val_step_tokens);
+      if (val_batches > cap) {
+        if (rank == 0)
+          fmt::print(
+              "note: --eval-tokens {} exceeds the {} tokens validated on held-out samples of the "
+              "training source (no --val-data): validating on {} ({} batches of {} x {} x {} "
+              "tokens)\n",
+              o.eval_tokens, kHeldOutTokens, cap * val_step_tokens, cap, W, B, T);
+        val_batches = static_cast<int>(cap);
+      }
+    }
     const TokenSource& val_source = val ? *val : *data;
     const int64_t val_base = val ? 0 : int64_t{1} << 40;
     BatchFn val_batch = [&](int i, int32_t* tok, int32_t* tgt) {

@@ -184,7 +184,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--eval-tokens", o.eval_tokens,
                  "tokens per validation (over all ranks; rounded up to whole batches; the same "
-                 "samples every time)")
+                 "samples every time; at most one pass over --val-data, at most 4,194,304 of "
+                 "held-out samples without it)")
       ->capture_default_str();
   app.add_flag("--allow-data-change", o.allow_data_change,
                "--resume with a --data other than the checkpoint's (default: refused)");
