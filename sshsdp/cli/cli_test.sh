@@ -65,6 +65,11 @@ timeout 60 "$bin" "${tiny[@]}" --steps 1 --eval-every 1 --eval-tokens 2000000000
   >"$tmp/evalcap.out" 2>&1 && grep -q "note: --eval-tokens 2000000000 exceeds the 4194304" \
   "$tmp/evalcap.out"
 check "--eval-tokens beyond the held-out budget is capped, with a note" $?
+expect_error "--dump-config of a config train refuses is an error, not a file" \
+  "AdamW lr (--lr) must be a finite number >= 0" "$bin" train --dump-config --lr -1
+timeout 60 "$bin" "${tiny[@]}" --steps 2 --warmup 100 >"$tmp/warm.out" 2>&1 &&
+  grep -q "note: --warmup 100 is longer than --steps 2" "$tmp/warm.out"
+check "--warmup beyond --steps trains with a note, not without a word" $?
 expect_error "plan of an absurd world is refused, not run for hours" \
   "plans at most 8192" "$bin" plan -n 1000000000
 expect_error "--save-weights on a device is refused at start-up" \

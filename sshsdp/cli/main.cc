@@ -158,7 +158,13 @@ int main(int argc, char** argv) {
   if (cmd->g->parsed()) return sshsdp::RunGenerate(cmd->generate);
   if (cmd->t->parsed()) {
     CLI::App& t = *cmd->t;
-    if (cmd->train.dump_config) {
+    if (cmd->train.dump_config) {  // a config that train would refuse is not written
+      try {
+        sshsdp::ValidateEngineConfig(sshsdp::EngineConfigOf(cmd->train, 1, 1));
+      } catch (const sshsdp::Error& e) {
+        fmt::print(stderr, "sshsdp train: error: {}\n", e.what());
+        return 1;
+      }
       fmt::print("{}", sshsdp::RecordedConfig(t));
       return 0;
     }

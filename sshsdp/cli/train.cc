@@ -171,6 +171,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(lr_min <= o.lr, ConfigError, "--lr-min {} exceeds --lr {}", lr_min, o.lr);
     schedule.min_ratio = o.lr > 0 ? lr_min / o.lr : 0.0;
     schedule.Validate();
+    if (o.warmup > o.steps && WorldRankOrMinusOne() == 0)
+      fmt::print(
+          "note: --warmup {} is longer than --steps {}: the learning rate ends at {:.3g} of "
+          "--lr (warm-up ramps it over {} steps)\n",
+          o.warmup, o.steps, schedule.Factor(std::max<int64_t>(o.steps - 1, 0)), o.warmup);
 
     const int world_size = WorldSize();
     SSHSDP_CHECK(o.save_every >= 0 && o.keep >= 0, ConfigError,
