@@ -259,7 +259,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // --backend: the engine on a device backend, at the final layout (a resume's included; what
     // it does not run is refused by name, before any collective).
     const DeviceRun dev = MakeDeviceRun(o, &cfg);
-    std::unique_ptr<Model> model_owner = MakeRunModel(o, gc, dev);  // Gpt, MoeGpt, BackendGpt
+    std::unique_ptr<Model> model_owner = MakeRunModel(o, gc, dev);  // Gpt, MoeGpt, BackendMoeModel
     Model& model = *model_owner;
     std::map<std::string, std::vector<float>> init;
     if (!o.init_weights.empty())  // names and shapes must be this model's (ConfigError lists)

@@ -310,8 +310,8 @@ TEST(Gpt, Bf16AttentionFollowsTheConfigAndTheQkvDtype) {
 // fp32 activation a product still rounds is the attention output (proj's input: forward and
 // weight gradient), 2·L·B·T·d elements per forward + backward; fp32 weights round nothing.
 // That each piece has the bits of rounding inside the product is matmul_test's and
-// layers_test's; cli_backend_test checks the whole model bit for bit against BackendGpt,
-// which rounds inside every product (AdamW, bf16 weights, 2 ranks). A Backward with views
+// layers_test's; cli_backend_test runs the whole model on --backend cpu against the host
+// engine (AdamW, bf16 weights, 2 ranks). A Backward with views
 // of other dtypes than its Forward's is refused (it would read the stored inputs as the
 // wrong type).
 TEST(Gpt, Bf16LinearInputsAreRoundedOnce) {
