@@ -27,8 +27,8 @@ out=$("$bin" train --help 2>&1)
 grep -q -- "--backend" <<<"$out" && grep -q "cuda:N" <<<"$out"
 check "train --help names --backend and its choices" $?
 
-# --attention-dtype fp32: BackendGpt's attention is fp32 (on --backend, auto means fp32), so
-# the host runs it compares with keep attention fp32 too.
+# --attention-dtype fp32: the MoE presets' backend model runs fp32 attention, so the host runs it
+# compares with keep attention fp32 too (the dense GPT is one model on both sides).
 tiny=(train --attention-dtype fp32 --model tiny --layers 2 --d-model 32 --heads 4 --seq-len 16 --batch-size 2
   --microbatches 2)
 expect_error "an unknown backend is refused, naming the choices" \
@@ -66,12 +66,9 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
     "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --backend cuda --steps 1
 fi
 
-# The device code path on the CPU backend against the host engine, 2 ranks: fp32 weights (to
-# 1e-6) and bf16 weights (the same bf16 products in another grouping: to 1e-4). AdamW with bf16
-# weights must match bit for bit: both models run the same products (same shapes, so the same
-# oneDNN primitives) on the same bf16 values, the host Gpt rounding each linear input once
-# where it is produced (kernels::LinearInput), BackendGpt rounding inside every product — a
-# whole-model check that the rounded-once inputs are the values the products would round.
+# --backend cpu against the host engine, 2 ranks: the one Gpt on the run's CPU backend against
+# the same Gpt on its own (fp32 weights to 1e-6, bf16 to 1e-4, AdamW with bf16 weights bit for
+# bit), through --backend's whole set-up (options, device comm choice, notes).
 # Then the outer phase on the backend: ZeRO-1 across the 2 ranks (sw = sg = 1: the outer
 # reduce-scatter and all-gather every step) and DDP (so = 1: HSDP's all-reduce). Then MXFP8
 # blocks, bit for bit: the backend dequantizes the same codes with the same scales (relaid out
