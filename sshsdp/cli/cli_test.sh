@@ -70,6 +70,14 @@ expect_error "--dump-config of a config train refuses is an error, not a file" \
 timeout 60 "$bin" "${tiny[@]}" --steps 2 --warmup 100 >"$tmp/warm.out" 2>&1 &&
   grep -q "note: --warmup 100 is longer than --steps 2" "$tmp/warm.out"
 check "--warmup beyond --steps trains with a note, not without a word" $?
+expect_error "an unknown command is named, with the commands" \
+  "unknown command 'frobnicate': use train, bench, plan, generate or ckpt" "$bin" frobnicate
+expect_error "--val-data naming a directory is named as --val-data" \
+  "--val-data $tmp: is a directory" "$bin" "${tiny[@]}" --steps 1 --eval-every 1 --val-data "$tmp"
+timeout 60 "$bin" "${tiny[@]}" --steps 2 --trace "$tmp/late.json" --trace-steps 10:20 \
+  >"$tmp/late.out" 2>&1 && grep -q "note: --trace-steps 10:20 starts after the last step" \
+  "$tmp/late.out"
+check "a --trace-steps window past --steps says the trace holds no step" $?
 expect_error "plan of an absurd world is refused, not run for hours" \
   "plans at most 8192" "$bin" plan -n 1000000000
 expect_error "--save-weights on a device is refused at start-up" \

@@ -91,6 +91,17 @@ bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
 
 int main(int argc, char** argv) {
   const std::vector<std::string> user(argv + 1, argv + argc);
+  // A first word that is neither an option nor a command: name it and the commands (CLI11 says
+  // only "A subcommand is required").
+  static const char* const kCommands[] = {"train", "bench", "plan", "generate", "ckpt"};
+  if (!user.empty() && !user[0].starts_with("-") &&
+      std::find(std::begin(kCommands), std::end(kCommands), user[0]) == std::end(kCommands)) {
+    fmt::print(stderr,
+               "sshsdp: unknown command '{}': use train, bench, plan, generate or ckpt "
+               "(sshsdp --help)\n",
+               user[0]);
+    return 2;
+  }
   std::unique_ptr<Commands> cmd;
   std::unique_ptr<CLI::App> app;
   int rc = 0;

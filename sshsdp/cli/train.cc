@@ -116,6 +116,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                  "--val-data {} is read only with --eval-every N (validation every N steps)",
                  o.val_data);
     if (!o.val_data.empty()) {
+      SSHSDP_CHECK(!std::filesystem::is_directory(o.val_data), ConfigError,
+                   "--val-data {}: is a directory; --val-data takes a token file (the format of "
+                   "--data)",
+                   o.val_data);
       // The same vocabulary as the training data: a token beyond it is refused by name.
       val = std::make_unique<TokenFile>(o.val_data, data->vocab(), T, o.seed + 1);
     }
@@ -147,6 +151,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       CheckOutputsOutsideCheckpoints(outputs, {{"--ckpt-dir", o.ckpt_dir}, {"--resume", o.resume}});
     }
     const TraceWindow trace_window = ParseTraceSteps(o.trace_steps);  // ConfigError if malformed
+    if (!o.trace.empty() && trace_window.first > o.steps && WorldRankOrMinusOne() == 0)
+      fmt::print(
+          "note: --trace-steps {} starts after the last step (--steps {}): --trace {} will "
+          "hold no step\n",
+          o.trace_steps, o.steps, o.trace);
     Tracer tracer;
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
