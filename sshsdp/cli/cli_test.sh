@@ -70,6 +70,9 @@ expect_error "--dump-config of a config train refuses is an error, not a file" \
 timeout 60 "$bin" "${tiny[@]}" --steps 2 --warmup 100 >"$tmp/warm.out" 2>&1 &&
   grep -q "note: --warmup 100 is longer than --steps 2" "$tmp/warm.out"
 check "--warmup beyond --steps trains with a note, not without a word" $?
+expect_error "a microbatch too large for the node is refused before allocating" \
+  "a microbatch of 1000000000 x 16 tokens per rank keeps at least" \
+  "$bin" "${tiny[@]}" --steps 1 --batch-size 1000000000
 expect_error "an unknown command is named, with the commands" \
   "unknown command 'frobnicate': use train, bench, plan, generate or ckpt" "$bin" frobnicate
 expect_error "--val-data naming a directory is named as --val-data" \

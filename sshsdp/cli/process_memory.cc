@@ -49,4 +49,17 @@ void CheckModelFitsNode(double params, int world_size, int local_ranks) {
                need / 1073741824.0, node / 1073741824.0);
 }
 
+void CheckActivationsFitNode(double bytes_per_rank, int local_ranks, const std::string& batch) {
+  const double page = static_cast<double>(sysconf(_SC_PAGESIZE));
+  const double node = static_cast<double>(sysconf(_SC_PHYS_PAGES)) * page;
+  const double need = bytes_per_rank * std::max(local_ranks, 1);
+  SSHSDP_CHECK(node <= 0 || need <= node, ConfigError,
+               "a microbatch of {} per rank keeps at least {:.1f} GiB of activations on {} "
+               "({} on this node), more than its {:.1f} GiB of memory; lower --batch-size or "
+               "--seq-len (--microbatches keeps the tokens per step)",
+               batch, need / 1073741824.0,
+               local_ranks == 1 ? std::string("the rank") : fmt::format("{} ranks", local_ranks),
+               local_ranks, node / 1073741824.0);
+}
+
 }  // namespace sshsdp

@@ -6,6 +6,8 @@
 //   double grew = PeakRssMiB() - CurrentRssMiB();
 #pragma once
 
+#include <string>
+
 namespace sshsdp {
 
 double PeakRssMiB();     // VmHWM: the peak since start or since the last ResetPeakRss
@@ -18,5 +20,10 @@ void ResetPeakRss();
 // memory fails — with the sizes and what to change — instead of the OOM killer ending the
 // job (or a neighbour) with no message.
 void CheckModelFitsNode(double params, int world_size, int local_ranks);
+
+// The same for a microbatch's activations: bytes_per_rank (a lower bound the caller computes)
+// times local_ranks above the node's memory is a ConfigError naming `batch` and what to lower,
+// before the model allocates them (instead of std::bad_alloc after the start-up).
+void CheckActivationsFitNode(double bytes_per_rank, int local_ranks, const std::string& batch);
 
 }  // namespace sshsdp

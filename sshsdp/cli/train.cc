@@ -282,6 +282,13 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     const NodeSetup node = SetUpNode(static_cast<double>(model.NumParams()), W,
                                      !dev.backend || dev.backend->host_memory());
     const kernels::KernelThreadChoice& threads = node.threads;
+    if (!dev.backend || dev.backend->host_memory()) {
+      // A lower bound of any preset's activations: the residual stream and the logits twice.
+      const double tokens = static_cast<double>(cfg.batch_size) * T;
+      CheckActivationsFitNode(
+          4.0 * tokens * ((gc.n_layer + 1.0) * gc.d_model + 2.0 * gc.padded_vocab()),
+          node.local_ranks, fmt::format("{} x {} tokens", cfg.batch_size, T));
+    }
     Engine engine(model, *world, cfg);
     const int M = cfg.microbatches, B = cfg.batch_size;
     if (rank == 0 && !launch_note.empty()) fmt::print("note: {}\n", launch_note);
