@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -165,7 +166,10 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     SSHSDP_CHECK(o.warmup >= 0 && o.steps >= 1, ConfigError,
                  "--warmup must be >= 0 and --steps >= 1, got {} and {}", o.warmup, o.steps);
     SSHSDP_CHECK(!o.batch_sizes.empty(), ConfigError, "--batch-size needs at least one value");
-    if (WorldRankOrMinusOne() == 0) CheckWritableOutput("--trace", o.trace);
+    if (WorldRankOrMinusOne() == 0) {  // outputs usable now, not after the whole benchmark
+      CheckWritableOutput("--trace", o.trace);
+      CheckWritableOutput("--json", o.json, /*renamed_into_place=*/false);
+    }
     for (int b : o.batch_sizes)
       SSHSDP_CHECK(b >= 1, ConfigError, "--batch-size values must be >= 1, got {}", b);
     SSHSDP_CHECK(o.optimizer == "adamw" || o.optimizer == "muon", ConfigError,
@@ -612,7 +616,8 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
     }
     if (rank == 0 && !o.json.empty()) {
       std::ofstream f(o.json, std::ios::trunc);
-      SSHSDP_CHECK(f.good(), IoError, "--json {}: cannot open for writing", o.json);
+      SSHSDP_CHECK(f.good(), IoError, "--json {}: cannot open for writing: {}", o.json,
+                   std::strerror(errno));
       f << out.dump(2) << "\n";
       fmt::print("wrote {}\n", o.json);
     }

@@ -66,6 +66,7 @@ int RunCkpt(const CkptOptions& o) {
     }
     // The output may not replace a file of the checkpoint it is read from, nor its tree's.
     CheckOutputsOutsideCheckpoints({{"the output", o.out}}, {{"the checkpoint", o.path}});
+    CheckWritableOutput("the output", o.out);  // not a directory; PATH.tmp creatable now
     VerifyCheckpointFiles(m);
     auto tensors = ReadConsolidated(m, o.field);
     WriteSafetensors(o.out, tensors,

@@ -73,6 +73,12 @@ check "--warmup beyond --steps trains with a note, not without a word" $?
 expect_error "a microbatch too large for the node is refused before allocating" \
   "a microbatch of 1000000000 x 16 tokens per rank keeps at least" \
   "$bin" "${tiny[@]}" --steps 1 --batch-size 1000000000
+expect_error "an integer out of range names the option and its range, not 'Could not convert'" \
+  "--steps 99999999999: not a whole number in the option's range" \
+  "$bin" train --steps 99999999999
+expect_error "bench --json into a missing directory fails at start-up, named" \
+  "--json $tmp/nodir/b.json: directory '$tmp/nodir' does not exist" \
+  "$bin" bench --model tiny --json "$tmp/nodir/b.json"
 expect_error "an unknown command is named, with the commands" \
   "unknown command 'frobnicate': use train, bench, plan, generate or ckpt" "$bin" frobnicate
 expect_error "--val-data naming a directory is named as --val-data" \

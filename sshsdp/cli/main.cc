@@ -62,6 +62,24 @@ std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
   return app;
 }
 
+// CLI11's "Could not convert: --steps = 99999999999" with what the option takes: its kind (the
+// option's type name) and, for whole numbers, that it must fit the option.
+void ConversionMessage(const CLI::App& app, const std::string& what) {
+  const size_t colon = what.find(": "), eq = what.find(" = ");
+  if (colon == std::string::npos || eq == std::string::npos || eq < colon) {
+    fmt::print(stderr, "{}\nRun with --help for more information.\n", what);
+    return;
+  }
+  const std::string name = what.substr(colon + 2, eq - colon - 2), value = what.substr(eq + 3);
+  std::string kind = "a value";
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    if (const CLI::Option* o = sub->get_option_no_throw(name)) kind = o->get_type_name();
+  const bool whole = kind.find("INT") != std::string::npos;
+  fmt::print(stderr, "sshsdp: {} {}: not {}{}\nRun with --help for more information.\n", name,
+             value, whole ? "a whole number in the option's range" : "a valid " + kind,
+             whole ? " (counts such as --steps take at most 2147483647)" : "");
+}
+
 // Parses `user` (argv[1..]) with `prefix` inserted right after "train" (or "plan"): later
 // arguments win.
 bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
@@ -81,6 +99,11 @@ bool Parse(std::unique_ptr<Commands>& cmd, std::unique_ptr<CLI::App>& app,
   } catch (const CLI::ParseError& e) {
     // A value from a file is named with the file (CLI11 sees only "--steps=2.5").
     if (!source.empty() && e.get_exit_code() != 0) fmt::print(stderr, "sshsdp: in {}:\n", source);
+    if (dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
+      ConversionMessage(*app, e.what());
+      *exit_code = e.get_exit_code();
+      return false;
+    }
     *exit_code = app->exit(e);
     return false;
   }

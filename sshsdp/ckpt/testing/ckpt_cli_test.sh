@@ -304,6 +304,11 @@ if [ "$section" = errors ]; then
     -- "${resume[@]}" "$step" --metrics "$step/../step_00000002/rank_00001.safetensors"
   "${inspect[@]}" "$good" >/dev/null 2>&1
   check "  ... and the checkpoint still verifies after both" $?
+  mkdir -p "$tmp/outdir"
+  expect_error "ckpt export onto a directory is refused before writing" "is a directory" \
+    -- timeout 60 "$bin" ckpt export "$good" "$tmp/outdir"
+  [ ! -e "$tmp/outdir.tmp" ]
+  check "  ... and leaves no .tmp behind" $?
   touch "$tmp/afile"
   expect_error "an unusable --ckpt-dir fails at startup, named" \
     "afile/ckpt: cannot create the checkpoint directory" \
