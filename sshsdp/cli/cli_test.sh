@@ -79,6 +79,9 @@ expect_error "an integer out of range names the option and its range, not 'Could
 expect_error "bench --json into a missing directory fails at start-up, named" \
   "--json $tmp/nodir/b.json: directory '$tmp/nodir' does not exist" \
   "$bin" bench --model tiny --json "$tmp/nodir/b.json"
+timeout 60 "$bin" "${tiny[@]}" --steps 3 --ckpt-dir "$tmp/final_ckpt" >/dev/null 2>&1 &&
+  [ -f "$tmp/final_ckpt/step_00000003/manifest.json" ]
+check "--ckpt-dir without --save-every saves the final state" $?
 expect_error "an unknown command is named, with the commands" \
   "unknown command 'frobnicate': use train, bench, plan, generate or ckpt" "$bin" frobnicate
 expect_error "--val-data naming a directory is named as --val-data" \

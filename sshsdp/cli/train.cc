@@ -594,8 +594,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
         }
       }
       const bool stopping = stop_signal != 0;
+      // Every --save-every steps, on a stop signal, and after the last step (as TorchTitan
+      // does: a --ckpt-dir without --save-every, or one not dividing --steps, still ends with
+      // the final state saved).
       if ((o.save_every > 0 && (cur + 1) % o.save_every == 0) ||
-          (stopping && !o.ckpt_dir.empty())) {
+          (!o.ckpt_dir.empty() && (stopping || cur + 1 == o.steps))) {
         // Never write a state that is not finite (a huge learning rate can make the weights
         // Inf while this step's loss was still finite): the older checkpoints stay.
         SSHSDP_CHECK(engine.StateIsFinite(), NonFiniteError,

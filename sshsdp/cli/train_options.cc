@@ -212,7 +212,8 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "save a sharded checkpoint every N steps into --ckpt-dir (0: never)")
       ->capture_default_str();
   app.add_option("--ckpt-dir", o.ckpt_dir,
-                 "checkpoint root: step_<N>/ directories, each a manifest + one file per rank");
+                 "checkpoint root: step_<N>/ directories, each a manifest + one file per rank; "
+                 "written every --save-every steps, on a stop signal and after the last step");
   app.add_option("--keep", o.keep, "keep the last K checkpoints in --ckpt-dir (0: all)")
       ->capture_default_str();
   app.add_option("--resume", o.resume,
