@@ -97,21 +97,9 @@ void GptConfig::Validate() const {
 
 Gpt::Gpt(const GptConfig& config) : Gpt(config, MakeCpuBackend()) {}
 
-Gpt::Gpt(const GptConfig& config, std::unique_ptr<Backend> own)
-    : own_(std::move(own)),
-      b_(*own_),
-      c_(config),
-      tokens_(b_),
-      loss_sum_(b_),
-      arena_(b_),
-      gain_scratch_(b_),
-      dgain_scratch_(b_),
-      table_scratch_(b_),
-      x_bf16_(b_),
-      dy_bf16_(b_),
-      att_bf16_scratch_(b_),
-      mx16_(b_) {
-  Init();
+// The buffers bind to *own, which keeps its address when own_ takes it over.
+Gpt::Gpt(const GptConfig& config, std::unique_ptr<Backend> own) : Gpt(config, *own) {
+  own_ = std::move(own);
 }
 
 Gpt::Gpt(const GptConfig& config, Backend& backend)
