@@ -2,7 +2,7 @@
 # The one prepared device check of the CUDA backend (issue 19), for a machine with an NVIDIA
 # GPU: (1) every backend op (sshsdp/backend) checked against its CPU op on the GPU; (2) GPT
 # small trained for 50 steps on the GPU with the whole step on the CUDA backend
-# (models/backend_gpt.h, fp32), its losses compared with the CPU backend's run from the same
+# (models/gpt.h, fp32), its losses compared with the CPU backend's run from the same
 # weights and batches (first loss within 1e-5, the first five within 1e-3), tokens/s and
 # fp32 TFLOP/s reported next to eager PyTorch training the same GPT on the same GPU in fp32.
 # (3) The NCCL communicator against MPI's on one rank (the H200 machine has one GPU; NCCL before

@@ -98,7 +98,7 @@ class Backend {
   // code and MPI may read and write; a device's memory may only be reached through the ops.
   virtual bool host_memory() const { return false; }
   // The widest attention head (dh) CausalAttentionForward / Backward take; a model checks it
-  // when it is built, before any collective (Gpt, BackendMoeModel).
+  // when it is built, before any collective (Gpt, MoeGpt).
   virtual int max_attention_head_dim() const { return 1 << 30; }
   // Whether this backend has feature f (the defaults below do not).
   virtual bool Has(BackendFeature f) const {

@@ -192,7 +192,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
       SSHSDP_CHECK(!o.comm_paths.empty(), ConfigError, "--comm-path needs at least one value");
       for (const std::string& c : o.comm_paths)  // ConfigError if unknown
         SSHSDP_CHECK(ParseCommPath(c) != CommPath::kNccl, ConfigError,
-                     "--comm-path nccl: sshsdp bench runs the host engine, whose buffers NCCL "
+                     "--comm-path nccl: sshsdp bench runs on the CPU backend, whose buffers NCCL "
                      "does not move (NCCL is for `sshsdp train --backend cuda`); use collective or "
                      "direct");
       SSHSDP_CHECK(!o.overlap_outer.empty(), ConfigError, "--overlap-outer needs on, off or both");

@@ -93,6 +93,8 @@ GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
   GptConfig c = PresetTrunk(o.model);
   c.vocab = vocab;
   c.bf16_attention = Bf16Attention(o.attention_dtype);
+  // The dense GPT's (an MoE preset with --mx-gemm bf16 is refused: CheckBackendOptions).
+  if (!IsMoePreset(o.model)) c.mx_gemm = o.mx_gemm == "bf16" ? DType::kBF16 : DType::kF32;
   if (o.layers) c.n_layer = o.layers;
   if (o.d_model) c.d_model = o.d_model;
   if (o.heads) c.n_head = o.heads;

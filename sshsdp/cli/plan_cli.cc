@@ -257,25 +257,17 @@ int RunPlanCommand(const PlanOptions& o) {
     const GptConfig gc = MakeGptConfig(t, vocab);
     const std::unique_ptr<Model> model = MakeModel(t, gc);
     EngineConfig cfg = EngineConfigOf(t, o.world_size, T);
-    // A run on --backend cpu is planned as one: its refusals (CheckBackendOptions, the
-    // engine's CheckBackendSetup) and its memory (host memory, as the host engine's). What a
-    // device keeps beyond it (MXFP8's S′ and band scales there, the update's roots between
-    // steps), a GPU run's comm-path choice and staging buffers are not modelled.
-    std::unique_ptr<Backend> cpu;
-    if (t.backend != "host") {
-      CheckBackendOptions(t);
-      SSHSDP_CHECK(t.backend == "cpu", ConfigError,
-                   "sshsdp plan plans the host engine and --backend cpu (what a device keeps on "
-                   "it; a GPU run's direct / NCCL paths and staging buffers are not modelled): "
-                   "plan --backend {} as --backend cpu",
-                   t.backend);
-      cpu = MakeCpuBackend();
-      cfg.backend = cpu.get();
-    }
+    // A run on the CPU backend: what a device keeps beyond it (MXFP8's S′ and band scales
+    // there, the update's roots between steps), a GPU run's comm-path choice and staging
+    // buffers are not modelled.
+    CheckBackendOptions(t);
+    SSHSDP_CHECK(t.backend == "cpu", ConfigError,
+                 "sshsdp plan plans runs on the CPU backend (what a device keeps on it; a GPU "
+                 "run's direct / NCCL paths and staging buffers are not modelled): plan --backend "
+                 "{} as --backend cpu",
+                 t.backend);
     const RunPlan plan = PlanRun(*model, o.world_size, cfg);
-    const std::string what =
-        fmt::format("{} {}{}", t.model, ModelDescription(t, gc),
-                    t.backend == "host" ? "" : fmt::format(" on --backend {}", t.backend));
+    const std::string what = fmt::format("{} {}", t.model, ModelDescription(t, gc));
     if (o.json) {
       fmt::print("{}\n", PlanJson(plan, what).dump(1));
     } else {

@@ -4,8 +4,8 @@
 # rank 0 — its per-step runtime and update bytes intra / inter node (--metrics) exactly and
 # its accounted memory by category (the final "memory per rank" line, 0.01 MiB rounding);
 # --config is read and --dump-config writes one; Muon's split units and the owner map are printed; bad layouts and what
-# the plan does not model are refused by name; a run on --backend cpu (MXFP8, Muon) is planned
-# as one (host memory), and the backend's refusals are the plan's. engine_plan_test checks every rank of many
+# the plan does not model are refused by name; an MXFP8 Muon run is planned as it runs, and a
+# device's refusals (--backend cuda) are the plan's. engine_plan_test checks every rank of many
 # more layouts against the engine's counters.
 # Usage: plan_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
 set -u
@@ -54,14 +54,14 @@ print("plan = run:", want, {k: round(v, 3) for k, v in planned.items()})
 PY
 check "plan equals the run's rank-0 bytes and accounted memory; train prints the plan" $?
 
-# A run on --backend is planned as one — the plan's memory is what train --backend cpu
-# accounts — and what it refuses.
+# An MXFP8 Muon run is planned as it runs — the plan's memory is what train accounts — and what
+# a device would refuse is refused by the plan.
 brun=(--model tiny --microbatches 2 --batch-size 2 --seq-len 32 --weight-dtype mxfp8
-  --optimizer muon --backend cpu)
+  --optimizer muon)
 "$bin" plan -n 2 "${brun[@]}" --json >"$tmp/bplan.json" 2>"$tmp/plan.err" &&
   "${mpirun[@]}" -np 2 "$bin" train "${brun[@]}" --steps 2 --gemm-peak 10 --log-every 2 \
     >"$tmp/btrain.out" 2>&1
-check "plan and train of an MXFP8 Muon run on --backend cpu" $?
+check "plan and train of an MXFP8 Muon run" $?
 python3 - "$tmp/bplan.json" "$tmp/btrain.out" <<'PY'
 import json, re, sys
 r0 = json.load(open(sys.argv[1]))["ranks"][0]
@@ -74,22 +74,15 @@ for k in planned:
     assert abs(measured[k] - planned[k]) <= 0.006, (k, measured[k], planned[k])
 assert "scales" in planned and "update_temporaries" in planned, planned
 PY
-check "plan --backend cpu equals the backend run's accounted memory" $?
-"$bin" plan -n 2 "${brun[@]}" --backend host --scale-layout row_major --json >"$tmp/hplan.json" \
-  2>"$tmp/plan.err"
-python3 - "$tmp/bplan.json" "$tmp/hplan.json" <<'PY'
-import json, sys
-dev, host = (json.load(open(f))["ranks"][0]["memory_bytes"] for f in sys.argv[1:3])
-# The same S′ layout (row_major), in host memory on both: the CPU backend keeps nothing more.
-assert dev == host, (dev, host)
-PY
-check "plan --backend cpu: host memory, the host engine's plan" $?
-expect_error "plan --backend: the backend's refusals" "set the scale layout to row_major" \
-  "$bin" plan -n 2 --backend cpu --weight-dtype mxfp8 --scale-layout cublas_swizzle
-expect_error "plan --backend: what a backend does not run" "pass --reduce fp32" \
-  "$bin" plan -n 2 --backend cpu --reduce bf16sr
+check "plan of an MXFP8 Muon run equals the run's accounted memory" $?
+expect_error "plan --backend cuda: a device's refusals" "set the scale layout to row_major" \
+  "$bin" plan -n 2 --backend cuda --weight-dtype mxfp8 --scale-layout cublas_swizzle
+expect_error "plan --backend cuda: what a device does not run" "pass --reduce fp32" \
+  "$bin" plan -n 2 --backend cuda --reduce bf16sr
 expect_error "plan --backend cuda: planned as --backend cpu" "plan --backend cuda as --backend cpu" \
   "$bin" plan -n 2 --backend cuda
+expect_error "plan --backend host: named as --backend cpu" "--backend host is --backend cpu now" \
+  "$bin" plan -n 2 --backend host
 
 printf 'model = "tiny"\nsw = 2\nseq-len = 32\noptimizer = "muon"\n' >"$tmp/run.toml"
 "$bin" plan -n 4 --config "$tmp/run.toml" >"$tmp/text" 2>&1 &&
@@ -109,7 +102,7 @@ expect_error "plan: direct path not modelled" "drop --comm-path direct" "$bin" p
   --comm-path direct
 expect_error "plan: the NCCL path not modelled, named as such" \
   "--comm-path nccl (NCCL on device buffers) is not planned: drop --comm-path nccl" \
-  "$bin" plan -n 2 --backend cpu --model moe-tiny --comm-path nccl
+  "$bin" plan -n 2 --model moe-tiny --comm-path nccl
 # --dump-config writes the planned run's options as a file `train --config` reads: the same
 # text train --dump-config writes for those options (plan's -n, --json, --rank-columns left out).
 "$bin" plan -n 4 "${run[@]}" --lr 0.01 --json --dump-config >"$tmp/plan.toml" 2>&1 &&

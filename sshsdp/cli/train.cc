@@ -268,7 +268,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     // --backend: the engine on a device backend, at the final layout (a resume's included; what
     // it does not run is refused by name, before any collective).
     const DeviceRun dev = MakeDeviceRun(o, &cfg);
-    std::unique_ptr<Model> model_owner = MakeRunModel(o, gc, dev);  // Gpt, MoeGpt, BackendMoeModel
+    std::unique_ptr<Model> model_owner = MakeRunModel(o, gc, dev);  // Gpt or MoeGpt
     Model& model = *model_owner;
     std::map<std::string, std::vector<float>> init;
     if (!o.init_weights.empty())  // names and shapes must be this model's (ConfigError lists)
@@ -378,9 +378,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     GemmPeak gemm_peak =
         dev.backend ? MeasureBackendGemmPeak(*world, *dev.backend, backend_gemm, o.gemm_peak, 9,
                                              dev.backend->host_memory() ? 1024 : 4096)
-                    : MeasureJobGemmPeak(
-                          *world, cfg.weight_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
-                          o.gemm_peak);
+                    : MeasureJobGemmPeak(*world,
+                                         cfg.weight_dtype == DType::kBF16 || o.mx_gemm == "bf16"
+                                             ? DType::kBF16
+                                             : DType::kF32,
+                                         o.gemm_peak);
     if (cfg.weight_dtype == DType::kE4M3) {  // the header names both paths
       gemm_peak.path = fmt::format(
           "MXFP8 weights dequantized to {} (the peak's path): {}; groups kept in bf16: {}",
@@ -420,8 +422,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
           gemm_peak.ToString(), kernels::CpuIsaName(),
           kernels::AttentionPathDescription(
               RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype) &&
-              (!dev.backend ||
-               (!IsMoePreset(o.model) && dev.backend->Has(BackendFeature::kBf16Attention)))),
+              (!dev.backend || dev.backend->Has(BackendFeature::kBf16Attention))),
           threads.description);
       for (const std::string& n : dev.notes) fmt::print("note: {}\n", n);
       std::fflush(stdout);

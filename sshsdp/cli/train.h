@@ -30,10 +30,10 @@ struct TrainOptions {
   std::string on_nonfinite = "stop";     // stop | skip (EngineConfig::on_nonfinite)
   std::string weight_dtype = "bf16";     // bf16 | fp32 | mxfp8
   std::string attention_dtype = "auto";  // auto (bf16 with bf16 QKV weights) | fp32
-  // MXFP8 scale layout of Tw (scale_layout.h); auto: cublas_swizzle on the host engine,
-  // row_major on a backend (what its dequantize-for-the-GEMM reads).
+  // MXFP8 scale layout of Tw (scale_layout.h); auto: cublas_swizzle on the CPU, row_major
+  // with --mx-gemm bf16 or on a device (what its dequantize-for-the-GEMM reads).
   std::string scale_layout = "auto";
-  std::string mx_gemm = "fp32";  // GEMM dtype of MXFP8 weights on --backend: fp32 | bf16
+  std::string mx_gemm = "fp32";  // GEMM dtype of MXFP8 weights (dense presets): fp32 | bf16
   std::string reduce = "fp32";   // gradient reduction: fp32 | bf16+fp32 | bf16sr
   uint64_t sr_seed = 0;          // bf16sr stochastic-rounding seed
   uint64_t seed = 1;
@@ -54,7 +54,7 @@ struct TrainOptions {
   std::string init_weights;
   bool no_prefetch = false, keep_gathered = false, no_overlap_outer = false;
   std::string comm_path = "collective";  // runtime AG/RS: collective (ring) | direct (ZeroSM)
-  std::string backend = "host";          // host | cpu | cuda | cuda:N (train_backend.h)
+  std::string backend = "cpu";           // cpu | cuda | cuda:N (train_backend.h)
   // Optimizer (sshsdp/update): AdamW everywhere, or Muon for matrices — per head (every update
   // parameter; experts of stacked MoE weights one by one) or per matrix (the packed QKV as one
   // [3d, d] unit) — with AdamW for norm gains, embeddings and the LM head.

@@ -10,8 +10,8 @@
 #include "sshsdp/cli/model_config.h"
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/device/cuda_direct_memory.h"
-#include "sshsdp/models/backend_moe.h"
 #include "sshsdp/models/gpt.h"
+#include "sshsdp/models/moe.h"
 
 namespace sshsdp {
 
@@ -54,15 +54,17 @@ DeviceCommChoice ChooseDeviceCommPath(int world, int ranks_per_node, int sw, int
 }
 
 void CheckBackendOptions(const TrainOptions& o) {
-  if (o.backend == "host") return;
+  SSHSDP_CHECK(o.backend != "host", ConfigError,
+               "--backend host is --backend cpu now, the default (the engine and every model run "
+               "on the CPU backend): drop --backend host");
   SSHSDP_CHECK(o.backend == "cpu" || o.backend == "cuda" || o.backend.starts_with("cuda:"),
-               ConfigError, "--backend must be host, cpu, cuda or cuda:<ordinal>, got '{}'",
-               o.backend);
-  const std::string b = o.backend;
+               ConfigError, "--backend must be cpu, cuda or cuda:<ordinal>, got '{}'", o.backend);
   SSHSDP_CHECK(!IsMoePreset(o.model) || o.mx_gemm == "fp32", ConfigError,
-               "--backend {} --model {}: --mx-gemm bf16 runs the dense presets only (MXFP8 "
-               "experts are dequantized for fp32 GEMMs, as on the host): drop it",
-               b, o.model);
+               "--model {}: --mx-gemm bf16 runs the dense presets only (MXFP8 experts are "
+               "dequantized for fp32 GEMMs): drop it",
+               o.model);
+  if (o.backend == "cpu") return;
+  const std::string b = o.backend;
   SSHSDP_CHECK(o.reduce == "fp32", ConfigError,
                "--backend {} reduces fp32 gradients: pass --reduce fp32 (bf16 reductions on a "
                "device are not built yet), got --reduce {}",
@@ -77,8 +79,8 @@ void CheckBackendOptions(const TrainOptions& o) {
 
 DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
   DeviceRun dev;
-  if (o.backend == "host") return dev;
   CheckBackendOptions(o);
+  if (o.backend == "cpu") return dev;  // the engine's and the model's own CPU backends
   const std::string b = o.backend;
   if (b == "cuda") {
     const int count = CudaDeviceCount();
@@ -112,17 +114,11 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
 
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev) {
-  if (dev.backend && IsMoePreset(o.model)) {
-    MoeConfig c = MakeMoeConfig(o, gc);
-    c.trunk = gc;
-    return std::make_unique<BackendMoeModel>(*dev.backend, c);
-  }
-  if (dev.backend) {  // the one GPT, on the run's backend
-    GptConfig g = gc;
-    g.mx_gemm = o.mx_gemm == "bf16" ? DType::kBF16 : DType::kF32;
-    return std::make_unique<Gpt>(g, *dev.backend);
-  }
-  return MakeModel(o, gc);
+  if (!dev.backend) return MakeModel(o, gc);  // on its own CPU backend
+  if (!IsMoePreset(o.model)) return std::make_unique<Gpt>(gc, *dev.backend);
+  MoeConfig c = MakeMoeConfig(o, gc);
+  c.trunk = gc;
+  return std::make_unique<MoeGpt>(c, *dev.backend);
 }
 
 }  // namespace sshsdp

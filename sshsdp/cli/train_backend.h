@@ -1,20 +1,19 @@
-// `sshsdp train --backend NAME`: the engine and the dense GPT on a device backend
-// (backend/backend.h, EngineConfig::backend) instead of the host engine.
+// `sshsdp train --backend NAME`: where the engine and the model run (backend/backend.h,
+// EngineConfig::backend).
 //
-//   --backend host     the host engine (the default): every preset and feature
-//   --backend cpu      the device code path on the CPU backend (host memory; several ranks over
-//                      MPI): checks a device run's configuration and numerics on any machine
+//   --backend cpu      the CPU backend (the default): every preset and feature; the engine and
+//                      the model each on their own CPU backend
 //   --backend cuda     this rank's GPU (its local rank modulo the GPUs it sees); cuda:N names one.
 //                      Several ranks move the ZeRO-3 / ZeRO-2 groups' device buffers on the
 //                      direct path over CUDA IPC when those groups lie in a node (ranks may share
 //                      one GPU), else over NCCL; the outer phase over NCCL with it, else staged
 //                      through host memory over MPI.
 //
-// What the engine on a backend runs so far — the dense GPT presets, bf16, fp32 or MXFP8 runtime
-// weights (MXFP8 dequantized for each GEMM; --scale-layout auto is row_major there), fp32
-// reduction, AdamW or Muon, every --sw/--sg/--so layout, checkpoints
-// (the state copied through host memory; they load on the host engine and back) — is what this
-// accepts: anything else is refused here by name, before any collective.
+// What the engine on a device runs so far — the dense and MoE presets, bf16, fp32 or MXFP8
+// runtime weights (MXFP8 dequantized for each GEMM; --scale-layout auto is row_major there),
+// fp32 reduction, AdamW or Muon, every --sw/--sg/--so layout, checkpoints (the state copied
+// through host memory; they load on the CPU and back) — is what this accepts: anything else is
+// refused here by name, before any collective.
 //
 //   EngineConfig cfg = EngineConfigOf(o, world_size, T);
 //   DeviceRun dev = MakeDeviceRun(o, &cfg);          // sets cfg.backend, cfg.direct_device
@@ -34,13 +33,14 @@
 namespace sshsdp {
 
 struct DeviceRun {
-  std::unique_ptr<Backend> backend;            // null: the host engine
+  std::unique_ptr<Backend> backend;            // null: the CPU (engine's and model's own)
   std::unique_ptr<DirectDeviceMemory> direct;  // a device's memory on several ranks
   std::vector<std::string> notes;              // what the backend chose for the run (rank 0 prints)
 };
 
 // ConfigError naming the option for what the engine on o.backend does not run (an unknown
-// backend, MoE, bf16 reductions); nothing for the host engine. MakeDeviceRun runs it.
+// backend or `host`, bf16 reductions or unreadable MXFP8 scales on a device, --mx-gemm bf16
+// with MoE). MakeDeviceRun runs it.
 void CheckBackendOptions(const TrainOptions& o);
 
 // Makes o.backend's backend and sets cfg->backend (and for a device on several ranks
@@ -62,8 +62,7 @@ struct DeviceCommChoice {
 DeviceCommChoice ChooseDeviceCommPath(int world, int ranks_per_node, int sw, int sg, int so,
                                       const std::string& comm_path, const std::string& backend);
 
-// The run's model: Gpt on dev.backend (BackendMoeModel for the MoE presets), or the host model of
-// the preset (Gpt on its own CPU backend, MoeGpt).
+// The run's model: the preset's Gpt or MoeGpt on dev.backend, or on its own CPU backend.
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev);
 

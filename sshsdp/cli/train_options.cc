@@ -140,22 +140,20 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
          "--attention-dtype", o.attention_dtype,
          "attention's operands: auto (bf16 — Q, K, V, P, dO, dS rounded, softmax and sums in "
          "fp32, as torch.autocast — where the QKV weights are bf16 and the backend has bf16 "
-         "attention: the host and --backend cpu, except the MoE presets on --backend; fp32 "
-         "otherwise) | fp32 (always)")
+         "attention: the CPU; fp32 otherwise) | fp32 (always)")
       ->capture_default_str();
   app.add_option("--scale-layout", o.scale_layout,
                  "MXFP8 scale layout of packed runtime weights (Tw): auto | row_major | "
                  "block_row_major | deepgemm_mn_major | cublas_swizzle. auto: cublas_swizzle on "
-                 "the host engine; row_major on --backend cpu|cuda, the only layout its "
-                 "dequantize-for-the-GEMM reads (another is refused there). A kernel layout: it "
-                 "does not change the numbers, and a resume does not restore it")
+                 "the CPU; row_major with --mx-gemm bf16 or on --backend cuda, the only layout "
+                 "their dequantize-for-the-GEMM reads (another is refused there). A kernel "
+                 "layout: it does not change the numbers, and a resume does not restore it")
       ->capture_default_str();
   app.add_option("--mx-gemm", o.mx_gemm,
-                 "--backend cpu|cuda with --weight-dtype mxfp8: the dtype each MXFP8 weight is "
-                 "dequantized to for its GEMMs: fp32 (the host engine's function: bit for bit on "
-                 "--backend cpu) "
-                 "| bf16 (tensor-core products on a GPU; bf16-rounded inputs, as bf16 weights). "
-                 "Per launch, like --backend")
+                 "with --weight-dtype mxfp8, dense presets: the dtype each MXFP8 weight is "
+                 "dequantized to for its GEMMs: fp32 | bf16 (bf16 products, tensor cores on a "
+                 "GPU; bf16-rounded inputs, as bf16 weights; row_major scales). Per launch, like "
+                 "--backend")
       ->capture_default_str();
   app.add_option("--reduce", o.reduce,
                  "gradient reduction precision: fp32 | bf16+fp32 | bf16sr (bf16 partials with "
@@ -249,13 +247,12 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option(
          "--backend", o.backend,
-         "where the engine and the model run: host (the host engine, every feature) | "
-         "cpu (the device code path on the CPU backend: checks a device run anywhere) | "
-         "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. A backend "
+         "where the engine and the model run: cpu (the CPU backend, every feature) | "
+         "cuda (this rank's GPU: local rank modulo the GPUs visible) | cuda:N. CUDA "
          "runs the dense GPT presets with bf16, fp32 or mxfp8 weights (mxfp8 dequantized for "
          "each GEMM) and the MoE presets with bf16, fp32 or mxfp8 experts, "
          "--reduce fp32, AdamW or Muon (per head, per expert), "
-         "every --sw/--sg/--so layout, and checkpoints (which load on the host engine "
+         "every --sw/--sg/--so layout, and checkpoints (which load on the CPU "
          "and back); several ranks on CUDA move the ZeRO-3/ZeRO-2 groups on the direct "
          "path over CUDA IPC (one node; ranks may share a GPU) or over NCCL (groups "
          "spanning nodes, or --comm-path nccl), and the outer phase (replica "
@@ -275,15 +272,14 @@ EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) 
   cfg.weight_dtype = o.weight_dtype == "mxfp8" ? DType::kE4M3 : ParseDType(o.weight_dtype);
   SSHSDP_CHECK(o.mx_gemm == "fp32" || o.mx_gemm == "bf16", ConfigError,
                "--mx-gemm must be fp32 or bf16, got '{}'", o.mx_gemm);
-  SSHSDP_CHECK(o.mx_gemm == "fp32" || (o.backend != "host" && o.weight_dtype == "mxfp8"),
-               ConfigError,
-               "--mx-gemm bf16 dequantizes MXFP8 weights to bf16 for their GEMMs on --backend "
-               "cpu|cuda: use it with --backend and --weight-dtype mxfp8 (the host engine's "
-               "MXFP8 GEMMs run in fp32), got --backend {} --weight-dtype {}",
-               o.backend, o.weight_dtype);
-  cfg.scale_layout = o.scale_layout == "auto" ? (o.backend == "host" ? ScaleLayout::kCublasSwizzle
-                                                                     : ScaleLayout::kRowMajor)
-                                              : ParseScaleLayout(o.scale_layout);
+  SSHSDP_CHECK(o.mx_gemm == "fp32" || o.weight_dtype == "mxfp8", ConfigError,
+               "--mx-gemm bf16 dequantizes MXFP8 weights to bf16 for their GEMMs: use it with "
+               "--weight-dtype mxfp8, got --weight-dtype {}",
+               o.weight_dtype);
+  const bool row_major = o.backend != "cpu" || o.mx_gemm == "bf16";  // what the GEMMs read
+  cfg.scale_layout = o.scale_layout == "auto"
+                         ? (row_major ? ScaleLayout::kRowMajor : ScaleLayout::kCublasSwizzle)
+                         : ParseScaleLayout(o.scale_layout);
   cfg.reduce = ParseReduceMode(o.reduce);
   cfg.sr_seed = o.sr_seed;
   cfg.reshard_after_forward = !o.keep_gathered;

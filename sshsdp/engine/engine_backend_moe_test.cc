@@ -1,17 +1,16 @@
-// The engine training the MoE GPT on a device backend (models/backend_moe.h): per-expert Muon
+// The engine training the MoE GPT (models/moe.h) on a backend it is handed: per-expert Muon
 // next to AdamW, packed [E, out, in] expert weights, every (sw, sg, so) layout of this world.
 //
-// On the CPU backend the engine and the model run the host's ops in the host's order, so the
-// run equals the host engine training MoeGpt on the same ranks and batches BIT FOR BIT
-// (losses, gradient norms, every main weight), fp32 and bf16 runtime weights and MXFP8 experts
-// (their codes and scales too), AdamW and Muon per expert, both group structures
-// (MoeConfig::expert_group), with the same communication bytes. On the deferred guarded backend
-// (memory the host cannot touch, ops queued like a GPU stream; the direct path over the
-// shared-memory stand-in device on several ranks, the outer phase staged) it is bit for bit the
-// host engine on the same path — every access of the model and the engine to backend memory goes
-// through the backend, and every hand-off synchronizes. With SSHSDP_TEST_BACKEND=cuda (ctest's
-// engine_backend_moe_test_cuda_np*, label gpu, skipped without one) the same comparison runs on
-// this rank's GPU within the optimizers' tolerances.
+// Handed a CPU backend, the run equals the engine training MoeGpt on their own CPU backends on
+// the same ranks and batches BIT FOR BIT (losses, gradient norms, every main weight), fp32 and
+// bf16 runtime weights and MXFP8 experts (their codes and scales too), AdamW and Muon per
+// expert, both group structures (MoeConfig::expert_group), with the same communication bytes.
+// On the deferred guarded backend (memory the host cannot touch, ops queued like a GPU stream;
+// the direct path over the shared-memory stand-in device on several ranks, the outer phase
+// staged) it is bit for bit the CPU run on the same path — every access of the model and the
+// engine to backend memory goes through the backend, and every hand-off synchronizes. With
+// SSHSDP_TEST_BACKEND=cuda (ctest's engine_backend_moe_test_cuda_np*, label gpu, skipped
+// without one) the same comparison runs on this rank's GPU within the optimizers' tolerances.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -24,7 +23,6 @@
 #include "sshsdp/device/cuda_direct_memory.h"
 #include "sshsdp/device/testing/device_mpi_test.h"
 #include "sshsdp/engine/testing/parity_harness.h"
-#include "sshsdp/models/backend_moe.h"
 #include "sshsdp/models/moe.h"
 
 namespace sshsdp {
@@ -81,14 +79,14 @@ std::string Name(const Case& k) {
                      k.direct ? " direct path" : "");
 }
 
-// The engine on k.backend training BackendMoeModel against the host engine training MoeGpt on
-// the same ranks, batches and communication path.
+// The engine on k.backend training MoeGpt on it against the engine on its own CPU backend
+// training MoeGpt on its own, on the same ranks, batches and communication path.
 void RunOnBackend(const Case& k, const Layout& l) {
   testing::ParityCase c;
   c.layout = l;
   int made = 0;
   c.make = [&made, &k]() -> std::unique_ptr<Model> {
-    if (made++ == 0) return std::make_unique<BackendMoeModel>(*k.backend, k.model);
+    if (made++ == 0) return std::make_unique<MoeGpt>(k.model, *k.backend);
     return std::make_unique<MoeGpt>(k.model);
   };
   c.cfg = k.muon ? testing::MuonEngineConfig(l, 2, k.wdt, UnitRule::kHead, DType::kBF16)
@@ -113,7 +111,7 @@ void RunOnBackend(const Case& k, const Layout& l) {
   }
   c.steps = k.steps;
   testing::ParityRun run(c);
-  auto* model = dynamic_cast<BackendMoeModel*>(&run.model());
+  auto* model = dynamic_cast<MoeGpt*>(&run.model());
   ASSERT_NE(model, nullptr);
   run.Run([&](const testing::StepDiff& d) {
     const StepCounters &a = d.dist.counters, &b = d.ref.counters;
@@ -148,7 +146,7 @@ void RunOnBackend(const Case& k, const Layout& l) {
   }
 }
 
-TEST(EngineBackendMoe, CpuBackendEqualsTheHostEngineBitForBit) {
+TEST(EngineBackendMoe, HandedCpuBackendEqualsItsOwnBitForBit) {
   const int W = WorldSize();
   std::unique_ptr<Backend> cpu = MakeBackend("cpu");
   int i = 0;
@@ -228,20 +226,28 @@ TEST(EngineBackendMoe, RefusesWhatTheDeviceCannotRunByName) {
   EngineConfig cfg = testing::BaseConfig(testing::LayoutsFor(WorldSize()).front(), 1, DType::kE4M3);
   cfg.scale_layout = ScaleLayout::kRowMajor;
   cfg.backend = cpu.get();
-  BackendMoeModel one_group(*cpu, TestModel());
+  MoeGpt one_group(TestModel(), *cpu);
   try {
     Engine engine(one_group, *world, cfg);
     ADD_FAILURE() << "MXFP8 accepted without expert groups";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("MoeConfig::expert_group"), std::string::npos) << e.what();
   }
+  // A device whose dequantize reads row-major scales only (the CPU backend reads them all).
+  testing::ShmDeviceMemory shm;
+  testing::GuardedBackend device(WorldSize() > 1 ? &shm : nullptr, /*deferred=*/true);
+  if (WorldSize() > 1) {
+    cfg.comm_path = CommPath::kDirect;
+    cfg.direct_device = &shm;
+  }
+  cfg.backend = &device;
   MoeConfig m = TestModel();
   m.expert_group = true;
-  BackendMoeModel model(*cpu, m);
+  MoeGpt model(m, device);
   cfg.scale_layout = ScaleLayout::kCublasSwizzle;
   try {
     Engine engine(model, *world, cfg);
-    ADD_FAILURE() << "cublas_swizzle scales accepted on a backend";
+    ADD_FAILURE() << "cublas_swizzle scales accepted on a row-major device";
   } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find("--scale-layout row_major"), std::string::npos)
         << e.what();

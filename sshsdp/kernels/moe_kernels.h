@@ -1,9 +1,8 @@
 // Mixture-of-Experts kernels on fp32 host arrays: the router's top-k gating, load-balancing loss
 // and counting-sort permutation (forward and backward), the row gathers that permute tokens to
 // their experts and back, and the gated combination of the experts' outputs. The reference MoE
-// GPT (models/moe.h) runs them; the device backends' MoE ops (backend/backend.h) are checked
-// against them, and the CPU backend calls them, so the MoE GPT on a backend trains bit for bit
-// as the host one does (models/backend_moe.h).
+// GPT (models/moe.h) runs them as the CPU backend's MoE ops (backend/backend.h); every other
+// backend's MoE ops are checked against them.
 //
 //   N tokens, E experts, k = top_k; assignment (t, j) is token t's j-th best expert.
 //   std::vector<float> score(logits);                         // [N, E] in, scores out

@@ -102,7 +102,9 @@ Gpt::Gpt(const GptConfig& config, std::unique_ptr<Backend> own) : Gpt(config, *o
   own_ = std::move(own);
 }
 
-Gpt::Gpt(const GptConfig& config, Backend& backend)
+Gpt::Gpt(const GptConfig& config, Backend& backend) : Gpt(config, backend, {}) {}
+
+Gpt::Gpt(const GptConfig& config, Backend& backend, std::vector<bool> mlp)
     : b_(backend),
       c_(config),
       tokens_(b_),
@@ -115,12 +117,18 @@ Gpt::Gpt(const GptConfig& config, Backend& backend)
       dy_bf16_(b_),
       att_bf16_scratch_(b_),
       mx16_(b_) {
-  Init();
+  Init(std::move(mlp));
 }
 
-void Gpt::Init() {
+void Gpt::Init(std::vector<bool> mlp) {
   c_.Validate();
   if (c_.d_ff <= 0) c_.d_ff = 4 * c_.d_model;
+  SSHSDP_CHECK(mlp.empty() || static_cast<int>(mlp.size()) == c_.n_layer, ConfigError,
+               "GPT trunk: {} MLP flags for {} blocks", mlp.size(), c_.n_layer);
+  for (int l = 0; l < c_.n_layer; ++l) {
+    const bool has = mlp.empty() || mlp[static_cast<size_t>(l)];
+    mlp_slot_.push_back(has ? mlp_blocks_++ : -1);
+  }
   CheckAttentionFits(b_, c_, "GPT");
   SSHSDP_CHECK(c_.packed_qkv || b_.Has(BackendFeature::kStridedGemm), ConfigError,
                "GPT with per-part QKV runtime parameters (packed_qkv = false, veScale's model) "
@@ -183,15 +191,6 @@ std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
   return out;
 }
 
-std::array<int64_t, kGptActivationTensors> GptActivationFloats(const GptConfig& c, int B, int T) {
-  const int64_t BT = static_cast<int64_t>(B) * T, L = c.n_layer, d = c.d_model, ff = c.ff(),
-                V = c.padded_vocab(), H = c.n_head;
-  return {(L + 1) * BT * d, L * BT * d, L * BT,     L * BT * 3 * d, L * B * H * T,
-          L * BT * d,       L * BT * d, L * BT * d, L * BT,         L * BT * ff,
-          L * BT * ff,      BT * d,     BT,         BT * V,         BT,
-          BT * d,           BT * d,     BT * 3 * d, BT * ff,        BT * V};
-}
-
 void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
   SSHSDP_CHECK(B > 0 && T > 0 && T <= c_.seq_len, ConfigError,
                "GPT batch B={} T={} invalid (need B > 0 and 0 < T <= seq_len {})", B, T,
@@ -214,8 +213,29 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
                      &acts_.ln2_rstd, &acts_.fch,   &acts_.fch_gelu, &acts_.lnf,
                      &acts_.lnf_rstd, &acts_.probs, &acts_.losses,   &acts_.dres,
                      &acts_.dtmp,     &acts_.dqkv,  &acts_.dfch,     &acts_.dlogits};
-  const auto sizes = GptActivationFloats(c_, B, T);
-  static_assert(std::size(slots) == std::tuple_size_v<decltype(sizes)>);
+  const int64_t L = c_.n_layer, d = c_.d_model, ff = c_.ff(), V = c_.padded_vocab(), H = c_.n_head,
+                M = mlp_blocks_;
+  const int64_t sizes[] = {(L + 1) * BT * d,
+                           L * BT * d,
+                           L * BT,
+                           L * BT * 3 * d,
+                           L * B * H * T,
+                           L * BT * d,
+                           L * BT * d,
+                           L * BT * d,
+                           L * BT,
+                           M * BT * ff,
+                           M * BT * ff,
+                           BT * d,
+                           BT,
+                           BT * V,
+                           BT,
+                           BT * d,
+                           BT * d,
+                           BT * 3 * d,
+                           M > 0 ? BT * ff : 0,
+                           BT * V};
+  static_assert(std::size(slots) == std::size(sizes));
   int64_t offsets[std::size(slots)];
   int64_t total = 0;
   for (size_t i = 0; i < std::size(sizes); ++i) {
@@ -228,6 +248,7 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
   fwd_next_ = 0;
   fwd_done_ = false;
   bwd_next_ = -1;
+  loss_ready_ = false;
 }
 
 void Gpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const {
@@ -310,7 +331,7 @@ void Gpt::Forward(int g, const std::vector<TensorRef>& w) {
 }
 
 double Gpt::Loss() const {
-  SSHSDP_CHECK(fwd_done_, PlanError, "GPT Loss() before the last group's Forward");
+  SSHSDP_CHECK(loss_ready_, PlanError, "GPT Loss() before the last group's Forward");
   double sum = 0.0;
   b_.CopyOut(&sum, loss_sum_.data<double>(), sizeof(double));
   return sum / static_cast<double>(static_cast<int64_t>(B_) * T_);
@@ -318,7 +339,7 @@ double Gpt::Loss() const {
 
 // The reads land in a local buffer first: a read that throws leaves what is kept as it was.
 void Gpt::KeepLoss() {
-  SSHSDP_CHECK(fwd_done_, PlanError, "GPT KeepLoss() before the last group's Forward");
+  SSHSDP_CHECK(loss_ready_, PlanError, "GPT KeepLoss() before the last group's Forward");
   double* sums = loss_sum_.data<double>();
   const int kept = static_cast<int>(kept_tokens_.size());
   if (kept == kLossSlots) {  // the ring is full: read it back
@@ -366,6 +387,7 @@ void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<Ten
 
 void Gpt::ForwardEmbedding(const std::vector<TensorRef>& w) {
   OpScope s(profile_, OpCategory::kEmbedding);
+  loss_ready_ = false;
   SSHSDP_CHECK(w[0].dtype == w[1].dtype, PlanError,
                "GPT embeddings: wte and wpe in one dtype (one group buffer), got {} and {}",
                DTypeName(w[0].dtype), DTypeName(w[1].dtype));
@@ -373,21 +395,36 @@ void Gpt::ForwardEmbedding(const std::vector<TensorRef>& w) {
                            c_.d_model, c_.padded_vocab(), c_.seq_len, acts_.residual);
 }
 
+float* Gpt::Ln2(int l) const { return acts_.ln2 + l * int64_t{B_} * T_ * c_.d_model; }
+float* Gpt::ResMid(int l) const { return acts_.res_mid + l * int64_t{B_} * T_ * c_.d_model; }
+float* Gpt::BlockOut(int l) const {
+  return acts_.residual + (l + 1) * int64_t{B_} * T_ * c_.d_model;
+}
+
 void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
+  SSHSDP_CHECK(mlp_slot_[static_cast<size_t>(l)] >= 0, PlanError,
+               "GPT block {} has no dense MLP (a trunk's block): the model built on the trunk "
+               "runs it",
+               l);
+  const Bf16Inputs in = RecordBf16Inputs(l + 1, w, /*mlp=*/true);
+  AttentionForward(l, w, in);
+  MlpForward(l, w, in);
+}
+
+void Gpt::ForwardAttention(int l, const std::vector<TensorRef>& w) {
+  AttentionForward(l, w, RecordBf16Inputs(l + 1, w, /*mlp=*/false));
+}
+
+void Gpt::AttentionForward(int l, const std::vector<TensorRef>& w, const Bf16Inputs& in) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, ff = c_.ff();
   const float* x = acts_.residual + l * BT * d;
-  float* out = acts_.residual + (l + 1) * BT * d;
   float* ln1 = acts_.ln1 + l * BT * d;
   float* qkv = acts_.qkv + l * BT * 3 * d;
   float* lse = acts_.lse + l * B_ * c_.n_head * static_cast<int64_t>(T_);
   float* atty = acts_.atty + l * BT * d;
-  float* res_mid = acts_.res_mid + l * BT * d;
-  float* ln2 = acts_.ln2 + l * BT * d;
-  float* fch = acts_.fch + l * BT * ff;
-  float* fch_gelu = acts_.fch_gelu + l * BT * ff;
+  float* res_mid = ResMid(l);
 
-  const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
-  const Bf16Inputs in = RecordBf16Inputs(l + 1, w);
+  const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2
   if (in.any) DyBf16(nullptr, BT * std::max<int64_t>(ff, 3 * d));  // sized before backward
   {
     OpScope s(profile_, OpCategory::kNorm);
@@ -416,10 +453,19 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
     OpScope s(profile_, OpCategory::kElementwise);
     b_.Add(x, res_mid, res_mid, BT * d);
   }
-  {
-    OpScope s(profile_, OpCategory::kNorm);
-    RmsNormInto(b_, res_mid, Gain(w[q + 2]), ln2, acts_.ln2_rstd + l * BT, BT, d, in.ln2);
-  }
+  OpScope s(profile_, OpCategory::kNorm);
+  RmsNormInto(b_, res_mid, Gain(w[q + 2]), Ln2(l), acts_.ln2_rstd + l * BT, BT, d, in.ln2);
+}
+
+void Gpt::MlpForward(int l, const std::vector<TensorRef>& w, const Bf16Inputs& in) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, ff = c_.ff();
+  const float* res_mid = ResMid(l);
+  const float* ln2 = Ln2(l);
+  float* out = BlockOut(l);
+  const int64_t at = mlp_slot_[static_cast<size_t>(l)] * BT * ff;  // block l's MLP slot
+  float* fch = acts_.fch + at;
+  float* fch_gelu = acts_.fch_gelu + at;
+  const int q = NumQkv();  // w[q + 3], w[q + 4]: fc1, fc2
   {
     OpScope s(profile_, OpCategory::kGemm);
     b_.LinearForward(Input(ln2, in.ln2), View(w[q + 3]), fch, BT, ff, d);
@@ -443,7 +489,7 @@ void Gpt::ForwardBlock(int l, const std::vector<TensorRef>& w) {
 void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
-  const bool lnf16 = RecordBf16Inputs(num_groups() - 1, w).lnf;
+  const bool lnf16 = RecordBf16Inputs(num_groups() - 1, w, false).lnf;
   {
     OpScope s(profile_, OpCategory::kNorm);
     RmsNormInto(b_, x, Gain(w[0]), acts_.lnf, acts_.lnf_rstd, BT, d, lnf16);
@@ -455,13 +501,14 @@ void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   OpScope s(profile_, OpCategory::kLoss);
   b_.SoftmaxCrossEntropyForward(acts_.probs, tokens_.data<int32_t>() + BT, acts_.losses, BT,
                                 c_.vocab, V, loss_sum_.data<double>());
+  loss_ready_ = true;
 }
 
 void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                        bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
   const float* x = acts_.residual + c_.n_layer * BT * d;
-  const bool lnf16 = CheckBf16Inputs(num_groups() - 1, w).lnf;
+  const bool lnf16 = CheckBf16Inputs(num_groups() - 1, w, false).lnf;
   kernels::LinearInput dlogits = acts_.dlogits;
   {
     OpScope s(profile_, OpCategory::kLoss);
@@ -490,23 +537,27 @@ void Gpt::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tensor
 
 void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                         bool acc) {
+  const Bf16Inputs in = CheckBf16Inputs(l + 1, w, /*mlp=*/true);
+  MlpBackward(l, w, grad, in, acc);
+  AttentionBackward(l, w, grad, in, acc);
+}
+
+void Gpt::BackwardAttention(int l, const std::vector<TensorRef>& w,
+                            const std::vector<TensorRef>& grad, bool acc) {
+  AttentionBackward(l, w, grad, CheckBf16Inputs(l + 1, w, /*mlp=*/false), acc);
+}
+
+// MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))); from dres = ∂/∂out, ∂/∂ln2 into dtmp.
+void Gpt::MlpBackward(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                      const Bf16Inputs& in, bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, ff = c_.ff();
-  const float* x = acts_.residual + l * BT * d;
-  const float* ln1 = acts_.ln1 + l * BT * d;
-  const float* qkv = acts_.qkv + l * BT * 3 * d;
-  const float* lse = acts_.lse + l * B_ * c_.n_head * static_cast<int64_t>(T_);
-  const float* atty = acts_.atty + l * BT * d;
-  const float* res_mid = acts_.res_mid + l * BT * d;
-  const float* ln2 = acts_.ln2 + l * BT * d;
-  const float* fch = acts_.fch + l * BT * ff;
-  const float* fch_gelu = acts_.fch_gelu + l * BT * ff;
-  float* dres = acts_.dres;  // in: d out; after MLP: d res_mid; out: d x
-
-  const int q = NumQkv();  // w[1 .. q]: the QKV runtime weights; then proj, ln2, fc1, fc2
-  const int proj = q + 1, g2 = q + 2, fc1 = q + 3, fc2 = q + 4;
-  const Bf16Inputs in = CheckBf16Inputs(l + 1, w);
-
-  // MLP: out = res_mid + fc2(gelu(fc1(ln2(res_mid)))).
+  const float* ln2 = Ln2(l);
+  const int64_t at = mlp_slot_[static_cast<size_t>(l)] * BT * ff;  // block l's MLP slot
+  const float* fch = acts_.fch + at;
+  const float* fch_gelu = acts_.fch_gelu + at;
+  const float* dres = acts_.dres;
+  const int q = NumQkv();
+  const int fc1 = q + 3, fc2 = q + 4;
   {
     OpScope s(profile_, OpCategory::kGemm);
     const kernels::LinearInput dy = in.fch_gelu ? DyBf16(dres, BT * d) : kernels::LinearInput(dres);
@@ -526,21 +577,31 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
       b_.GeluBackwardInPlace(fch, acts_.dfch, BT * ff);
     }
   }
-  {
-    OpScope s(profile_, OpCategory::kGemm);
-    b_.LinearBackwardWeight(dfch, Input(ln2, in.ln2), kernels::LinearComputeDType(w[fc1].dtype),
-                            grad[fc1].data, grad[fc1].dtype, BT, ff, d, acc);
-    b_.LinearBackwardData(dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
-  }
+  OpScope s(profile_, OpCategory::kGemm);
+  b_.LinearBackwardWeight(dfch, Input(ln2, in.ln2), kernels::LinearComputeDType(w[fc1].dtype),
+                          grad[fc1].data, grad[fc1].dtype, BT, ff, d, acc);
+  b_.LinearBackwardData(dfch, View(w[fc1]), acts_.dtmp, BT, ff, d, false);
+}
+
+// From dtmp = ∂/∂ln2 and dres = ∂/∂out: dres = ∂/∂x. res_mid = x + proj(attention(qkv(ln1(x)))).
+void Gpt::AttentionBackward(int l, const std::vector<TensorRef>& w,
+                            const std::vector<TensorRef>& grad, const Bf16Inputs& in, bool acc) {
+  const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model;
+  const float* x = acts_.residual + l * BT * d;
+  const float* ln1 = acts_.ln1 + l * BT * d;
+  const float* qkv = acts_.qkv + l * BT * 3 * d;
+  const float* lse = acts_.lse + l * B_ * c_.n_head * static_cast<int64_t>(T_);
+  const float* atty = acts_.atty + l * BT * d;
+  float* dres = acts_.dres;  // in: ∂/∂out; after ln2: ∂/∂res_mid; out: ∂/∂x
+  const int q = NumQkv();
+  const int proj = q + 1, g2 = q + 2;
   {
     OpScope s(profile_, OpCategory::kNorm);
-    b_.RmsNormBackward(acts_.dtmp, res_mid, Gain(w[g2]), acts_.ln2_rstd + l * BT, dres,
+    b_.RmsNormBackward(acts_.dtmp, ResMid(l), Gain(w[g2]), acts_.ln2_rstd + l * BT, dres,
                        dgain_scratch_.data<float>(), BT, static_cast<int>(d),
                        /*accumulate_dx=*/true);
     b_.WriteOrAccumulate(dgain_scratch_.data<float>(), grad[g2].data, grad[g2].dtype, d, acc);
   }
-
-  // Attention: res_mid = x + proj(attention(qkv(ln1(x)))).
   {
     OpScope s(profile_, OpCategory::kGemm);
     const kernels::LinearInput dy =
@@ -574,7 +635,7 @@ void Gpt::BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vecto
   b_.WriteOrAccumulate(dgain_scratch_.data<float>(), grad[0].data, grad[0].dtype, d, acc);
 }
 
-Gpt::Bf16Inputs Gpt::InputsOf(int g, const std::vector<TensorRef>& w) const {
+Gpt::Bf16Inputs Gpt::InputsOf(int g, const std::vector<TensorRef>& w, bool mlp) const {
   Bf16Inputs in;
   if (g == num_groups() - 1) {
     in.lnf = Bf16Weight(w[1]);
@@ -584,22 +645,22 @@ Gpt::Bf16Inputs Gpt::InputsOf(int g, const std::vector<TensorRef>& w) const {
     in.ln1 = std::all_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
     in.attention = in.ln1 && bf16_attention_;
     in.some_qkv = std::any_of(w.begin() + 1, w.begin() + 1 + q, Bf16Weight);
-    in.ln2 = Bf16Weight(w[q + 3]);
-    in.fch_gelu = Bf16Weight(w[q + 4]);
+    in.ln2 = mlp && Bf16Weight(w[q + 3]);
+    in.fch_gelu = mlp && Bf16Weight(w[q + 4]);
     in.any = in.some_qkv || in.ln2 || in.fch_gelu || Bf16Weight(w[q + 1]);
   }
   return in;
 }
 
-Gpt::Bf16Inputs Gpt::RecordBf16Inputs(int g, const std::vector<TensorRef>& w) {
-  const Bf16Inputs in = InputsOf(g, w);
+Gpt::Bf16Inputs Gpt::RecordBf16Inputs(int g, const std::vector<TensorRef>& w, bool mlp) {
+  const Bf16Inputs in = InputsOf(g, w, mlp);
   bf16_inputs_.resize(static_cast<size_t>(num_groups()));
   bf16_inputs_[static_cast<size_t>(g)] = in.Bits();
   return in;
 }
 
-Gpt::Bf16Inputs Gpt::CheckBf16Inputs(int g, const std::vector<TensorRef>& w) const {
-  const Bf16Inputs in = InputsOf(g, w);
+Gpt::Bf16Inputs Gpt::CheckBf16Inputs(int g, const std::vector<TensorRef>& w, bool mlp) const {
+  const Bf16Inputs in = InputsOf(g, w, mlp);
   SSHSDP_CHECK(static_cast<size_t>(g) < bf16_inputs_.size() &&
                    in.Bits() == bf16_inputs_[static_cast<size_t>(g)],
                PlanError,

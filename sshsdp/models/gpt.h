@@ -36,7 +36,6 @@
 // (gpt.cc, "bf16 linear inputs"); a Backward must see the weight dtypes its Forward saw.
 #pragma once
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -96,13 +95,6 @@ struct GptConfig {
   void Validate() const;
 };
 
-// Floats of the dense GPT's activations for a batch of B sequences of T tokens, in the order
-// of Gpt's and BackendGpt's arenas: residual [L+1, BT, d], ln1, ln1_rstd, qkv, lse [L, B, H,
-// T], atty, res_mid, ln2, ln2_rstd, fch, fch_gelu, lnf, lnf_rstd, probs [BT, Vp], losses,
-// then the backward's scratch dres, dtmp, dqkv, dfch, dlogits.
-inline constexpr int kGptActivationTensors = 20;
-std::array<int64_t, kGptActivationTensors> GptActivationFloats(const GptConfig& c, int B, int T);
-
 // ConfigError unless b's attention takes c's head width (the CUDA kernels: dh <= 256), naming
 // the model and the fix. The models call it when they are built.
 void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model);
@@ -115,6 +107,10 @@ class Gpt final : public Model {
   // config needs one the backend lacks (per-part QKV: a strided GEMM) or its attention does not
   // take the head width. bf16 attention runs where the backend has it (fp32 elsewhere).
   Gpt(const GptConfig& config, Backend& backend);
+  // The trunk of a model that replaces some blocks' MLP (MoeGpt): block l has the dense MLP
+  // iff mlp[l] (empty: every block). A block without one has no fc1/fc2 activations here; the
+  // model built on this one computes its output from Ln2(l) with the pieces below.
+  Gpt(const GptConfig& config, Backend& backend, std::vector<bool> mlp);
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
@@ -149,6 +145,29 @@ class Gpt final : public Model {
   }
   void SetOpProfile(OpProfile* profile) override { profile_ = profile; }
 
+  // ---- The trunk's pieces, for a model built on this one (MoeGpt), which keeps the group
+  // order itself: Forward(g) / Backward(g) are these for g = 0, a block, L+1. ----
+  void ForwardEmbedding(const std::vector<TensorRef>& w);
+  void ForwardHead(const std::vector<TensorRef>& w);
+  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
+  void BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc);
+  // Block l whole (the views of its group; it has the dense MLP), and its backward.
+  void ForwardBlock(int l, const std::vector<TensorRef>& w);
+  void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                     bool acc);
+  // Block l up to Ln2(l) = RMSNorm(ResMid(l)), stored in fp32 (views ln1.g, the QKV
+  // weight(s), attn.proj, ln2.g; any after them are not read).
+  void ForwardAttention(int l, const std::vector<TensorRef>& w);
+  // From DRes() = ∂/∂BlockOut(l) and DLn2() = ∂/∂Ln2(l): DRes() = ∂/∂(block l's input), the
+  // gradients of those views.
+  void BackwardAttention(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                         bool acc);
+  float* Ln2(int l) const;
+  float* ResMid(int l) const;
+  float* BlockOut(int l) const;  // the residual stream after block l
+  float* DRes() const { return acts_.dres; }
+  float* DLn2() const { return acts_.dtmp; }
+
   // Logits' softmax of the last forward, [B*T, padded_vocab()] (padded columns 0); on a
   // backend with host memory only (null elsewhere).
   const float* Probs() const override { return b_.host_memory() ? acts_.probs : nullptr; }
@@ -166,8 +185,8 @@ class Gpt final : public Model {
     float* res_mid;   // [L, BT, d] residual after attention
     float* ln2;       // [L, BT, d]
     float* ln2_rstd;  // [L, BT]
-    float* fch;       // [L, BT, d_ff] fc1 output
-    float* fch_gelu;  // [L, BT, d_ff]
+    float* fch;       // [blocks with an MLP, BT, d_ff] fc1 output
+    float* fch_gelu;  // [blocks with an MLP, BT, d_ff]
     float* lnf;       // [BT, d]
     float* lnf_rstd;  // [BT]
     float* probs;     // [BT, V]
@@ -205,12 +224,13 @@ class Gpt final : public Model {
       return static_cast<uint8_t>(ln1 | ln2 << 1 | fch_gelu << 2 | lnf << 3 | attention << 4);
     }
   };
-  Bf16Inputs InputsOf(int g, const std::vector<TensorRef>& w) const;
-  Bf16Inputs RecordBf16Inputs(int g, const std::vector<TensorRef>& w);  // Forward
-  Bf16Inputs CheckBf16Inputs(int g,
-                             const std::vector<TensorRef>& w) const;  // Backward: as Forward's
+  // mlp: a block group's views include the dense MLP's (fc1, fc2).
+  Bf16Inputs InputsOf(int g, const std::vector<TensorRef>& w, bool mlp) const;
+  Bf16Inputs RecordBf16Inputs(int g, const std::vector<TensorRef>& w, bool mlp);  // Forward
+  Bf16Inputs CheckBf16Inputs(int g, const std::vector<TensorRef>& w,
+                             bool mlp) const;  // Backward: as Forward's
   Gpt(const GptConfig& config, std::unique_ptr<Backend> own);
-  void Init();  // what every constructor does once the backend is known
+  void Init(std::vector<bool> mlp);  // what every constructor does once the backend is known
   // mx_gemm = bf16: block g's MXFP8 views dequantized to bf16 (into mx16_), the others as given;
   // w itself otherwise.
   const std::vector<TensorRef>& GemmViews(int g, const std::vector<TensorRef>& w);
@@ -219,13 +239,14 @@ class Gpt final : public Model {
   // forwards with bf16 weights size it for their backward, so ActivationBytes counts it from
   // the first backward on.
   bf16* DyBf16(const float* src, int64_t n);
-  void ForwardEmbedding(const std::vector<TensorRef>& w);
-  void ForwardBlock(int l, const std::vector<TensorRef>& w);
-  void ForwardHead(const std::vector<TensorRef>& w);
-  void BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc);
-  void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                     bool acc);
-  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
+  // The halves of block l: attention up to ln2, and the dense MLP to the block's output; their
+  // backwards (the MLP's leaves ∂/∂ln2 in DLn2()).
+  void AttentionForward(int l, const std::vector<TensorRef>& w, const Bf16Inputs& in);
+  void MlpForward(int l, const std::vector<TensorRef>& w, const Bf16Inputs& in);
+  void MlpBackward(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                   const Bf16Inputs& in, bool acc);
+  void AttentionBackward(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                         const Bf16Inputs& in, bool acc);
   // Gain as fp32 (converted into scratch for bf16).
   const float* Gain(const TensorRef& t);
 
@@ -233,6 +254,8 @@ class Gpt final : public Model {
   Backend& b_;
   GptConfig c_;
   bool bf16_attention_ = false;  // c_.bf16_attention, where the backend has it
+  std::vector<int> mlp_slot_;    // block l's slot in fch / fch_gelu, -1 without an MLP
+  int mlp_blocks_ = 0;
   int B_ = 0, T_ = 0;
   BackendBuffer tokens_;  // [B·T] tokens, then [B·T] targets
   // [0]: Σ losses of the last forward; [1, 1 + kLossSlots): the kept ones (KeepLoss).
@@ -259,6 +282,7 @@ class Gpt final : public Model {
   int fwd_next_ = 0;
   bool fwd_done_ = false;
   int bwd_next_ = -1;
+  bool loss_ready_ = false;  // the head ran since the last SetBatch / embedding forward
 };
 
 }  // namespace sshsdp

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "sshsdp/base/error.h"
@@ -456,6 +457,30 @@ TEST(Gpt, SgdLowersLossOnSyntheticData) {
   DenseParams p(m);
   p.Init(1);
   testing::ExpectSgdLowersLoss(m, p, c.vocab, [&] { return m.Loss(); });
+}
+
+// A trunk for a model that replaces some blocks' MLP (MoeGpt) holds MLP activations for the
+// other blocks only, and refuses to run a block without one as a whole.
+TEST(Gpt, TrunkHoldsMlpActivationsOnlyForBlocksWithOne) {
+  const GptConfig c = GptConfig::Preset("tiny");  // L = 2, d_ff = 256
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  Gpt full(c, *cpu), trunk(c, *cpu, {false, true});
+  const int B = 2, T = 8;
+  const std::vector<int32_t> tok(B * T, 3);
+  full.SetBatch(tok.data(), tok.data(), B, T);
+  trunk.SetBatch(tok.data(), tok.data(), B, T);
+  const int64_t fch = int64_t{B} * T * c.ff() * 4;  // one block's fc1 output, in bytes
+  EXPECT_EQ(full.ActivationBytes() - trunk.ActivationBytes(), 2 * fch);  // fch and fch_gelu
+  DenseParams p(full);
+  p.Init(1);
+  trunk.ForwardEmbedding(p.Weights(0));
+  try {
+    trunk.ForwardBlock(0, p.Weights(1));
+    ADD_FAILURE() << "a block without its MLP ran whole";
+  } catch (const PlanError& e) {
+    EXPECT_NE(std::string(e.what()).find("has no dense MLP"), std::string::npos) << e.what();
+  }
+  trunk.ForwardAttention(0, p.Weights(1));  // its attention half runs
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // Reference MoE GPT (see moe.h): the model definition — MoeConfig names, presets and
 // validation, the runtime groups and their parameter specs (packed [E, out, in] expert
-// weights with per-expert update parts), the batch's activation arena, view checks, the loss
-// and routing accessors, and the FLOP / memory estimates. The compute is split by concern,
-// llm.c style (plain loops and GEMM calls over activations in the arena):
-//   moe_trunk.cc    per-group Forward/Backward dispatch and the trunk shared with the dense
-//                   GPT (embeddings, attention, dense MLP blocks, head; layers.h kernels);
+// weights with per-expert update parts), the MoE blocks' activation arena, view checks, the
+// loss and routing accessors, and the FLOP / memory estimates. The compute is split by
+// concern, llm.c style (backend ops over activations in the arena):
+//   moe_groups.cc   per-group Forward/Backward dispatch onto the trunk (Gpt's pieces: the
+//                   embeddings, attention, dense MLP blocks, head) and the MoE MLP;
 //   moe_router.cc   router logits, top-k gating, load-balancing aux loss, token permutation;
 //   moe_experts.cc  grouped expert GEMMs, shared expert, un-permutation.
 #include "sshsdp/models/moe.h"
@@ -12,8 +12,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include <utility>
+
 #include "sshsdp/base/error.h"
-#include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
 
@@ -27,6 +28,13 @@ using layers::Single;
 GptConfig CheckedTrunk(const MoeConfig& c) {
   c.Validate();
   return c.trunk;
+}
+
+// Which blocks keep the trunk's dense MLP.
+std::vector<bool> DenseBlocks(const MoeConfig& c) {
+  std::vector<bool> dense;
+  for (int l = 0; l < c.trunk.n_layer; ++l) dense.push_back(!c.IsMoeLayer(l));
+  return dense;
 }
 
 }  // namespace
@@ -71,6 +79,9 @@ void MoeConfig::Validate() const {
   SSHSDP_CHECK(trunk.packed_qkv, ConfigError,
                "MoE config: the MoE GPT runs the packed QKV projection only "
                "(trunk.packed_qkv = false, per-part QKV, is the dense GPT's veScale mode)");
+  SSHSDP_CHECK(trunk.mx_gemm == DType::kF32, ConfigError,
+               "MoE config: MXFP8 experts are dequantized for fp32 GEMMs (trunk.mx_gemm bf16 "
+               "is the dense GPT's)");
   SSHSDP_CHECK(n_expert >= 1 && top_k >= 1 && top_k <= n_expert, ConfigError,
                "MoE config: need 1 <= top_k ({}) <= experts ({})", top_k, n_expert);
   SSHSDP_CHECK(
@@ -96,7 +107,19 @@ void MoeConfig::Validate() const {
                moe_every, trunk.n_layer);
 }
 
-MoeGpt::MoeGpt(const MoeConfig& config) : c_(config), trunk_(CheckedTrunk(config)) {
+MoeGpt::MoeGpt(const MoeConfig& config) : MoeGpt(config, MakeCpuBackend()) {}
+
+// The buffers bind to *own, which keeps its address when own_ takes it over.
+MoeGpt::MoeGpt(const MoeConfig& config, std::unique_ptr<Backend> own) : MoeGpt(config, *own) {
+  own_ = std::move(own);
+}
+
+MoeGpt::MoeGpt(const MoeConfig& config, Backend& backend)
+    : b_(backend),
+      c_(config),
+      trunk_(CheckedTrunk(config), backend, DenseBlocks(config)),
+      arena_(backend),
+      wgrad_scratch_(backend) {
   c_.trunk = trunk_.config();  // d_ff resolved
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
   int next = 7;
@@ -107,7 +130,8 @@ MoeGpt::MoeGpt(const MoeConfig& config) : c_(config), trunk_(CheckedTrunk(config
     if (swiglu) slots_.s3 = next++;
   }
   slots_.count = next;
-  mx_scratch_.resize(static_cast<size_t>(slots_.count - slots_.w1));
+  for (int i = slots_.w1; i < slots_.count; ++i)
+    mx_scratch_.push_back(std::make_unique<BackendBuffer>(b_));
   roles_.push_back({Role::kEmbed, -1});
   for (int l = 0; l < c_.trunk.n_layer; ++l) {
     first_group_.push_back(static_cast<int>(roles_.size()));
@@ -121,8 +145,6 @@ MoeGpt::MoeGpt(const MoeConfig& config) : c_(config), trunk_(CheckedTrunk(config
     }
   }
   roles_.push_back({Role::kHead, -1});
-  gain_scratch_.resize(c_.trunk.d_model);
-  dgain_scratch_.resize(c_.trunk.d_model);
 }
 
 std::vector<RuntimeParamSpec> MoeGpt::GroupParams(int g) const {
@@ -198,121 +220,73 @@ std::vector<RuntimeParamSpec> MoeGpt::MoeBlockParams(int l) const {
 }
 
 void MoeGpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
-  const GptConfig& tc = c_.trunk;
-  SSHSDP_CHECK(B > 0 && T > 0 && T <= tc.seq_len, ConfigError,
-               "MoE GPT batch B={} T={} invalid (need B > 0 and 0 < T <= seq_len {})", B, T,
-               tc.seq_len);
-  const int64_t N = static_cast<int64_t>(B) * T;
-  for (int64_t i = 0; i < N; ++i) {
-    SSHSDP_CHECK(tokens[i] >= 0 && tokens[i] < tc.vocab && targets[i] >= 0 && targets[i] < tc.vocab,
-                 ConfigError, "MoE GPT batch position {}: token {} / target {} outside vocab {}", i,
-                 tokens[i], targets[i], tc.vocab);
-  }
-  tokens_.assign(tokens, tokens + N);
-  targets_.assign(targets, targets + N);
-  B_ = B, T_ = T;
+  trunk_.SetBatch(tokens, targets, B, T);  // checks the batch
+  if (B != B_ || T != T_) Allocate(B, T);
+  for (BlockActs& A : blocks_) A.routed = false;
+  fwd_next_ = 0;
+  fwd_done_ = false;
+  bwd_next_ = -1;
+}
 
-  // Arena layout: every tensor 64-byte aligned in one float and one int32 allocation.
-  const int64_t L = tc.n_layer, d = tc.d_model, ff = tc.ff(), V = tc.padded_vocab(), H = tc.n_head;
-  const int64_t E = c_.n_expert, k = c_.top_k, f = c_.expert_ff(), fs = c_.shared_ff();
-  const int64_t Nk = N * k;
-  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
+void MoeGpt::Allocate(int B, int T) {
+  B_ = T_ = 0;  // until the allocation below succeeded (SetBatch retries otherwise)
+  const int64_t N = int64_t{B} * T, d = c_.trunk.d_model, E = c_.n_expert, k = c_.top_k;
+  const int64_t Nk = N * k, f = c_.expert_ff(), fs = c_.shared_ff();
+  const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU, shared = c_.shared_expert;
+  // A table of (slot, floats): int32 arrays take a float's 4 bytes, doubles two.
   std::vector<std::pair<float**, int64_t>> fl;
   std::vector<std::pair<int32_t**, int64_t>> il;
-  float* residual = nullptr;
-  fl.push_back({&residual, (L + 1) * N * d});
-  blocks_.assign(L, BlockActs{});
-  bool any_dense = false;
-  for (int l = 0; l < L; ++l) {
-    BlockActs& A = blocks_[l];
-    for (auto [slot, n] : {std::pair{&A.ln1, N * d},
-                           {&A.ln1_rstd, N},
-                           {&A.qkv, N * 3 * d},
-                           {&A.lse, B * H * static_cast<int64_t>(T)},
-                           {&A.atty, N * d},
-                           {&A.res_mid, N * d},
-                           {&A.ln2, N * d},
-                           {&A.ln2_rstd, N}}) {
-      fl.push_back({slot, n});
-    }
-    if (!c_.IsMoeLayer(l)) {
-      any_dense = true;
-      fl.push_back({&A.fch, N * ff});
-      fl.push_back({&A.fcg, N * ff});
-      continue;
-    }
+  blocks_.assign(static_cast<size_t>(c_.trunk.n_layer), BlockActs{});
+  for (int l = 0; l < c_.trunk.n_layer; ++l) {
+    if (!c_.IsMoeLayer(l)) continue;
+    BlockActs& A = blocks_[static_cast<size_t>(l)];
     for (auto [slot, n] : {std::pair{&A.score, N * E},
                            {&A.gate, Nk},
                            {&A.frac, E},
                            {&A.xp, Nk * d},
                            {&A.h1, Nk * f},
                            {&A.act, Nk * f},
-                           {&A.yp, Nk * d}}) {
+                           {&A.yp, Nk * d}})
       fl.push_back({slot, n});
-    }
     if (swiglu) fl.push_back({&A.h3, Nk * f});
-    if (c_.shared_expert) {
+    if (shared) {
       fl.push_back({&A.sh1, N * fs});
       fl.push_back({&A.sha, N * fs});
       if (swiglu) fl.push_back({&A.sh3, N * fs});
     }
-    il.push_back({&A.sel, Nk});
+    for (int32_t** slot : {&A.sel, &A.row, &A.token}) il.push_back({slot, Nk});
     il.push_back({&A.offsets, E + 1});
-    il.push_back({&A.row, Nk});
-    il.push_back({&A.token, Nk});
+    A.offsets_h.resize(static_cast<size_t>(E + 1));
   }
-  const bool any_moe = !il.empty();
-  for (auto [slot, n] :
-       {std::pair{&lnf_, N * d},
-        {&lnf_rstd_, N},
-        {&probs_, N * V},
-        {&losses_, N},
-        {&dres_, N * d},
-        {&dtmp_, N * d},
-        {&dln_, N * d},
-        {&dqkv_, N * 3 * d},
-        {&dlogits_, N * V},
-        {&att_scratch_, kernels::AttentionScratchFloats(B, T, static_cast<int>(H))}}) {
+  float* psum = nullptr;  // E doubles (8-byte aligned: every slot is 64)
+  fl.push_back({&psum, 2 * E});
+  il.push_back({&count_, E});
+  for (auto [slot, n] : {std::pair{&dgate_, Nk},
+                         {&dyp_, Nk * d},
+                         {&dh1_, Nk * f},
+                         {&dxp_, Nk * d},
+                         {&dz_, N * E},
+                         {&router32_, E * d}})
     fl.push_back({slot, n});
+  dh3_ = dsh1_ = dsh3_ = nullptr;
+  if (swiglu) fl.push_back({&dh3_, Nk * f});
+  if (shared) {
+    fl.push_back({&dsh1_, N * fs});
+    if (swiglu) fl.push_back({&dsh3_, N * fs});
   }
-  dfch_ = dgate_ = dyp_ = dh1_ = dh3_ = dxp_ = dz_ = dsh1_ = dsh3_ = nullptr;
-  if (any_dense) fl.push_back({&dfch_, N * ff});
-  if (any_moe) {
-    for (auto [slot, n] : {std::pair{&dgate_, Nk},
-                           {&dyp_, Nk * d},
-                           {&dh1_, Nk * f},
-                           {&dh3_, Nk * f},
-                           {&dxp_, Nk * d},
-                           {&dz_, N * E}}) {
-      fl.push_back({slot, n});
-    }
-    if (c_.shared_expert) {
-      fl.push_back({&dsh1_, N * fs});
-      fl.push_back({&dsh3_, N * fs});
-    }
-  }
-  auto place = [](auto& list, auto& storage) {
-    std::vector<int64_t> offsets;
-    int64_t total = 0;
-    for (auto& [slot, n] : list) {
-      offsets.push_back(total);
-      total += (n + 15) / 16 * 16;
-    }
-    if (static_cast<int64_t>(storage.size()) < total) {
-      storage.clear();
-      storage.shrink_to_fit();
-      storage.resize(total);
-    }
-    for (size_t i = 0; i < list.size(); ++i) *list[i].first = storage.data() + offsets[i];
-  };
-  place(fl, arena_);
-  place(il, iarena_);
-  res_.resize(L + 1);
-  for (int64_t l = 0; l <= L; ++l) res_[l] = residual + l * N * d;
-
-  fwd_next_ = 0;
-  fwd_done_ = false;
-  bwd_next_ = -1;
+  std::vector<int64_t> at;
+  int64_t total = 0;
+  for (const auto& e : fl) at.push_back(std::exchange(total, total + (e.second + 15) / 16 * 16));
+  for (const auto& e : il) at.push_back(std::exchange(total, total + (e.second + 15) / 16 * 16));
+  float* arena = arena_.Reserve<float>(total);
+  size_t i = 0;
+  for (auto& e : fl) *e.first = arena + at[i++];
+  for (auto& e : il) *e.first = reinterpret_cast<int32_t*>(arena + at[i++]);
+  psum_ = reinterpret_cast<double*>(psum);
+  count_h_.resize(static_cast<size_t>(E));
+  psum_h_.resize(static_cast<size_t>(E));
+  frac_h_.resize(static_cast<size_t>(E));
+  B_ = B, T_ = T;
 }
 
 size_t MoeGpt::NumViews(int g) const {
@@ -352,7 +326,7 @@ void MoeGpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what
 
 double MoeGpt::CrossEntropy() const {
   SSHSDP_CHECK(fwd_done_, PlanError, "MoE GPT loss read before the last group's Forward");
-  return ce_;
+  return trunk_.Loss();
 }
 
 double MoeGpt::AuxLoss() const {
@@ -366,23 +340,40 @@ double MoeGpt::AuxLoss() const {
 
 double MoeGpt::Loss() const { return CrossEntropy() + AuxLoss(); }
 
+void MoeGpt::KeepLoss() {
+  const double aux = AuxLoss();  // PlanError before the last group's Forward
+  trunk_.KeepLoss();
+  kept_aux_.push_back(aux);  // only once the trunk kept its half
+}
+
+std::vector<double> MoeGpt::TakeLosses() {
+  std::vector<double> out = trunk_.TakeLosses();
+  const std::vector<double> aux = std::exchange(kept_aux_, {});
+  SSHSDP_CHECK(out.size() == aux.size(), PlanError,
+               "MoE GPT: {} kept cross-entropies against {} aux losses", out.size(), aux.size());
+  for (size_t i = 0; i < out.size(); ++i) out[i] += aux[i];  // as Loss() adds them
+  return out;
+}
+
 const MoeGpt::BlockActs& MoeGpt::Routed(int l) const {
   SSHSDP_CHECK(l >= 0 && l < c_.trunk.n_layer && c_.IsMoeLayer(l), PlanError,
                "MoE GPT: block {} is not an MoE block", l);
-  SSHSDP_CHECK(B_ > 0 && (fwd_done_ || fwd_next_ > first_group_[l]), PlanError,
+  SSHSDP_CHECK(B_ > 0 && blocks_[static_cast<size_t>(l)].routed, PlanError,
                "MoE GPT: routing of block {} read before its forward", l);
-  return blocks_[l];
+  return blocks_[static_cast<size_t>(l)];
 }
 
 std::vector<int32_t> MoeGpt::Routing(int l) const {
   const BlockActs& A = Routed(l);
-  return std::vector<int32_t>(A.sel, A.sel + static_cast<int64_t>(B_) * T_ * c_.top_k);
+  std::vector<int32_t> sel(static_cast<size_t>(int64_t{B_} * T_ * c_.top_k));
+  b_.CopyOut(sel.data(), A.sel, sel.size() * sizeof(int32_t));
+  return sel;
 }
 
 std::vector<int64_t> MoeGpt::ExpertTokens(int l) const {
   const BlockActs& A = Routed(l);
   std::vector<int64_t> n(c_.n_expert);
-  for (int e = 0; e < c_.n_expert; ++e) n[e] = A.offsets[e + 1] - A.offsets[e];
+  for (int e = 0; e < c_.n_expert; ++e) n[e] = A.offsets_h[e + 1] - A.offsets_h[e];
   return n;
 }
 
@@ -405,13 +396,9 @@ double MoeGpt::FlopsPerToken() const {
 }
 
 int64_t MoeGpt::ActivationBytes() const {
-  size_t mx = 0;  // dequantized MXFP8 expert weights
-  for (const std::vector<float>& v : mx_scratch_) mx += v.size();
-  return static_cast<int64_t>((arena_.size() + table_scratch_.size() + gain_scratch_.size() +
-                               dgain_scratch_.size() + router_scratch_.size() +
-                               wgrad_scratch_.size() + att_bf16_scratch_.size() + mx) *
-                                  sizeof(float) +
-                              iarena_.size() * sizeof(int32_t));
+  int64_t bytes = trunk_.ActivationBytes() + arena_.bytes() + wgrad_scratch_.bytes();
+  for (const auto& mx : mx_scratch_) bytes += mx->bytes();  // dequantized MXFP8 expert weights
+  return bytes;
 }
 
 }  // namespace sshsdp

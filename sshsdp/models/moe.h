@@ -1,8 +1,10 @@
 // Reference Mixture-of-Experts GPT with a manual forward and backward, written against
-// runtime-parameter views (model.h) like the dense GPT (gpt.h), whose trunk it shares:
-// token + position embeddings, pre-norm blocks with causal attention over one packed QKV
-// parameter, final RMSNorm, untied LM head. In the blocks selected by `moe_every` /
-// `moe_layers` the MLP is a mixture of experts:
+// runtime-parameter views (model.h) like the dense GPT (gpt.h), whose trunk it is: a Gpt on
+// the same backend computes the token + position embeddings, every block's pre-norm causal
+// attention over one packed QKV parameter, the dense blocks' MLPs, the final RMSNorm and the
+// untied LM head. In the blocks selected by `moe_every` / `moe_layers` the MLP is a mixture
+// of experts, computed here with backend ops (backend/backend.h: the CPU backend's are
+// kernels/moe_kernels.h's) in the backend's memory:
 //
 //   x = RMSNorm(h);  z = x·W_rᵀ (router logits, fp32)  →  top-k experts per token by logit
 //   (ties: lower expert index first)  →  gate weights from softmax(z) or σ(z), optionally
@@ -39,7 +41,10 @@
 // deterministic, no races). Backward mirrors it and writes each expert's weight gradient
 // straight into its slice of the packed runtime-gradient view; an expert with no tokens gets
 // explicit zeros there in kOverwrite mode and is left untouched in kAccumulate mode.
-// Weights fp32 or bf16 (bf16 expert GEMMs; the router always multiplies in fp32).
+// Weights fp32 or bf16 (bf16 expert GEMMs; the router always multiplies in fp32). One wait
+// per MoE block's forward: the E per-expert counts and score sums are read back to the host
+// (a grouped GEMM needs each expert's row count there, as Megatron's dropless token counts),
+// which computes f_e, the offsets and the aux loss (kernels::MoeBalance) and copies them in.
 //
 // MXFP8 (engine --weight-dtype mxfp8) needs MoeConfig::expert_group: every MoE block then
 // runs as two runtime groups, g = its attention + router {ln1.g, attn.qkv, attn.proj, ln2.g,
@@ -67,9 +72,12 @@
 //   model.GroupParams(1)[5].parts[3].name;               // "blocks.0.moe.w1.e3"
 #pragma once
 
+#include <memory>
 #include <string_view>
 #include <vector>
 
+#include "sshsdp/backend/backend.h"
+#include "sshsdp/backend/backend_buffer.h"
 #include "sshsdp/base/op_profile.h"
 #include "sshsdp/kernels/moe_kernels.h"
 #include "sshsdp/models/gpt.h"
@@ -124,7 +132,12 @@ struct MoeConfig {
 
 class MoeGpt final : public Model {
  public:
+  // On the model's own CPU backend.
   explicit MoeGpt(const MoeConfig& config);
+  // On `backend` (not owned; outlives the model), as Gpt.
+  MoeGpt(const MoeConfig& config, Backend& backend);
+  MoeGpt(const MoeGpt&) = delete;
+  MoeGpt& operator=(const MoeGpt&) = delete;
 
   const MoeConfig& config() const { return c_; }
 
@@ -134,7 +147,11 @@ class MoeGpt final : public Model {
   void Forward(int g, const std::vector<TensorRef>& w) override;
   // Mean cross-entropy plus the auxiliary losses of all MoE blocks.
   double Loss() const override;
-  const float* Probs() const override { return probs_; }
+  // The cross-entropies stay on the backend until TakeLosses (Gpt::KeepLoss); the auxiliary
+  // losses are host values already (computed with the expert counts).
+  void KeepLoss() override;
+  std::vector<double> TakeLosses() override;
+  const float* Probs() const override { return trunk_.Probs(); }
   int64_t ProbsStride() const override { return c_.trunk.padded_vocab(); }
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
@@ -146,12 +163,20 @@ class MoeGpt final : public Model {
   // Kernel time by category (base/op_profile.h): the experts' and shared expert's products
   // count as GEMMs, their activations as activations, the router's gating, auxiliary loss,
   // permutation and combination as routing.
-  void SetOpProfile(OpProfile* profile) override { profile_ = profile; }
+  void SetOpProfile(OpProfile* profile) override {
+    profile_ = profile;
+    trunk_.SetOpProfile(profile);
+  }
   // MXFP8 expert weights: only with expert_group (see MoeConfig), and then only the expert
   // groups are MX (GroupConsumesMx); the router, attention, norm gains, dense blocks,
   // embeddings and LM head stay bf16.
   bool ConsumesMx() const override { return c_.expert_group; }
   bool GroupConsumesMx(int g) const override;
+  // The experts dequantize their whole packed weights for the GEMMs: every Tw layout where the
+  // backend reads them all (the CPU), row_major elsewhere.
+  bool ReadsScaleLayout(ScaleLayout layout) const override {
+    return layout == ScaleLayout::kRowMajor || b_.Has(BackendFeature::kAnyScaleLayout);
+  }
   // The runtime group holding block l's experts (== its only group without expert_group).
   int ExpertGroup(int l) const;
 
@@ -163,16 +188,16 @@ class MoeGpt final : public Model {
   std::vector<int64_t> ExpertTokens(int l) const;
 
  private:
-  // Per-block activations: pointers into the float and int arenas. Dense blocks use fch/fcg;
-  // MoE blocks the rest (null when unused).
+  // An MoE block's activations in the backend's arena (null when unused), and the host's
+  // copy of what the grouped GEMM needs (each expert's rows) and of its aux loss.
   struct BlockActs {
-    float *ln1, *ln1_rstd, *qkv, *lse, *atty, *res_mid, *ln2, *ln2_rstd;
-    float *fch, *fcg;                      // dense MLP [N, d_ff]: fc1 output, after GELU
     float *score, *gate, *frac;            // [N, E] softmax/σ scores, [N, k] gates, [E] f_e
     float *xp, *h1, *h3, *act, *yp;        // permuted rows: input [Nk, d], hidden [Nk, f] ×3, out
     float *sh1, *sh3, *sha;                // shared expert hidden [N, fs] ×3
     int32_t *sel, *offsets, *row, *token;  // [N, k], [E+1], (t,j) → row [N·k], row → t [N·k]
-    double aux;
+    std::vector<int32_t> offsets_h;        // host: expert e's rows [offsets_h[e], offsets_h[e+1])
+    double aux = 0.0;
+    bool routed = false;  // routed in this batch's forward
   };
   // Indices of an MoE block's runtime parameters (GroupParams order); -1 when absent.
   struct MoeSlots {
@@ -186,27 +211,19 @@ class MoeGpt final : public Model {
     Role role = Role::kEmbed;
     int layer = -1;
   };
+  MoeGpt(const MoeConfig& config, std::unique_ptr<Backend> own);
   // MoE block l's runtime parameters as one list (slots_ order).
   std::vector<RuntimeParamSpec> MoeBlockParams(int l) const;
   void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
   size_t NumViews(int g) const;
+  void Allocate(int B, int T);  // the MoE blocks' arena for a batch shape
   // Block l's activations after its forward (PlanError for a dense block or before).
   const BlockActs& Routed(int l) const;
-  // Block l up to ln2 = RMSNorm(res_mid) (views ln1.g, attn.qkv, attn.proj, ln2.g).
-  void ForwardAttention(int l, const std::vector<TensorRef>& w);
-  void ForwardBlock(int l, const std::vector<TensorRef>& w);
   // Router of block l on ln2: scores, top-k, gates, aux loss, permutation and permuted input.
   void ForwardRouter(int l, const TensorRef& router);
-  // res_[l+1] = res_mid + MoE(ln2) from the routing above; wx = the expert views (moe.w1 first,
-  // slots_ order).
+  // Block l's output = res_mid + MoE(ln2) from the routing above; wx = the expert views (moe.w1
+  // first, slots_ order).
   void ForwardExperts(int l, const TensorRef* wx);
-  void ForwardHead(const std::vector<TensorRef>& w);
-  void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                     bool acc);
-  // From dres_ = ∂/∂(block output), ∂/∂ln2 in dln_ through the attention and ln1 to dres_ =
-  // ∂/∂(block input); weight gradients of views 0..3.
-  void BackwardAttention(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                         bool acc);
   // Routed experts: dx = ∂/∂ln2 (overwritten) from dy = ∂/∂(MoE output), ∂/∂gate into dgate_;
   // weight gradients into the expert gradient views gx (moe.w1 first).
   void BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, bool acc, const float* dy,
@@ -216,50 +233,51 @@ class MoeGpt final : public Model {
                       float* dx);
   // Router from dgate_ and the aux loss: dx += ∂/∂ln2 through the router, router gradient.
   void BackwardRouter(int l, const TensorRef& router, const TensorRef& grad, bool acc, float* dx);
-  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
   // An expert weight view ready for the grouped GEMM: fp32 / bf16 pass through; an MXFP8 view
   // (E4M3 codes of the whole packed [rows, cols] runtime weight, scales relaid out by Tw for
   // that whole operand) is dequantized once into scratch `slot` and returned as fp32.
   TensorRef ExpertView(const TensorRef& t, int64_t rows, int64_t cols, int slot);
-  const float* Gain(const TensorRef& t);
   // The router weight as fp32: the view itself, or widened from bf16 into scratch.
   const float* RouterF32(const TensorRef& t);
   kernels::MoeRouterOptions RouterOptions() const;
-
-  MoeConfig c_;
-  Gpt trunk_;  // declares the trunk's runtime parameters (identical to the dense GPT's)
-  MoeSlots slots_;
-  std::vector<GroupRole> roles_;
-  std::vector<int> first_group_;  // first runtime group of block l
-  int B_ = 0, T_ = 0;
-  std::vector<int32_t> tokens_, targets_;
-  double ce_ = 0.0;
-
-  std::vector<float> arena_;
-  std::vector<int32_t> iarena_;
-  std::vector<BlockActs> blocks_;
-  std::vector<float*> res_;  // res_[l] = input of block l [N, d]; res_[L] = last block's output
-  float *lnf_ = nullptr, *lnf_rstd_ = nullptr, *probs_ = nullptr, *losses_ = nullptr;
-  // Backward scratch shared by all groups.
-  float *dres_ = nullptr, *dtmp_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *dfch_ = nullptr,
-        *dlogits_ = nullptr, *att_scratch_ = nullptr, *dgate_ = nullptr, *dyp_ = nullptr,
-        *dh1_ = nullptr, *dh3_ = nullptr, *dxp_ = nullptr, *dz_ = nullptr, *dsh1_ = nullptr,
-        *dsh3_ = nullptr;
-  std::vector<float> gain_scratch_, dgain_scratch_, table_scratch_, router_scratch_, wgrad_scratch_;
-  // The bf16 attention's scratch (trunk.bf16_attention with a bf16 QKV weight), sized by the
-  // first Forward that runs it.
-  std::vector<float> att_bf16_scratch_;
-  std::vector<uint8_t> bf16_attention_;  // per block: its last Forward ran bf16 attention
-  void AttentionForward(int l, const TensorRef& qkv_weight, BlockActs& A);
-  void AttentionBackward(int l, const TensorRef& qkv_weight, const BlockActs& A);
+  // The grouped GEMM's products over an expert's rows, in chunks (moe_experts.cc).
+  void ExpertForward(const float* x, const TensorRef& w, float* y, int64_t rows, int64_t n,
+                     int64_t k);
+  void ExpertBackwardData(const float* dy, const TensorRef& w, float* dx, int64_t rows, int64_t n,
+                          int64_t k, bool acc);
+  void ExpertBackwardWeight(const float* dy, const float* x, DType compute, void* dw,
+                            DType dw_dtype, int64_t rows, int64_t n, int64_t k, bool acc);
+  void ActivationForward(const float* h1, const float* h3, float* act, int64_t n);
+  void ActivationBackward(const float* h1, const float* h3, float* dh1, float* dh3, int64_t n);
   // f() timed in category c of the profile (SetOpProfile), when there is one.
   template <typename F>
   void Op(OpCategory c, F&& f) {
     OpScope s(profile_, c);
     f();
   }
+
+  std::unique_ptr<Backend> own_;  // the one-argument constructor's CPU backend
+  Backend& b_;
+  MoeConfig c_;
+  Gpt trunk_;  // embeddings, attention, dense blocks, head: the dense GPT's, on b_
+  MoeSlots slots_;
+  std::vector<GroupRole> roles_;
+  std::vector<int> first_group_;  // first runtime group of block l
+  int B_ = 0, T_ = 0;
+
+  BackendBuffer arena_;  // every MoE block's activations and the MoE backward's scratch
+  std::vector<BlockActs> blocks_;
+  int32_t* count_ = nullptr;  // [E] assignments per expert, and their score sums [E] doubles
+  double* psum_ = nullptr;
+  std::vector<int32_t> count_h_;  // host copies
+  std::vector<double> psum_h_;
+  std::vector<float> frac_h_;
+  float *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr, *dh3_ = nullptr, *dxp_ = nullptr,
+        *dz_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr, *router32_ = nullptr;
+  BackendBuffer wgrad_scratch_;  // a bf16 expert gradient summed over row chunks in fp32
+  std::vector<std::unique_ptr<BackendBuffer>> mx_scratch_;  // dequantized MX expert weights
   OpProfile* profile_ = nullptr;
-  std::vector<std::vector<float>> mx_scratch_;  // dequantized MX expert weights, per expert view
+  std::vector<double> kept_aux_;  // the aux loss of each kept forward (KeepLoss)
 
   int fwd_next_ = 0;
   bool fwd_done_ = false;
