@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Runs every command of the README's ```sh blocks, scaled down, in a scratch directory.
+"""Runs every command of the ```sh blocks of README.md and docs/*.md, scaled down, in a scratch
+directory, and checks their links and the repository paths they name.
 
   scripts/readme_test.py BUILD_DIR MPIRUN [MPIRUN_ARGS...]
 
 Each block runs as one bash script (set -e) in a scratch directory whose build/, scripts/,
-examples/ and bench/ point at this checkout, in README order (later blocks use what earlier ones wrote).
+examples/ and bench/ point at this checkout, in PAGES order (later blocks use what earlier ones
+wrote; a docs page missing from PAGES fails). Every relative link [text](path) must name a file
+that exists, and every `path/like/this.ext` in backticks a file of the repository (from its root,
+sshsdp/ or the page's folder), so a page cannot point at code that was moved or deleted.
 Scaling, so the whole README runs in a couple of minutes on 2 cores:
   * step counts (--steps, --save-every, --eval-every, --warmup, --eval-tokens, --decay-steps,
     the same keys in TOML, and step_<N> directory names) are divided by 50;
@@ -37,9 +41,33 @@ NOT_RUN = {
     "bench/eager_sweep.sh": "runs bench/peers/run_fsdp2_peer.sh (PyTorch) over a sweep",
     "scripts/gpu_check.sh": "needs a GPU machine (ctest's backend_test_cpu runs the same "
                             "checks on the CPU backend; the _cuda entry reports skipped here)",
-    "--backend cuda": "needs a GPU machine (the line's --backend cpu twin runs: the same engine "
-                      "code on the CPU backend)",
+    "--backend cuda": "needs a GPU machine (cli_emulated_cuda_test runs it on the CPU "
+                      "emulation of CUDA)",
 }
+
+
+PAGES = ["README.md", "docs/training.md", "docs/precision.md", "docs/checkpoints.md",
+         "docs/troubleshooting.md", "docs/tools.md", "docs/design.md", "docs/library.md",
+         "docs/testing.md", "docs/performance.md", "docs/gpu.md"]
+FILE_EXT = r"(?:h|cc|cu|cuh|sh|py|md|cmake|txt|toml|json)"
+
+
+def link_errors(page):
+    """Relative links to missing files and backticked repository paths that do not exist."""
+    errors, here = [], os.path.dirname(os.path.join(REPO, page))
+    text = open(os.path.join(REPO, page)).read()
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        if not os.path.exists(os.path.join(here, target.split("#")[0])):
+            errors.append(f"{page}: link to missing {target}")
+    for path in re.findall(rf"`([\w.-]+(?:/[\w.-]+)+\.{FILE_EXT})`", text):
+        roots = (REPO, os.path.join(REPO, "sshsdp"), here)
+        if path.startswith(("out/", "build/", "../")) or any(
+                os.path.exists(os.path.join(r, path)) for r in roots):
+            continue
+        errors.append(f"{page}: names missing file {path}")
+    return errors
 
 
 def blocks(readme):
@@ -103,7 +131,16 @@ def main():
         os.makedirs(os.path.join(tmp, "out"))
         subprocess.run([sys.executable, os.path.join(REPO, "sshsdp/cli/testing/make_gpt2_tokens.py"),
                         os.path.join(tmp, "out")], check=True)
-        for i, block in enumerate(blocks(os.path.join(REPO, "README.md")), 1):
+        pages = sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(REPO, "docs"))
+                       if f.endswith(".md"))
+        for page in set(pages) - set(PAGES):
+            print(f"FAIL     {page} is not in readme_test.py's PAGES (its blocks would not run)")
+            fails += 1
+        for err in (e for page in PAGES for e in link_errors(page)):
+            print(f"FAIL     {err}")
+            fails += 1
+        numbered = [(page, b) for page in PAGES for b in blocks(os.path.join(REPO, page))]
+        for i, (page, block) in enumerate(numbered, 1):
             first = next((l for l in block.split("\n") if l.strip() and not l.startswith("# ")), "")
             if block.startswith("#!"):  # a batch script: syntax, and its options parse
                 script = os.path.join(tmp, f"block{i}.sbatch")
@@ -123,12 +160,12 @@ def main():
             r = subprocess.run(["bash", "-e", "-c", code], cwd=tmp, capture_output=True, text=True,
                                timeout=600)
             status = "ok  " if r.returncode == 0 else "FAIL"
-            print(f"{status}     block {i} ({time.time() - t0:.0f} s): {first[:90]}")
+            print(f"{status}     block {i} {page} ({time.time() - t0:.0f} s): {first[:80]}")
             if r.returncode != 0:
                 fails += 1
                 print("  script:\n" + "\n".join("  | " + l for l in code.split("\n")))
                 print("  output:\n" + "\n".join("  | " + l for l in (r.stdout + r.stderr).split("\n")[-25:]))
-    print(f"readme: {fails} failed block(s)")
+    print(f"readme: {fails} failure(s)")
     sys.exit(fails)
 
 

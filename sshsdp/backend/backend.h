@@ -1,10 +1,9 @@
 // Backends: what the models, the optimizer update and the engine compute through — memory a
 // data-tree root can live in, and the ops on it: the layer ops of the models (norms,
 // activations, attention, GEMMs in fp32 and bf16, embeddings, the loss, the MoE router and
-// permutation), the engine's own work (the cast G, bf16 stochastic rounding on the Philox stream
-// of numerics/stochastic_rounding.h, MXFP8 weight quantization, the gradient norm's sum of
-// squares, fills) and the optimizers' (AdamW on ZeRO-1 fragments, Muon's momentum, batched
-// Newton–Schulz and weight update). ggml's pattern: the CPU backend is the default and the
+// permutation), the engine's own work (the cast G, MXFP8 weight quantization, the gradient
+// norm's sum of squares, fills) and the optimizers' (AdamW on ZeRO-1 fragments, Muon's momentum,
+// batched Newton–Schulz and weight update). ggml's pattern: the CPU backend is the default and the
 // reference (it calls the kernels/ and numerics/ functions), and every other backend is checked
 // against it op by op (backend_test.cc). The layer sits just above kernels/: update/, models/
 // and engine/ all take a Backend&.
@@ -26,8 +25,8 @@
 //   b->Free(x);  b->Free(y);
 //
 // What each op must equal on every backend (backend_test.cc checks it):
-//   CastF32ToBf16, CastBf16ToF32, StochasticRoundBf16, Fill,
-//   MxQuantizeWeight, MxDequantizeWeight, MxDequantizeRows[Bf16]  bit for bit (a NaN output
+//   CastF32ToBf16, CastBf16ToF32, Fill,
+//   MxQuantizeWeight, MxDequantizeRows[Bf16]                   bit for bit (a NaN output
 //                                                              may carry another payload)
 //   AdamW, MuonMomentum, MuonWeightUpdate                      bit for bit (same fp32 ops in
 //                                                              the same order, no FMA)
@@ -58,7 +57,6 @@
 #include "sshsdp/numerics/dtype.h"
 #include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/scale_layout.h"
-#include "sshsdp/numerics/stochastic_rounding.h"
 
 namespace sshsdp {
 
@@ -72,7 +70,8 @@ class DeviceError : public Error {
 // host thread — any thread, not only the handle's — until every op queued on that handle before
 // the record has run, and raises DeviceError if one failed. How the engine hands a buffer the
 // compute stream wrote to its communication thread without stopping the compute thread (the
-// communication thread waits, DESIGN §6): a cudaEvent on CUDA, nothing to wait for on the CPU.
+// communication thread waits, docs/design.md, One step): a cudaEvent on CUDA, nothing to wait for
+// on the CPU.
 class BackendEvent {
  public:
   virtual ~BackendEvent() = default;
@@ -144,9 +143,6 @@ class Backend {
   // y = bf16(x), round to nearest even (the cast G); NaN stays NaN.
   virtual void CastF32ToBf16(const float* x, bf16* y, int64_t n) = 0;
   virtual void CastBf16ToF32(const bf16* x, float* y, int64_t n) = 0;
-  // y[i] = SR(x[i]) with the draw of logical element first_index + i under key.
-  virtual void StochasticRoundBf16(const float* x, bf16* y, int64_t n, const SrKey& key,
-                                   uint64_t first_index) = 0;
   // One AdamW step (update/adamw.h) over `count` spans whose w, g, m, v are backend memory
   // (the span array itself is host memory).
   virtual void AdamW(const AdamWSpan* spans, int count, const AdamWConfig& cfg, int64_t step,
@@ -156,11 +152,7 @@ class Backend {
   // runtime weights). NumericsError for bad options or a negative shape.
   virtual void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q,
                                 uint8_t* scales, const MxOptions& opt) = 0;
-  // Its inverse, MxDequantizeWeight: fp32 [rows, cols] = code value · scale (what a GPU
-  // without an MX GEMM, Hopper, feeds its bf16/fp32 GEMM).
-  virtual void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows,
-                                  int64_t cols, float* out, const MxOptions& opt) = 0;
-  // The same with one scale per row and 32-column block: scales [rows, ceil(cols/32)] row-major
+  // The inverse with one scale per row and 32-column block: scales [rows, ceil(cols/32)] row-major
   // (numerics/mx.h's MxDequantizeActivation; Tw's ScaleLayout::kRowMajor of a packed runtime
   // weight, where each 32x32 block scale is repeated on the rows it covers). The engine on a
   // GPU without an MX GEMM dequantizes its MXFP8 runtime weights with it (the defaults of

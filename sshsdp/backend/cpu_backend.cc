@@ -67,11 +67,6 @@ class CpuBackend final : public Backend {
     CheckCount(n, "CastBf16ToF32");
     Bf16ToFloat(x, y, static_cast<size_t>(n));
   }
-  void StochasticRoundBf16(const float* x, bf16* y, int64_t n, const SrKey& key,
-                           uint64_t first_index) override {
-    CheckCount(n, "StochasticRoundBf16");
-    sshsdp::StochasticRoundBf16(x, y, static_cast<size_t>(n), key, first_index);
-  }
   void AdamW(const AdamWSpan* spans, int count, const AdamWConfig& cfg, int64_t step,
              float grad_scale) override {
     for (int i = 0; i < count; ++i) CheckCount(spans[i].n, "AdamW");
@@ -80,10 +75,6 @@ class CpuBackend final : public Backend {
   void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
                         const MxOptions& opt) override {
     sshsdp::MxQuantizeWeight(w, rows, cols, q, scales, opt);
-  }
-  void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
-                          float* out, const MxOptions& opt) override {
-    sshsdp::MxDequantizeWeight(q, scales, rows, cols, out, opt);
   }
   void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                         float* out, const MxOptions& opt) override {

@@ -241,17 +241,6 @@ class CudaBackend final : public Backend {
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchCastBf16ToF32(reinterpret_cast<const uint16_t*>(x), y, n, stream_));
   }
-  void StochasticRoundBf16(const float* x, bf16* y, int64_t n, const SrKey& key,
-                           uint64_t first_index) override {
-    CheckCount(n, "StochasticRoundBf16");
-    CheckSrRange(key, static_cast<size_t>(n), first_index);
-    if (n == 0) return;
-    Use();
-    SSHSDP_CUDA_OK(cuda::LaunchStochasticRound(
-        x, reinterpret_cast<uint16_t*>(y), n, first_index, static_cast<uint32_t>(key.seed),
-        static_cast<uint32_t>(key.seed >> 32), static_cast<uint32_t>(key.step), key.stream,
-        stream_));
-  }
   void AdamW(const AdamWSpan* spans, int count, const AdamWConfig& cfg, int64_t step,
              float grad_scale) override {
     const AdamWScalars k = AdamWStepScalars(cfg, step);
@@ -277,10 +266,6 @@ class CudaBackend final : public Backend {
     Use();
     SSHSDP_CUDA_OK(cuda::LaunchMxQuantizeWeight(w, rows, cols, q, scales, opt.elem == DType::kE4M3,
                                                 opt.rule == MxScaleRule::kCeil, stream_));
-  }
-  void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
-                          float* out, const MxOptions& opt) override {
-    Dequantize("MxDequantizeWeight", q, scales, rows, cols, 32, out, opt);
   }
   void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                         float* out, const MxOptions& opt) override {

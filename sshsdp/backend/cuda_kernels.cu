@@ -15,34 +15,6 @@
 namespace sshsdp::cuda {
 namespace {
 
-// ---- Scalar rules, the same as numerics/stochastic_rounding.h (bf16 RNE: cuda_common.cuh). ----
-
-__device__ __forceinline__ uint16_t SrBf16Bits(float x, uint16_t r) {
-  const uint32_t u = __float_as_uint(x);
-  const uint32_t a = u & 0x7FFFFFFFu;
-  uint32_t v = (u + r) >> 16;
-  v -= static_cast<uint32_t>((v & 0x7FFFu) == 0x7F80u);
-  const uint32_t special = (u >> 16) | (a > 0x7F800000u ? 0x0040u : 0u);
-  return static_cast<uint16_t>(a >= 0x7F800000u ? special : v);
-}
-
-// Philox-4x32-10 (numerics/philox.h) on counter c, key (k0, k1).
-__device__ __forceinline__ void Philox(uint32_t c[4], uint32_t k0, uint32_t k1) {
-  for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const uint32_t hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
-    const uint32_t hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
-    const uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
-    c[0] = n0;
-    c[1] = lo1;
-    c[2] = n2;
-    c[3] = lo0;
-  }
-}
-
 // ---- Kernels. ----
 __global__ void FillKernel(float* x, int64_t n, float value) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -60,25 +32,6 @@ __global__ void CastBf16ToF32Kernel(const uint16_t* x, float* y, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x)
     y[i] = __uint_as_float(static_cast<uint32_t>(x[i]) << 16);
-}
-
-// One thread per Philox block of 8 logical elements: logical element e draws 16-bit half
-// (e % 2) of word (e % 8) / 2 of block e / 8, counter (lo32, hi32 of the block, step, stream).
-__global__ void StochasticRoundKernel(const float* x, uint16_t* y, int64_t n, uint64_t first,
-                                      uint32_t k0, uint32_t k1, uint32_t step, uint32_t stream) {
-  const uint64_t b0 = first / 8, nb = (first + n - 1) / 8 - b0 + 1;  // n > 0
-  for (uint64_t t = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; t < nb;
-       t += uint64_t{gridDim.x} * blockDim.x) {
-    const uint64_t b = b0 + t;
-    uint32_t c[4] = {static_cast<uint32_t>(b), static_cast<uint32_t>(b >> 32), step, stream};
-    Philox(c, k0, k1);
-    for (int j = 0; j < 8; ++j) {
-      const uint64_t e = b * 8 + j;
-      if (e < first || e >= first + n) continue;
-      const uint16_t r = static_cast<uint16_t>(c[j / 2] >> (16 * (j & 1)));
-      y[e - first] = SrBf16Bits(x[e - first], r);
-    }
-  }
 }
 
 // Tree sum of a block's double values in shared memory; every thread gets the total. Assumes
@@ -477,15 +430,6 @@ cudaError_t LaunchCastF32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStre
 
 cudaError_t LaunchCastBf16ToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t s) {
   SSHSDP_LAUNCH(CastBf16ToF32Kernel, GridFor(n), kThreads, 0, s)(x, y, n);
-  return cudaGetLastError();
-}
-
-cudaError_t LaunchStochasticRound(const float* x, uint16_t* y, int64_t n, uint64_t first,
-                                  uint32_t k0, uint32_t k1, uint32_t step, uint32_t stream,
-                                  cudaStream_t s) {
-  const uint64_t blocks = (first + static_cast<uint64_t>(n) - 1) / 8 - first / 8 + 1;
-  SSHSDP_LAUNCH(StochasticRoundKernel, GridFor(static_cast<int64_t>(blocks)), kThreads, 0, s)
-  (x, y, n, first, k0, k1, step, stream);
   return cudaGetLastError();
 }
 

@@ -2,9 +2,9 @@
 // enqueues its kernel on `stream` and returns the launch's cudaError_t. This header and
 // cuda_kernels.cu include nothing of sshsdp's (nvcc's front end rejects fmt's consteval format
 // strings), so the scalar rules they apply are restated here from numerics/dtype.h (bf16 RNE),
-// numerics/stochastic_rounding.h (SR), update/adamw.h (AdamW), update/muon.h (Muon's elementwise
-// stages) and numerics/mx.h + fp8.h (MX scale codes, saturating E4M3 / E5M2 encoding) —
-// backend/backend_test.cc holds them equal to those, bit for bit, on every input it tries.
+// update/adamw.h (AdamW), update/muon.h (Muon's elementwise stages) and numerics/mx.h + fp8.h (MX
+// scale codes, saturating E4M3 / E5M2 encoding) — backend/backend_test.cc holds them equal to
+// those, bit for bit, on every input it tries.
 //
 //   cudaError_t e = LaunchCastF32ToBf16(x, y, n, stream);
 #pragma once
@@ -19,10 +19,6 @@ namespace sshsdp::cuda {
 cudaError_t LaunchFill(float* x, int64_t n, float value, cudaStream_t s);
 cudaError_t LaunchCastF32ToBf16(const float* x, uint16_t* y, int64_t n, cudaStream_t s);
 cudaError_t LaunchCastBf16ToF32(const uint16_t* x, float* y, int64_t n, cudaStream_t s);
-// Logical elements [first, first + n) under Philox key (k0, k1), counter words step, stream.
-cudaError_t LaunchStochasticRound(const float* x, uint16_t* y, int64_t n, uint64_t first,
-                                  uint32_t k0, uint32_t k1, uint32_t step, uint32_t stream,
-                                  cudaStream_t s);
 
 struct AdamWArgs {
   float beta1, beta2, eps, step_size, inv_sqrt_bc2, decay, grad_scale;

@@ -2,8 +2,8 @@
 // state, gather buffers, ...), current and peak, for one rank.
 //
 // Data-tree roots report their allocations here so that benchmarks and tests can print and
-// assert framework-accounted memory exactly (DESIGN §12). It is a context object: the
-// engine owns one and passes it down; nothing is global.
+// assert framework-accounted memory exactly (docs/design.md, Measurement rules). It is a context
+// object: the engine owns one and passes it down; nothing is global.
 //
 //   MemoryAccount acct;
 //   acct.Allocate("main_weights", 4096);

@@ -1,6 +1,7 @@
 // `sshsdp bench`: framework presets (or the ablation ladder) back to back in ONE job on the
 // same workload, so the comparison the paper makes against FSDP2, Megatron-FSDP and
-// veScale-FSDP can be repeated honestly on the user's own machine (DESIGN §9, §12).
+// veScale-FSDP can be repeated honestly on the user's own machine (docs/design.md, Baselines and
+// Measurement rules).
 //
 //   mpirun -np 2 sshsdp bench --model small --batch-size 1,2,4,8 --json out/bench.json
 //   mpirun -np 2 sshsdp bench --ablation            # fsdp2 → +one optimization at a time

@@ -205,8 +205,8 @@ timeout 60 "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --presets deepspeed >
 rc=$?
 [ $rc -ne 0 ] && grep -q "megatron-fsdp" "$tmp/out"
 check "unknown preset fails naming the presets" $?
-expect_error "--comm-path nccl is refused by name (bench runs the host engine)" \
-  "sshsdp bench runs the host engine" \
+expect_error "--comm-path nccl is refused by name (bench runs on the CPU backend)" \
+  "sshsdp bench runs on the CPU backend" \
   "${mpirun[@]}" -np 2 "$bin" bench "${small[@]}" --comm-path nccl
 
 finish_checks

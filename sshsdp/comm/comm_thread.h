@@ -1,6 +1,7 @@
 // CommThread: the CPU analogue of a communication stream. One worker thread runs submitted
 // tasks one at a time in FIFO order, so the engine can prefetch the next layer's all-gather
-// (or run the previous layer's reduce-scatter) while the main thread computes (DESIGN §6, §8).
+// (or run the previous layer's reduce-scatter) while the main thread computes (docs/design.md, One
+// step and Communication).
 //
 // Collectives on one communicator must be issued in the same order on every rank, and an
 // MPI communicator must not be used by two threads at once. So the thread gets its OWN

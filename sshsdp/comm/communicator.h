@@ -1,4 +1,5 @@
-// Communicator: the only seam through which sshsdp moves bytes between ranks (DESIGN §8).
+// Communicator: the only seam through which sshsdp moves bytes between ranks (docs/design.md,
+// Communication).
 //
 // A Communicator is a context object for one ordered group of ranks (gloo style: no
 // global state). Position i in the group reads/writes the i-th slice of a collective's

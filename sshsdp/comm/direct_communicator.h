@@ -1,6 +1,6 @@
 // DirectCommunicator: the paper's "ZeroSM" communication path on CPU/MPI (paper §4.3, Fig. 5d/e,
-// DESIGN §8) — a second Communicator behind the same seam as MpiCommunicator, selectable per
-// run (EngineConfig::comm_path, `sshsdp train --comm-path direct`).
+// docs/design.md, Communication) — a second Communicator behind the same seam as MpiCommunicator,
+// selectable per run (EngineConfig::comm_path, `sshsdp train --comm-path direct`).
 //
 // What differs from the ring collectives of MpiCommunicator:
 //   * Registered symmetric allocations. Communication buffers (gather buffers W′, runtime

@@ -1,5 +1,5 @@
 // MpiCommunicator: the MPI backend of Communicator, with collectives written as our own ring
-// algorithms over MPI point-to-point (DESIGN §8).
+// algorithms over MPI point-to-point (docs/design.md, Communication).
 //
 // Why not MPI_Allgather / MPI_Reduce_scatter_block / MPI_Allreduce: (1) the byte counters
 // must be exactly what this rank sends, split intra-/inter-node, which only an algorithm we

@@ -1,5 +1,6 @@
 // MPI process lifetime for sshsdp programs: initialisation with MPI_THREAD_MULTIPLE,
-// error-code conversion, and "one rank fails -> the whole job ends" (DESIGN §8, §11).
+// error-code conversion, and "one rank fails -> the whole job ends" (docs/design.md, Communication
+// and Execution conditions).
 //
 // A communication thread issues collectives while the main thread does point-to-point
 // work, so sshsdp needs MPI_THREAD_MULTIPLE and refuses to run with less. Communicators

@@ -1,5 +1,5 @@
 // Registered symmetric allocations for the direct-transfer path (paper §4.3 "ZeroSM P2P",
-// DESIGN §8): the node geometry of a group and one MPI window pair over it.
+// docs/design.md, Communication): the node geometry of a group and one MPI window pair over it.
 //
 // Why: the direct path moves payload one-sided — stores into a node peer's memory and
 // MPI_Put into a remote peer's memory — which needs the destination to be memory every

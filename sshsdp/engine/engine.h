@@ -1,4 +1,4 @@
-// Engine: the sharded training step of DESIGN §6 on real ranks — runtime parameters
+// Engine: the sharded training step of docs/design.md, One step on real ranks — runtime parameters
 // decoupled from update parameters, ZeRO-3 weight all-gather, ZeRO-2 gradient
 // reduce-scatter with fused accumulation, outer ZeRO-1 reduce-scatter / all-gather, HSDP
 // replicas, structured updates on ZeRO-1 shards (AdamW; Muon per head / matrix / expert with

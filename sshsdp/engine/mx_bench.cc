@@ -1,5 +1,5 @@
 // mx_bench: step-time ratios, in ONE run, of runtime-weight precisions and weight reuse
-// (issue 5 evidence; DESIGN §12: ratios within one run, medians after warm-up):
+// (docs/design.md, Measurement rules: ratios within one run, medians after warm-up):
 //   bf16          bf16 runtime weights (cast once per step, reused across microbatches)
 //   mxfp8         MXFP8 runtime weights, quantized + scales relaid out once per step (reuse)
 //   mxfp8-every   MXFP8 with ② "quantize every microbatch": fp32 shards gathered and the

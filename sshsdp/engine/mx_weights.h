@@ -1,6 +1,7 @@
 // MxWeights: the MXFP8 runtime-weight machinery of the engine (paper §2.3, §3.1 EG1, §3.3;
-// DESIGN §6 steps 1 and 7, §7) — the G stage at ZeRO-1 on 32-row bands, the per-group scale
-// tensor list S parallel to W, and the Tw scale relayout of every packed runtime weight.
+// docs/design.md, One step, steps 4 and 5; docs/precision.md) — the G stage at ZeRO-1 on 32-row
+// bands, the per-group scale tensor list S parallel to W, and the Tw scale relayout of every packed
+// runtime weight.
 //
 // Which weights are MXFP8: the model decides per runtime group (Model::GroupConsumesMx; the
 // engine passes the flags in). Default rule (GroupIsMx): a group is MX when none of its update

@@ -1,4 +1,4 @@
-// Framework presets of the one engine (DESIGN §9): which Figure-2 redundancies
+// Framework presets of the one engine (docs/design.md, Baselines): which Figure-2 redundancies
 // (redundancy.h) and which shard layout reproduce each framework's dataflow, and the
 // ablation ladder that turns sshsdp's optimizations on one at a time starting from FSDP2.
 //

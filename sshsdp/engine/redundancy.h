@@ -1,6 +1,6 @@
-// Baselines as switches (DESIGN §9): each redundancy of the paper's Figure 2 is a switch of
-// the one engine, so FSDP2-, Megatron-FSDP- and veScale-FSDP-style dataflows run in the same
-// binary with the same kernels, communicator and model, and pay their extra work for real
+// Baselines as switches (docs/design.md, Baselines): each redundancy of the paper's Figure 2 is a
+// switch of the one engine, so FSDP2-, Megatron-FSDP- and veScale-FSDP-style dataflows run in the
+// same binary with the same kernels, communicator and model, and pay their extra work for real
 // (counted copies, casts and adds that the step counters and timers see):
 //
 //   ① tw_every_use         pack multi-part runtime weights (torch.cat of Q/K/V heads) into a

@@ -22,10 +22,6 @@ void Scale(float* x, int64_t n, float a) {
   for (int64_t i = 0; i < n; ++i) x[i] *= a;
 }
 
-void Axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
-
 void Add(const float* a, const float* b, float* out, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
@@ -40,10 +36,6 @@ double SumSquares(const float* x, int64_t n) {
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;
-}
-
-void FillZero(void* dst, DType dtype, int64_t n) {
-  if (n > 0) std::memset(dst, 0, static_cast<size_t>(n) * DTypeSize(dtype));
 }
 
 void WriteOrAccumulate(const float* src, void* dst, DType dst_dtype, int64_t n, bool accumulate) {

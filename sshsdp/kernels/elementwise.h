@@ -2,11 +2,10 @@
 //
 // Plain loops over contiguous fp32 arrays that the compiler vectorises, plus the two
 // dtype-aware helpers every gradient writer needs: "write or accumulate fp32 values into an
-// fp32/bf16 destination" (the overwrite/accumulate rule of DESIGN §6.3) and "read an
+// fp32/bf16 destination" (the overwrite/accumulate rule of docs/design.md, One step) and "read an
 // fp32/bf16 array as fp32". fp32 <-> bf16 bulk conversion lives in numerics/dtype.h.
 //
 //   Fill(g, n, 0.0f);
-//   Axpy(-lr, grad, w, n);                              // w += -lr * grad
 //   WriteOrAccumulate(tmp, grad_view, DType::kBF16, n, /*accumulate=*/true);
 //   double sq = SumSquares(g, n);
 #pragma once
@@ -23,9 +22,6 @@ void Fill(float* x, int64_t n, float value);
 // x[i] *= a.
 void Scale(float* x, int64_t n, float a);
 
-// y[i] += a * x[i].
-void Axpy(float a, const float* x, float* y, int64_t n);
-
 // out[i] = a[i] + b[i] (out may alias a or b), on the calling thread (the engine's ⑤ add
 // runs on the communication thread and must not start a thread team there).
 void Add(const float* a, const float* b, float* out, int64_t n);
@@ -34,9 +30,6 @@ void AddThreaded(const float* a, const float* b, float* out, int64_t n);
 
 // Σ x[i]², accumulated in double.
 double SumSquares(const float* x, int64_t n);
-
-// Sets n elements of an fp32 or bf16 (or any 1-byte dtype) buffer to zero.
-void FillZero(void* dst, DType dtype, int64_t n);
 
 // dst = src (accumulate=false) or dst += src (accumulate=true), dst fp32 or bf16; bf16
 // results are rounded to nearest even once per element.

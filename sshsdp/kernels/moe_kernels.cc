@@ -99,18 +99,6 @@ void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, in
   }
 }
 
-double MoeRoute(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt,
-                const MoeRouting& r) {
-  MoeTopK(score, N, E, k, opt, r.sel, r.gate);
-  std::vector<int32_t> count(E);
-  std::vector<double> psum(E);
-  MoeExpertStats(score, r.sel, N, E, k, opt, count.data(), psum.data());
-  const double aux =
-      MoeBalance(count.data(), psum.data(), N, E, k, opt.aux_weight, r.frac, r.offsets);
-  MoePermute(r.sel, r.offsets, N, E, k, r.row, r.token);
-  return aux;
-}
-
 void MoeRouterBackward(const float* score, const int32_t* sel_all, const float* gate_all,
                        const float* frac, const float* dgate, int64_t N, int E, int k,
                        const MoeRouterOptions& opt, float* dz_all) {

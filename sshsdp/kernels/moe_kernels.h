@@ -5,12 +5,14 @@
 // backend's MoE ops are checked against them.
 //
 //   N tokens, E experts, k = top_k; assignment (t, j) is token t's j-th best expert.
-//   std::vector<float> score(logits);                         // [N, E] in, scores out
-//   MoeRouting r = ...;                                       // sel, gate [N·k], frac [E], ...
-//   double aux = MoeRoute(score.data(), N, E, k, opt, r);     // top-k, gates, aux, permutation
-//   MoeGatherRows(x, r.token, xp, N * k, d);                  // permuted input
+//   std::vector<float> score(logits);                          // [N, E] in, scores out
+//   MoeTopK(score.data(), N, E, k, opt, sel, gate);            // 1. top-k, scores, gates
+//   MoeExpertStats(score.data(), sel, N, E, k, opt, count, psum);     // 2. per expert
+//   double aux = MoeBalance(count, psum, N, E, k, opt.aux_weight, frac, offsets);  // 3.
+//   MoePermute(sel, offsets, N, E, k, row, token);             // 4. the counting sort
+//   MoeGatherRows(x, token, xp, N * k, d);                     // permuted input
 //   ... experts on xp's rows [offsets[e], offsets[e+1]) ...
-//   MoeCombine(yp, r.row, r.gate, out, N, k, d, /*accumulate=*/false);
+//   MoeCombine(yp, row, gate, out, N, k, d, /*accumulate=*/false);
 #pragma once
 
 #include <cstdint>
@@ -23,28 +25,16 @@ struct MoeRouterOptions {
   float aux_weight = 0.01f;  // α of the load-balancing loss
 };
 
-// The routing of one batch (host arrays the caller owns).
-struct MoeRouting {
-  int32_t* sel;      // [N·k] expert of assignment (t, j), best first (ties: lower index)
-  float* gate;       // [N·k] gate weight of assignment (t, j)
-  float* frac;       // [E] f_e = assignments to e / (N·k)
-  int32_t* offsets;  // [E+1] expert e owns permuted rows [offsets[e], offsets[e+1])
-  int32_t* row;      // [N·k] permuted row of assignment (t, j)
-  int32_t* token;    // [N·k] token of permuted row r
-};
-
 // Rows of an expert's grouped GEMM go in chunks of sizes from {2^i} ∪ {3·2^i}, greedy,
 // largest first: the first chunk of `rows` rows (every row computed once; a bounded set of
 // GEMM shapes, so oneDNN's primitive cache stays small).
 int64_t MoeChunkRows(int64_t rows);
 
-// score [N, E]: the router logits in, the scores (softmax or σ) out. Top-k by logit, gates,
-// f_e, the counting-sort permutation (experts in index order, tokens in index order inside
-// each). Returns the load-balancing loss α·E·Σ_e f_e·P_e (P_e: the mean normalised score).
-// It is the four steps below in order (a device runs 1, 2 and 4, the host 3).
-double MoeRoute(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt,
-                const MoeRouting& r);
-
+// The routing of one batch, four steps (a device runs 1, 2 and 4, the host 3). sel [N·k]: the
+// expert of assignment (t, j), best first (ties: lower index); gate [N·k] its gate weight;
+// frac [E] f_e = assignments to e / (N·k); offsets [E+1]: expert e owns permuted rows
+// [offsets[e], offsets[e+1]) (experts in index order, tokens in index order inside each);
+// row [N·k] the permuted row of assignment (t, j); token [N·k] the token of permuted row r.
 // 1. Per token: top-k by logit into sel (ties: lower index first), the logits in score turned
 //    into scores in place, the k gates (renormalised when asked).
 void MoeTopK(float* score, int64_t N, int E, int k, const MoeRouterOptions& opt, int32_t* sel,
@@ -62,7 +52,7 @@ double MoeBalance(const int32_t* count, const double* psum, int64_t N, int E, in
 void MoePermute(const int32_t* sel, const int32_t* offsets, int64_t N, int E, int k, int32_t* row,
                 int32_t* token);
 // dz [N, E] = ∂loss/∂logits from dgate [N·k] = ∂loss/∂gate and the aux loss, through the
-// renormalisation and softmax / σ (score, sel, gate, frac as MoeRoute left them).
+// renormalisation and softmax / σ (score, sel, gate, frac as the four steps left them).
 void MoeRouterBackward(const float* score, const int32_t* sel, const float* gate, const float* frac,
                        const float* dgate, int64_t N, int E, int k, const MoeRouterOptions& opt,
                        float* dz);

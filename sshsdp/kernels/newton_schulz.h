@@ -1,4 +1,4 @@
-// Newton–Schulz orthogonalization for Muon (REFERENCE.md "Muon"), batched over matrices of
+// Newton–Schulz orthogonalization for Muon (docs/design.md, Optimizers), batched over matrices of
 // one shape (paper §4.1: "f1 groups matrices with matching shapes for batched GEMMs").
 //
 // Quintic iteration with the reference coefficients (a, b, c) = (3.4445, −4.7750, 2.0315):

@@ -1,5 +1,6 @@
 // DataNode: the data tree. Only the root owns storage; every other node is a view at a
-// byte offset inside its parent whose shape and dtype fix its size (paper §3.2, DESIGN §5).
+// byte offset inside its parent whose shape and dtype fix its size (paper §3.2; docs/design.md, Two
+// kinds of parameters).
 //
 // This is how sshsdp packs without copying: a runtime weight W′ is a view over the update
 // weights W, each head's matrix is a child view of the packed projection, G′ has one view

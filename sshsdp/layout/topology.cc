@@ -1,4 +1,5 @@
-// Topology: rank coordinates, chunk ownership and ordered group membership (DESIGN §4).
+// Topology: rank coordinates, chunk ownership and ordered group membership (docs/design.md, Buffers
+// and the shard chain).
 #include "sshsdp/layout/topology.h"
 
 #include "sshsdp/base/error.h"

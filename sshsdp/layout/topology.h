@@ -1,7 +1,8 @@
 // Topology: world size, simulated nodes and the nested sharding degrees sw | sg | so | W.
 //
 // It fixes, without any communication, where every rank sits in every group and which
-// chunk of a flat buffer it owns at each ZeRO level (DESIGN §4). Write rank
+// chunk of a flat buffer it owns at each ZeRO level (docs/design.md, Buffers and the shard chain).
+// Write rank
 //   r = a + b·sw + c·sg + d·so,   a < sw, b < sg/sw, c < so/sg, d < W/so.
 // Rank r owns ZeRO-3 chunk a (of sw), ZeRO-2 chunk a·(sg/sw)+b (of sg) and ZeRO-1 chunk
 // (a·(sg/sw)+b)·(so/sg)+c (of so). Every group's member list is ordered by the chunk

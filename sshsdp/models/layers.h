@@ -1,10 +1,8 @@
-// Layer building blocks shared by the reference models (dense GPT in gpt.cc, MoE GPT in
-// moe*.cc): the fp32 layer kernels — RMSNorm, GELU (tanh), SwiGLU, softmax cross-entropy —
-// re-exported from kernels/layer_kernels.h, row loads from fp32/bf16 tables, the embeddings
-// and runtime-parameter spec helpers. Plain llm.c-style forward/backward functions over fp32
-// activations, so both models compute bit-identical blocks.
+// Layer helpers shared by the reference models (dense GPT in gpt.cc, MoE GPT in moe*.cc): the
+// runtime-parameter spec helpers, and the fp32 layer kernels — RMSNorm, GELU (tanh), SwiGLU,
+// softmax cross-entropy — under their model-layer names (kernels/layer_kernels.h; the models
+// run them as the CPU backend's ops).
 //
-//   layers::RmsNormForward(x, gain, y, rstd, rows, d);
 //   RuntimeParamSpec s = layers::Single("lnf.g", {d}, UpdateKind::kVector, layers::kOnes);
 #pragma once
 
@@ -32,19 +30,6 @@ using kernels::SoftmaxCrossEntropyBackward;
 using kernels::SoftmaxCrossEntropyForward;
 using kernels::SwigluBackward;
 using kernels::SwigluForward;
-
-// Row `row` of a [rows, d] fp32/bf16 table as fp32.
-void LoadRow(const TensorRef& t, int64_t row, int d, float* out);
-
-// ---- Embeddings: out[b·T + t] = wte[tokens[b·T + t]] + wpe[t], out [B·T, d]. ----
-void EmbeddingForward(const TensorRef& wte, const TensorRef& wpe, const int32_t* tokens, int B,
-                      int T, int d, float* out);
-// Scatter-adds dx [B·T, d] into the wte [vocab, d] and wpe [seq_len, d] gradient views.
-// Overwrite mode gives rows that never occur explicit zeros; a bf16 view is summed in the
-// fp32 `scratch` and rounded once per element.
-void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
-                       const TensorRef& dwte, int64_t vocab, const TensorRef& dwpe, int64_t seq_len,
-                       bool accumulate, std::vector<float>& scratch);
 
 // ---- Runtime-parameter spec helpers. ----
 // A runtime parameter that is a single update part of the same name.

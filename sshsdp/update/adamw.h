@@ -1,5 +1,5 @@
-// AdamW as a batched multi-tensor update over ZeRO-1 fragments (DESIGN §6 step 6): the
-// arithmetic (PyTorch's, decoupled weight decay first) is kernels/optimizer.h's AdamWStep, run
+// AdamW as a batched multi-tensor update over ZeRO-1 fragments (docs/design.md, One step, step 3):
+// the arithmetic (PyTorch's, decoupled weight decay first) is kernels/optimizer.h's AdamWStep, run
 // as the backend's AdamW op; all spans of one call are one op, one "kernel launch" per update
 // group.
 //

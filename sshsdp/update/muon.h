@@ -1,5 +1,5 @@
-// Muon as three unit-declared stages, exactly the paper's EG1 (§3.1) with REFERENCE.md's
-// conventions:
+// Muon as three unit-declared stages, exactly the paper's EG1 (§3.1) with the conventions of
+// docs/design.md, Optimizers:
 //   f0 "momentum"      (1 element per unit)  g ← grad_scale·grad;  m ← μ·m + g;
 //                      u ← bf16(g + μ·m) (Nesterov) or bf16(m) (plain)
 //   f1 "newton_schulz" (whole unit)          v ← NS(u)·scale, 5 quintic steps in fp32

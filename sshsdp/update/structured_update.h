@@ -1,5 +1,5 @@
-// StructuredUpdate: the update phase of a training step (DESIGN §6 step 6) as the engine sees
-// it — which optimizer and unit every update parameter gets, one plan and executor per
+// StructuredUpdate: the update phase of a training step (docs/design.md, One step, step 3) as the
+// engine sees it — which optimizer and unit every update parameter gets, one plan and executor per
 // optimizer, run on the ZeRO-1 fragments.
 //
 // Per runtime group, SelectUnits applies the rule of every update parameter (UpdateOptions:

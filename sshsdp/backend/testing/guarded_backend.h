@@ -142,10 +142,6 @@ class GuardedBackend final : public Backend {
   void CastBf16ToF32(const bf16* x, float* y, int64_t n) override {
     SSHSDP_GUARDED(CastBf16ToF32(x, y, n));
   }
-  void StochasticRoundBf16(const float* x, bf16* y, int64_t n, const SrKey& key,
-                           uint64_t first) override {
-    SSHSDP_GUARDED(StochasticRoundBf16(x, y, n, key, first));
-  }
   void AdamW(const AdamWSpan* s, int count, const AdamWConfig& cfg, int64_t step,
              float scale) override {
     std::vector<AdamWSpan> spans(s, s + std::max(count, 0));  // the caller's may be gone by then
@@ -154,10 +150,6 @@ class GuardedBackend final : public Backend {
   void MxQuantizeWeight(const float* w, int64_t rows, int64_t cols, uint8_t* q, uint8_t* scales,
                         const MxOptions& opt) override {
     SSHSDP_GUARDED(MxQuantizeWeight(w, rows, cols, q, scales, opt));
-  }
-  void MxDequantizeWeight(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
-                          float* out, const MxOptions& opt) override {
-    SSHSDP_GUARDED(MxDequantizeWeight(q, scales, rows, cols, out, opt));
   }
   void MxDequantizeRows(const uint8_t* q, const uint8_t* scales, int64_t rows, int64_t cols,
                         float* out, const MxOptions& opt) override {

@@ -1,6 +1,7 @@
 // comm_failure_probe: one rank fails while the others block in a collective, to prove that
-// a failing rank ends the whole job instead of leaving its peers hanging (DESIGN §11).
-// Run by expect_abort.sh under `timeout`; it must exit non-zero quickly. Modes (argv[1]):
+// a failing rank ends the whole job instead of leaving its peers hanging (docs/design.md, Execution
+// conditions). Run by expect_abort.sh under `timeout`; it must exit non-zero quickly. Modes
+// (argv[1]):
 //   throw              rank 1 throws a CommError on the main thread; RunMpiMain prints
 //                      "sshsdp: rank 1: ..." and calls MPI_Abort.
 //   kill               rank 1 sends itself SIGKILL; mpirun must notice and end the job.
