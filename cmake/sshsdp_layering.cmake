@@ -10,6 +10,7 @@
 #                               <- params <- update                 ^
 #                                  params, backend <- models -------|-------------- cli
 #                               comm, backend <- device (staged, NCCL, direct) <- engine
+#   base <- text (tokenizers) <------------------------------------------------------- cli
 # (params/model.h is the Model interface the engine runs; models/ implements it and does not
 # depend on the engine.)
 #
@@ -22,7 +23,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
 endif()
 
 set(SSHSDP_LAYERS base numerics layout comm kernels backend params update device engine models
-    ckpt cli)
+    text ckpt cli)
 set(SSHSDP_DEPS_base "")
 set(SSHSDP_DEPS_numerics base)
 set(SSHSDP_DEPS_layout numerics)
@@ -35,7 +36,8 @@ set(SSHSDP_DEPS_device backend comm)
 set(SSHSDP_DEPS_engine update device)
 set(SSHSDP_DEPS_models params backend)
 set(SSHSDP_DEPS_ckpt engine)
-set(SSHSDP_DEPS_cli ckpt models)
+set(SSHSDP_DEPS_text base)
+set(SSHSDP_DEPS_cli ckpt models text)
 
 # out: the layers `layer` may use (itself included).
 function(sshsdp_layer_closure layer out)

@@ -5,7 +5,7 @@ directory, and checks their links and the repository paths they name.
   scripts/readme_test.py BUILD_DIR MPIRUN [MPIRUN_ARGS...]
 
 Each block runs as one bash script (set -e) in a scratch directory whose build/, scripts/,
-examples/ and bench/ point at this checkout, in PAGES order (later blocks use what earlier ones
+examples/, bench/ and sshsdp/ point at this checkout, in PAGES order (later blocks use what earlier ones
 wrote; a docs page missing from PAGES fails). Every relative link [text](path) must name a file
 that exists, and every `path/like/this.ext` in backticks a file of the repository (from its root,
 sshsdp/ or the page's folder), so a page cannot point at code that was moved or deleted.
@@ -125,7 +125,7 @@ def main():
     build, mpirun = os.path.abspath(sys.argv[1]), " ".join(sys.argv[2:])
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
-        for name in ("scripts", "bench", "examples"):
+        for name in ("scripts", "bench", "examples", "sshsdp"):
             os.symlink(os.path.join(REPO, name), os.path.join(tmp, name))
         os.symlink(build, os.path.join(tmp, "build"))
         os.makedirs(os.path.join(tmp, "out"))
@@ -158,7 +158,7 @@ def main():
                     continue
             t0 = time.time()
             r = subprocess.run(["bash", "-e", "-c", code], cwd=tmp, capture_output=True, text=True,
-                               timeout=600)
+                               errors="replace", timeout=600)
             status = "ok  " if r.returncode == 0 else "FAIL"
             print(f"{status}     block {i} {page} ({time.time() - t0:.0f} s): {first[:80]}")
             if r.returncode != 0:

@@ -9,6 +9,7 @@ PKGS=(
   ocl-icd-opencl-dev                  # oneDNN's dnnl-config.cmake finds OpenCL (a Recommends)
   libgtest-dev libgmock-dev           # unit and multi-rank tests
   libcli11-dev nlohmann-json3-dev libfmt-dev   # CLI, JSON metrics/manifests, formatting
+  pkg-config libpcre2-dev libicu-dev  # tokenizers: Unicode regexes (PCRE2), NFC (ICU)
   python3 python3-matplotlib          # scripts/plot_metrics.py (training curves, bench plots)
 )
 missing=()

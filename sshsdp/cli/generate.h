@@ -8,12 +8,14 @@
 // Sampling runs a full forward pass over the last min(length, seq_len) tokens per new token
 // (no KV cache: the reference models are small) and draws from the last position's softmax:
 // temperature 0 is greedy (argmax), otherwise p^(1/temperature) renormalised over the top-k
-// tokens (k = 0: all), from a std::mt19937_64 seeded with --seed. Byte vocabularies print
-// text, others print token ids.
+// tokens (k = 0: all), from a std::mt19937_64 seeded with --seed. With --tokenizer (a HF
+// tokenizer.json) --prompt is encoded with it and the text is printed as it is generated;
+// without one, byte vocabularies print text and others token ids.
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,6 +27,7 @@ namespace sshsdp {
 struct GenerateOptions {
   std::string ckpt, weights;  // exactly one
   std::string prompt, prompt_tokens;
+  std::string tokenizer;
   int tokens = 64;
   double temperature = 1.0;
   int top_k = 0;
@@ -40,6 +43,7 @@ struct SampleOptions {
   double temperature = 1.0;
   int top_k = 0;
   uint64_t seed = 1;
+  std::function<void(int32_t)> on_token;  // called with each new token as it is drawn
 };
 
 // The next token from one row of probabilities (vocab entries; padded columns excluded).

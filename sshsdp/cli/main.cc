@@ -1,8 +1,8 @@
 // sshsdp: command-line entry point. `sshsdp train` trains a reference model on real MPI
 // ranks (launch it with mpirun or srun --mpi=pmix); `sshsdp generate` samples from a
-// checkpoint or weights file, `sshsdp ckpt` inspects and exports checkpoints, both in one
-// process; `sshsdp bench` compares framework presets in one job; `sshsdp --help` lists the
-// commands.
+// checkpoint or weights file, `sshsdp ckpt` inspects and exports checkpoints, `sshsdp
+// tokenize` turns text into token files, each in one process; `sshsdp bench` compares framework
+// presets in one job; `sshsdp --help` lists the commands.
 //
 // `train --resume DIR` takes every option it is not given (on the command line or in
 // --config) from the options the checkpoint recorded (run_config.h), so `--resume DIR` alone
@@ -20,6 +20,7 @@
 #include "sshsdp/cli/generate.h"
 #include "sshsdp/cli/plan_cli.h"
 #include "sshsdp/cli/run_config.h"
+#include "sshsdp/cli/tokenize.h"
 #include "sshsdp/cli/train.h"
 
 namespace {
@@ -30,7 +31,8 @@ struct Commands {
   sshsdp::BenchOptions bench;
   sshsdp::GenerateOptions generate;
   sshsdp::PlanOptions plan;
-  CLI::App *t = nullptr, *c = nullptr, *b = nullptr, *g = nullptr, *p = nullptr;
+  sshsdp::TokenizeOptions tokenize;
+  CLI::App *t = nullptr, *c = nullptr, *b = nullptr, *g = nullptr, *p = nullptr, *k = nullptr;
 };
 
 std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
@@ -53,6 +55,10 @@ std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
   cmd.g = app->add_subcommand(
       "generate", "sample text from a checkpoint or safetensors file (one process, no mpirun)");
   sshsdp::AddGenerateOptions(*cmd.g, cmd.generate);
+  cmd.k = app->add_subcommand(
+      "tokenize",
+      "turn text files into token files with a Hugging Face tokenizer.json (one process)");
+  sshsdp::AddTokenizeOptions(*cmd.k, cmd.tokenize);
   cmd.c = app->add_subcommand(
       "ckpt", "inspect, verify and export sharded checkpoints (one process, no mpirun)");
   sshsdp::AddCkptCommands(*cmd.c, cmd.ckpt);
@@ -116,12 +122,12 @@ int main(int argc, char** argv) {
   const std::vector<std::string> user(argv + 1, argv + argc);
   // A first word that is neither an option nor a command: name it and the commands (CLI11 says
   // only "A subcommand is required").
-  static const char* const kCommands[] = {"train", "bench", "plan", "generate", "ckpt"};
+  static const char* const kCommands[] = {"train", "bench", "plan", "generate", "ckpt", "tokenize"};
   if (!user.empty() && !user[0].starts_with("-") &&
       std::find(std::begin(kCommands), std::end(kCommands), user[0]) == std::end(kCommands)) {
     fmt::print(stderr,
-               "sshsdp: unknown command '{}': use train, bench, plan, generate or ckpt "
-               "(sshsdp --help)\n",
+               "sshsdp: unknown command '{}': use train, bench, plan, generate, ckpt or "
+               "tokenize (sshsdp --help)\n",
                user[0]);
     return 2;
   }
@@ -190,6 +196,7 @@ int main(int argc, char** argv) {
     return sshsdp::RunBench(argc, argv, cmd->bench);
   }
   if (cmd->g->parsed()) return sshsdp::RunGenerate(cmd->generate);
+  if (cmd->k->parsed()) return sshsdp::RunTokenize(cmd->tokenize);
   if (cmd->t->parsed()) {
     CLI::App& t = *cmd->t;
     if (cmd->train.dump_config) {  // a config that train would refuse is not written

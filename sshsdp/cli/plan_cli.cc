@@ -248,8 +248,8 @@ int RunPlanCommand(const PlanOptions& o) {
                  "(--sw/--sg/--so/--ranks-per-node; without them a resume adopts the saved one, "
                  "which `sshsdp ckpt inspect {}` prints)",
                  t.resume);
-    SSHSDP_CHECK(t.vocab_size >= 0 && t.vocab_size <= 65536, ConfigError,
-                 "--vocab-size must lie in 1..65536 (uint16 token files; 0: from the data), got {}",
+    SSHSDP_CHECK(t.vocab_size >= 0 && t.vocab_size <= kMaxTokenFileVocab, ConfigError,
+                 "--vocab-size must lie in 1..{} (0: from the data), got {}", kMaxTokenFileVocab,
                  t.vocab_size);
     const int T = t.seq_len ? t.seq_len : MakeGptConfig(t, 256).seq_len;
     int vocab = t.vocab_size ? t.vocab_size : 256;

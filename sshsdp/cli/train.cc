@@ -99,8 +99,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                                       R"(backend="cuda")"),
                    "sshsdp train");
     const int T = o.seq_len ? o.seq_len : MakeGptConfig(o, 256).seq_len;
-    SSHSDP_CHECK(o.vocab_size >= 0 && o.vocab_size <= 65536, ConfigError,
-                 "--vocab-size must lie in 1..65536 (uint16 token files; 0: from the data), got {}",
+    SSHSDP_CHECK(o.vocab_size >= 0 && o.vocab_size <= kMaxTokenFileVocab, ConfigError,
+                 "--vocab-size must lie in 1..{} (0: from the data), got {}", kMaxTokenFileVocab,
                  o.vocab_size);
     // The vocabulary comes from the data (or --vocab-size); bytes for the built-in source.
     std::unique_ptr<TokenSource> data, val;

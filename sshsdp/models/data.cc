@@ -17,7 +17,7 @@
 #include "sshsdp/base/error.h"
 
 static_assert(std::endian::native == std::endian::little,
-              "token files (nanoGPT .bin, llm.c) are little-endian uint16 read in place");
+              "token files (nanoGPT .bin, llm.c) are little-endian integers read in place");
 
 namespace sshsdp {
 namespace {
@@ -169,14 +169,14 @@ void SyntheticTokens::Sample(int64_t index, int T, int32_t* tokens, int32_t* tar
 
 TokenFile::TokenFile(const std::string& path, int vocab, int seq_len, uint64_t seed)
     : path_(path), vocab_(vocab), seq_len_(seq_len), seed_(seed) {
-  SSHSDP_CHECK(vocab >= 0 && vocab <= 65536 && seq_len > 0, ConfigError,
-               "TokenFile '{}': vocab {} (1..65536; 0: from the data) or seq_len {} invalid", path,
-               vocab, seq_len);
+  SSHSDP_CHECK(vocab >= 0 && vocab <= kMaxTokenFileVocab && seq_len > 0, ConfigError,
+               "TokenFile '{}': vocab {} (1..{}; 0: from the data) or seq_len {} invalid", path,
+               vocab, kMaxTokenFileVocab, seq_len);
   struct stat st {};
   SSHSDP_CHECK(::stat(path.c_str(), &st) == 0, IoError, "token file '{}': cannot open: {}", path,
                std::strerror(errno));
   SSHSDP_CHECK(S_ISREG(st.st_mode), IoError,
-               "token file '{}': not a regular file ({}); --data takes a uint16 token file", path,
+               "token file '{}': not a regular file ({}); --data takes a token file", path,
                S_ISDIR(st.st_mode)    ? "a directory"
                : S_ISFIFO(st.st_mode) ? "a FIFO"
                                       : "a device or socket");
@@ -212,14 +212,20 @@ void TokenFile::Validate() {
   const int64_t header_bytes = kLlmcHeaderInts * 4;
   int32_t header[3] = {0, 0, 0};
   if (size >= 12) std::memcpy(header, bytes, sizeof(header));
-  if (header[0] == kLlmcMagic) {
+  const bool wide = header[0] == kLlmcMagic32;
+  if (header[0] == kLlmcMagic || wide) {
+    const int32_t version = wide ? kLlmcVersion32 : kLlmcVersion;
     SSHSDP_CHECK(size >= header_bytes, IoError,
                  "token file '{}': llm.c magic {} but only {} bytes (header is {} bytes)", path,
-                 kLlmcMagic, size, header_bytes);
-    SSHSDP_CHECK(header[1] == kLlmcVersion, IoError,
-                 "token file '{}': llm.c version {} unsupported (expected {})", path, header[1],
-                 kLlmcVersion);
-    const int64_t payload = (size - header_bytes) / 2;
+                 header[0], size, header_bytes);
+    SSHSDP_CHECK(header[1] == version, IoError,
+                 "token file '{}': llm.c version {} unsupported (expected {} with magic {})", path,
+                 header[1], version, header[0]);
+    width_ = wide ? 4 : 2;
+    SSHSDP_CHECK((size - header_bytes) % width_ == 0, IoError,
+                 "token file '{}': {} bytes after the header are not whole uint32 tokens", path,
+                 size - header_bytes);
+    const int64_t payload = (size - header_bytes) / width_;
     SSHSDP_CHECK(header[2] >= 0 && header[2] == payload, IoError,
                  "token file '{}': header count mismatch: header says {} tokens, file holds {}",
                  path, header[2], payload);
@@ -239,19 +245,33 @@ void TokenFile::Validate() {
   SSHSDP_CHECK(count >= static_cast<int64_t>(seq_len) + 1, IoError,
                "token file '{}': {} tokens, fewer than seq_len + 1 = {}", path, count,
                static_cast<int64_t>(seq_len) + 1);
-  tokens_ = reinterpret_cast<const uint16_t*>(bytes + data_offset);
+  tokens_ = bytes + data_offset;
   count_ = count;
-  uint16_t max_token = 0;
-#pragma omp simd reduction(max : max_token)
-  for (int64_t i = 0; i < count; ++i) max_token = std::max(max_token, tokens_[i]);
-  max_token_ = max_token;
+  int64_t max_token = 0;
+  if (width_ == 2) {
+    const uint16_t* t = static_cast<const uint16_t*>(tokens_);
+    uint16_t m = 0;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < count; ++i) m = std::max(m, t[i]);
+    max_token = m;
+  } else {
+    const uint32_t* t = static_cast<const uint32_t*>(tokens_);
+    uint32_t m = 0;
+#pragma omp simd reduction(max : m)
+    for (int64_t i = 0; i < count; ++i) m = std::max(m, t[i]);
+    max_token = m;
+  }
+  SSHSDP_CHECK(max_token < kMaxTokenFileVocab, IoError,
+               "token file '{}': token {} is beyond the largest vocabulary sshsdp trains ({})",
+               path, max_token, kMaxTokenFileVocab);
+  max_token_ = static_cast<int>(max_token);
   if (vocab_ == 0) vocab_ = InferVocab(max_token_);
   if (max_token_ < vocab_) return;
   for (int64_t i = 0; i < count; ++i) {
-    SSHSDP_CHECK(tokens_[i] < vocab_, IoError,
+    SSHSDP_CHECK(Token(i) < vocab_, IoError,
                  "token file '{}': token {} at position {} is outside the vocabulary of {} (the "
                  "file's largest token is {}; pass --vocab-size for its tokenizer)",
-                 path, tokens_[i], i, vocab_, max_token_);
+                 path, Token(i), i, vocab_, max_token_);
   }
 }
 
@@ -273,8 +293,8 @@ void TokenFile::Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) 
   Stream rng = SampleStream(seed_, index);
   const int64_t pos = static_cast<int64_t>(rng.Next() % windows);
   for (int t = 0; t < T; ++t) {
-    tokens[t] = tokens_[pos + t];
-    targets[t] = tokens_[pos + t + 1];
+    tokens[t] = static_cast<int32_t>(Token(pos + t));
+    targets[t] = static_cast<int32_t>(Token(pos + t + 1));
   }
 }
 
@@ -293,6 +313,23 @@ void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens
   }
   out.write(reinterpret_cast<const char*>(tokens.data()),
             static_cast<std::streamsize>(tokens.size() * 2));
+  out.close();
+  SSHSDP_CHECK(out.good(), IoError, "token file '{}': write failed", path);
+}
+
+void WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  SSHSDP_CHECK(out.good(), IoError, "token file '{}': cannot create ({})", path,
+               std::strerror(errno));
+  SSHSDP_CHECK(tokens.size() <= 0x7FFFFFFFu, IoError,
+               "token file '{}': {} tokens do not fit llm.c's int32 count", path, tokens.size());
+  std::vector<int32_t> header(kLlmcHeaderInts, 0);
+  header[0] = kLlmcMagic32;
+  header[1] = kLlmcVersion32;
+  header[2] = static_cast<int32_t>(tokens.size());
+  out.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderInts * 4);
+  out.write(reinterpret_cast<const char*>(tokens.data()),
+            static_cast<std::streamsize>(tokens.size() * 4));
   out.close();
   SSHSDP_CHECK(out.good(), IoError, "token file '{}': write failed", path);
 }

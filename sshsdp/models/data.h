@@ -91,6 +91,7 @@ class TokenFile final : public TokenSource {
   // (bytes) below 256, GPT-2's 50,257 below that, else max_token + 1. --vocab-size overrides.
   static int InferVocab(int max_token);
   bool is_llmc_format() const { return llmc_; }
+  int token_bytes() const { return width_; }  // 2 (uint16) or 4 (llm.c's uint32 files)
 
  private:
   std::string path_;
@@ -102,17 +103,27 @@ class TokenFile final : public TokenSource {
   int max_token_ = 0;
   void* map_ = nullptr;  // the whole file, mapped read-only
   size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;  // into map_, past the llm.c header if any
+  const void* tokens_ = nullptr;  // into map_, past the llm.c header if any
+  int width_ = 2;                 // bytes per token
   int64_t count_ = 0;
+  int64_t Token(int64_t i) const {
+    return width_ == 2 ? static_cast<const uint16_t*>(tokens_)[i]
+                       : static_cast<const uint32_t*>(tokens_)[i];
+  }
 };
 
 // Writes tokens as a raw nanoGPT .bin (llmc=false) or an llm.c file (llmc=true). Throws
 // IoError if the file cannot be written.
 void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens, bool llmc);
+// An llm.c file of uint32 tokens (llm.c's Llama 3 format: vocabularies beyond 65,536).
+void WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens);
 
 inline constexpr int kGpt2Vocab = 50257;
-inline constexpr int32_t kLlmcMagic = 20240520;
+inline constexpr int32_t kLlmcMagic = 20240520;  // uint16 tokens (GPT-2)
 inline constexpr int32_t kLlmcVersion = 1;
+inline constexpr int32_t kLlmcMagic32 = 20240801;  // uint32 tokens (Llama 3)
+inline constexpr int32_t kLlmcVersion32 = 7;
 inline constexpr int kLlmcHeaderInts = 256;
+inline constexpr int kMaxTokenFileVocab = 1 << 24;  // GptConfig's largest vocabulary
 
 }  // namespace sshsdp

@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -151,6 +152,29 @@ TEST_F(TokenFileTest, ReadsBothFormats) {
       EXPECT_EQ(tok, tok2);
     }
   }
+}
+
+// llm.c's uint32 files (Llama 3's format: vocabularies beyond 65,536) read as the uint16 ones.
+TEST_F(TokenFileTest, ReadsUint32Files) {
+  std::vector<uint32_t> tokens(300);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 997 % 151936);
+  const std::string path = Path("wide.bin");
+  WriteTokenFile(path, tokens);
+  TokenFile f(path, /*vocab=*/0, 8, 3);
+  EXPECT_TRUE(f.is_llmc_format());
+  EXPECT_EQ(f.token_bytes(), 4);
+  EXPECT_EQ(f.num_tokens(), 300);
+  EXPECT_EQ(f.vocab(), f.max_token() + 1);
+  EXPECT_GT(f.max_token(), 65535);
+  std::vector<int32_t> tok(8), tgt(8);
+  f.Sample(5, 8, tok.data(), tgt.data());
+  const auto at = std::find(tokens.begin(), tokens.end(), static_cast<uint32_t>(tok[0]));
+  ASSERT_NE(at, tokens.end());
+  for (int t = 0; t < 8; ++t) {
+    EXPECT_EQ(static_cast<uint32_t>(tok[t]), at[t]);
+    EXPECT_EQ(static_cast<uint32_t>(tgt[t]), at[t + 1]);
+  }
+  ExpectIoError(path, /*vocab=*/65536, 8, "outside the vocabulary");
 }
 
 // vocab 0: the vocabulary comes from the data (bytes, GPT-2, else the largest token + 1);
