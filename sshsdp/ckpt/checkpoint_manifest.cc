@@ -5,8 +5,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
+#include <type_traits>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
@@ -62,11 +64,62 @@ ojson LayoutJson(const Topology& t) {
           {"so", t.so()}};
 }
 
+// A JSON number as the integer type T: an integer literal (not 1e3 or 2.0) within T's range —
+// nlohmann's get<int> would wrap 4294967296 to 0 and truncate 1e308.
+template <typename T>
+T Integer(const json& v, const std::string& where, const char* key) {
+  SSHSDP_CHECK(v.is_number_integer(), IoError, "{}: '{}' is malformed: {} is not an integer", where,
+               key, v.dump());
+  if (v.is_number_unsigned()) {  // nlohmann keeps every non-negative integer unsigned
+    const uint64_t u = v.get<uint64_t>();
+    SSHSDP_CHECK(u <= static_cast<uint64_t>(std::numeric_limits<T>::max()), IoError,
+                 "{}: '{}' = {} is out of range", where, key, u);
+    return static_cast<T>(u);
+  }
+  const int64_t x = v.get<int64_t>();
+  SSHSDP_CHECK(std::is_signed_v<T> && x >= static_cast<int64_t>(std::numeric_limits<T>::min()),
+               IoError, "{}: '{}' = {} is out of range", where, key, x);
+  return static_cast<T>(x);
+}
+
+template <typename T>
+struct Strict {  // a value read as is (strings, string lists)
+  static T Read(const json& v, const std::string&, const char*) { return v.get<T>(); }
+};
+template <typename T>
+requires std::is_integral_v<T>
+struct Strict<T> {
+  static T Read(const json& v, const std::string& where, const char* key) {
+    return Integer<T>(v, where, key);
+  }
+};
+template <typename T>
+requires std::is_integral_v<T>
+struct Strict<std::vector<T>> {
+  static std::vector<T> Read(const json& v, const std::string& where, const char* key) {
+    SSHSDP_CHECK(v.is_array(), IoError, "{}: '{}' is not a list", where, key);
+    std::vector<T> out;
+    for (const json& e : v) out.push_back(Integer<T>(e, where, key));
+    return out;
+  }
+};
+template <typename T>
+struct Strict<std::map<std::string, T>> {
+  static std::map<std::string, T> Read(const json& v, const std::string& where, const char* key) {
+    SSHSDP_CHECK(v.is_object(), IoError, "{}: '{}' is not an object", where, key);
+    std::map<std::string, T> out;
+    for (const auto& [k, e] : v.items()) out[k] = Integer<T>(e, where, key);
+    return out;
+  }
+};
+
 template <typename T>
 T Get(const json& j, const char* key, const std::string& where) {
   SSHSDP_CHECK(j.is_object() && j.contains(key), IoError, "{}: missing '{}'", where, key);
   try {
-    return j.at(key).get<T>();
+    return Strict<T>::Read(j.at(key), where, key);
+  } catch (const IoError&) {
+    throw;
   } catch (const std::exception& e) {
     throw IoError(fmt::format("{}: '{}' is malformed: {}", where, key, e.what()));
   }
@@ -360,7 +413,8 @@ Manifest ParseManifest(const std::string& dir) {
         SSHSDP_CHECK(std::find(m.fields.begin(), m.fields.end(), f) != m.fields.end(), IoError,
                      "{}: shard in {} has field '{}', which the manifest does not list", tw,
                      m.files[cs.file].name, f);
-        SSHSDP_CHECK(off + (cs.end - cs.begin) * 4 <= m.files[cs.file].bytes, IoError,
+        const uint64_t file_bytes = m.files[cs.file].bytes;
+        SSHSDP_CHECK(off <= file_bytes && (cs.end - cs.begin) <= (file_bytes - off) / 4, IoError,
                      "{}: field '{}' [{}, {}) lies beyond the {} bytes of {}", tw, f, cs.begin,
                      cs.end, m.files[cs.file].bytes, m.files[cs.file].name);
       }

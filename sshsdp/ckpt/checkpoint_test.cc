@@ -70,6 +70,7 @@ TEST(Crc32, StandardCheckValueAndIncremental) {
 struct HandMade {
   std::string dir;
   json manifest;
+  uint64_t data_start[2] = {0, 0};  // each file's first record byte (after its header)
   // Sealed (manifest_crc32), as SaveCheckpoint writes it: the malformed manifests below test
   // the validation of what a sealed manifest says.
   void Write() const {
@@ -84,9 +85,23 @@ HandMade MakeCheckpoint(const std::string& root, int64_t step) {
   // file 0: main[0..4) then m[0..4); file 1: main[4..6) then m[4..6).
   const float main_v[6] = {1, 2, 3, 4, 5, 6}, m_v[6] = {-1, -2, -3, -4, -5, -6};
   json files = json::array();
+  uint64_t* data_start = h.data_start;
   for (int f = 0; f < 2; ++f) {
     const int b = f == 0 ? 0 : 4, n = f == 0 ? 4 : 2;
-    std::string bytes(reinterpret_cast<const char*>(main_v + b), n * 4);
+    json header = {
+        {"__metadata__",
+         {{"format", "sshsdp-checkpoint-shard"},
+          {"rank", std::to_string(f)},
+          {"step", std::to_string(step)}}},
+        {"group0.main", {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {0, 4 * n}}}},
+        {"group0.m", {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {4 * n, 8 * n}}}}};
+    std::string text = header.dump();
+    while ((text.size() + 8) % 8) text.push_back(' ');
+    const uint64_t len = text.size();
+    std::string bytes(reinterpret_cast<const char*>(&len), 8);
+    bytes += text;
+    data_start[f] = bytes.size();
+    bytes.append(reinterpret_cast<const char*>(main_v + b), n * 4);
     bytes.append(reinterpret_cast<const char*>(m_v + b), n * 4);
     const std::string name = fmt::format("rank_{:05d}.safetensors", f);
     std::ofstream(fs::path(h.dir) / name, std::ios::binary) << bytes;
@@ -111,8 +126,12 @@ HandMade MakeCheckpoint(const std::string& root, int64_t step) {
                    {"shape", {2, 3}},
                    {"group", 0},
                    {"shards",
-                    {{{"file", 0}, {"range", {0, 4}}, {"offsets", {{"main", 0}, {"m", 16}}}},
-                     {{"file", 1}, {"range", {4, 6}}, {"offsets", {{"main", 0}, {"m", 8}}}}}}}}}};
+                    {{{"file", 0},
+                      {"range", {0, 4}},
+                      {"offsets", {{"main", data_start[0]}, {"m", data_start[0] + 16}}}},
+                     {{"file", 1},
+                      {"range", {4, 6}},
+                      {"offsets", {{"main", data_start[1]}, {"m", data_start[1] + 8}}}}}}}}}};
   h.Write();
   return h;
 }
@@ -124,7 +143,7 @@ TEST(Manifest, ReadVerifyConsolidate) {
   EXPECT_EQ(m.step, 7);
   EXPECT_EQ(m.layout.ToString(), "W=2 nodes=1x2 sw=1 sg=1 so=2");
   ASSERT_EQ(m.files.size(), 2u);
-  EXPECT_EQ(m.DataBytes(), 48u);
+  EXPECT_EQ(m.DataBytes(), 48u + h.data_start[0] + h.data_start[1]);
   VerifyCheckpointFiles(m);
   auto main = ReadConsolidated(m, "main");
   EXPECT_EQ(main.at("w").shape, (std::vector<int64_t>{2, 3}));
@@ -148,7 +167,8 @@ TEST(Manifest, CorruptFilesAreNamed) {
   EXPECT_NE(CheckFileContents(m, 1).find("checksum mismatch"), std::string::npos);
   ExpectError<IoError>([&] { VerifyCheckpointFiles(m); }, {f1, "checksum mismatch"});
   fs::resize_file(f1, 10);
-  EXPECT_NE(CheckFileSize(m, 1).find("truncated: 10 bytes, the manifest says 16"),
+  EXPECT_NE(CheckFileSize(m, 1).find(
+                fmt::format("truncated: 10 bytes, the manifest says {}", h.data_start[1] + 16)),
             std::string::npos);
   fs::remove(f1);
   ExpectError<IoError>([&] { VerifyCheckpointFiles(m); }, {f1, "missing"});
@@ -174,8 +194,25 @@ TEST(Manifest, MalformedManifestsAreRefused) {
   j["tensors"][0]["shards"][1]["file"] = 9;
   expect(j, "file #9");
   j = h.manifest;
-  j["tensors"][0]["shards"][1]["offsets"]["m"] = 12;
-  expect(j, "beyond the 16 bytes");
+  const uint64_t bytes1 = h.data_start[1] + 16;
+  j["tensors"][0]["shards"][1]["offsets"]["m"] = bytes1 - 4;
+  expect(j, fmt::format("beyond the {} bytes", bytes1));
+  // Numbers are what they must be: integers in range, never wrapped or truncated.
+  j = h.manifest;
+  j["tensors"][0]["shards"][1]["file"] = 4294967296;
+  expect(j, "'file' = 4294967296 is out of range");
+  j = h.manifest;
+  j["layout"]["world"] = 4294967300;
+  expect(j, "'world' = 4294967300 is out of range");
+  j = h.manifest;
+  j["tensors"][0]["shards"][1]["offsets"]["m"] = -1;
+  expect(j, "'offsets' = -1 is out of range");
+  j = h.manifest;
+  j["tensors"][0]["shards"][1]["offsets"]["m"] = 18446744073709551615ull;
+  expect(j, "beyond the");
+  j = h.manifest;
+  j["step"] = 1e308;
+  expect(j, "'step' is malformed: 1e+308 is not an integer");
   j = h.manifest;
   j["files"][0]["name"] = "../etc/passwd";
   expect(j, "not a plain file name");
@@ -210,6 +247,41 @@ TEST(Manifest, MalformedManifestsAreRefused) {
   ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, "not valid JSON"});
 }
 
+// A manifest whose numbers are valid but disagree with a rank file's own header is refused at
+// verification, naming the tensor and both sources.
+TEST(Manifest, ManifestAndRankHeadersMustAgree) {
+  const std::string root = Tmp("headers");
+  HandMade h = MakeCheckpoint(root, 1);
+  // Shard 0's moments read from the file's main record: inside the file, outside its record.
+  json j = h.manifest;
+  j["tensors"][0]["shards"][0]["offsets"]["m"] = h.data_start[0];
+  HandMade moved = h;
+  moved.manifest = j;
+  moved.Write();
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {"rank_00000.safetensors", "tensor 'w' [0, 4) field 'm'",
+                        "outside the file's record 'group0.m'"});
+  h.Write();
+  VerifyCheckpointFiles(ReadManifest(h.dir));
+  // A rank file whose header names another rank (its CRC re-sealed in the manifest).
+  const std::string f1 = (fs::path(h.dir) / "rank_00001.safetensors").string();
+  std::string bytes;
+  {
+    std::ifstream in(f1, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = bytes.find("\"rank\":\"1\"");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 8] = '0';
+  std::ofstream(f1, std::ios::binary | std::ios::trunc) << bytes;
+  j = h.manifest;
+  j["files"][1]["crc32"] = fmt::format("0x{:08x}", Crc32(bytes.data(), bytes.size()));
+  moved.manifest = j;
+  moved.Write();
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {f1, "its header says rank 0 step 1, the manifest lists it as rank 1"});
+}
+
 TEST(Manifest, EditsOfASealedManifestAreRefused) {
   const std::string root = Tmp("sealed");
   HandMade h = MakeCheckpoint(root, 1);
@@ -223,9 +295,10 @@ TEST(Manifest, EditsOfASealedManifestAreRefused) {
   auto write = [&](const std::string& t) { std::ofstream(mp, std::ios::trunc) << t; };
   // One digit of a shard offset (still in range: the structural checks pass).
   std::string edited = text;
-  const size_t at = edited.find("\"m\": 16");
+  const std::string from = fmt::format("\"m\": {}", h.data_start[0] + 16);
+  const size_t at = edited.find(from);
   ASSERT_NE(at, std::string::npos) << text;
-  edited.replace(at, std::string("\"m\": 16").size(), "\"m\": 12");
+  edited.replace(at, from.size(), fmt::format("\"m\": {}", h.data_start[0] + 12));
   write(edited);
   ExpectError<IoError>([&] { ReadManifest(h.dir); }, {mp, "manifest checksum mismatch"});
   // The two files' CRCs swapped.
