@@ -22,8 +22,8 @@ for _ in $(seq "$COPIES"); do cat "$ROOT/sshsdp/text/testdata/corpus.txt" >>"$te
 echo "text: $(du -h "$text" | cut -f1), $(grep -c '' "$text") lines; tokenizer $TOKENIZER; CPU: $(lscpu | sed -n 's/^Model name: *//p')"
 for threads in 1 2; do
   for rep in $(seq "$REPEATS"); do
-    s=$( { /usr/bin/time -f %e "$SSHSDP" tokenize --tokenizer "$TOKENIZER" --input "$text" \
-          --out "$OUT/t.bin" --threads "$threads" >/dev/null 2>/dev/null; } 2>&1 | tail -1)
+    s=$( { TIMEFORMAT=%R; time "$SSHSDP" tokenize --tokenizer "$TOKENIZER" --input "$text" \
+          --out "$OUT/t.bin" --threads "$threads" >/dev/null 2>&1; } 2>&1)
     h=$(RAYON_NUM_THREADS=$threads "$VENV/bin/python" - "$TOKENIZER" "$text" <<'PY'
 import sys, time
 from tokenizers import Tokenizer

@@ -10,6 +10,7 @@ PKGS=(
   libgtest-dev libgmock-dev           # unit and multi-rank tests
   libcli11-dev nlohmann-json3-dev libfmt-dev   # CLI, JSON metrics/manifests, formatting
   pkg-config libpcre2-dev libicu-dev  # tokenizers: Unicode regexes (PCRE2), NFC (ICU)
+  libtomlplusplus-dev                 # --config files: a real TOML parser (line and column)
   python3 python3-matplotlib          # scripts/plot_metrics.py (training curves, bench plots)
 )
 missing=()

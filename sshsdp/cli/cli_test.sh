@@ -65,6 +65,14 @@ timeout 60 "$bin" "${tiny[@]}" --steps 1 --eval-every 1 --eval-tokens 2000000000
   >"$tmp/evalcap.out" 2>&1 && grep -q "note: --eval-tokens 2000000000 exceeds the 4194304" \
   "$tmp/evalcap.out"
 check "--eval-tokens beyond the held-out budget is capped, with a note" $?
+# --config files are parsed as TOML (toml++): a syntax error names its line and column, a
+# table that is not [train] is refused.
+printf 'steps = 2\nmodel = "tiny\n' >"$tmp/bad.toml"
+expect_error "a TOML syntax error names the file, line and column" "bad.toml:2:" \
+  "$bin" train --config "$tmp/bad.toml"
+printf '[optimizer]\nlr = 0.1\n' >"$tmp/table.toml"
+expect_error "a table other than [train] is refused" "'optimizer' is a table" \
+  "$bin" train --config "$tmp/table.toml"
 expect_error "--dump-config of a config train refuses is an error, not a file" \
   "AdamW lr (--lr) must be a finite number >= 0" "$bin" train --dump-config --lr -1
 timeout 60 "$bin" "${tiny[@]}" --steps 2 --warmup 100 >"$tmp/warm.out" 2>&1 &&

@@ -15,6 +15,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <toml++/toml.h>
 
 #include "sshsdp/base/error.h"
 
@@ -54,8 +55,33 @@ std::vector<std::string> ItemArgs(const CLI::App& train, const std::vector<CLI::
 
 }  // namespace
 
+// The file parsed as TOML first (toml++): a syntax error is named with its line and column,
+// and only keys at the top level or under [train] holding values or arrays are allowed — CLI11's
+// lenient reader below would take `model = "tiny` as the preset name '"tiny'.
+void CheckTomlSyntax(const std::string& path) {
+  toml::table t;
+  try {
+    t = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    throw ConfigError(fmt::format("--config {}:{}:{}: not valid TOML: {}", path, at.line,
+                                  at.column, e.description()));
+  }
+  for (const auto& [key, value] : t) {
+    const bool section = key.str() == "train" && value.is_table();
+    SSHSDP_CHECK(section || value.is_value() || value.is_array(), ConfigError,
+                 "--config {}: '{}' is a table; options go at the top level or under [train]",
+                 path, key.str());
+    if (!section) continue;
+    for (const auto& [k, v] : *value.as_table())
+      SSHSDP_CHECK(v.is_value() || v.is_array(), ConfigError,
+                   "--config {}: [train] '{}' is a table; options take values", path, k.str());
+  }
+}
+
 std::vector<std::string> ConfigFileArgs(const CLI::App& train, const std::string& path) {
   std::vector<CLI::ConfigItem> items;
+  CheckTomlSyntax(path);
   try {
     items = CLI::ConfigTOML().from_file(path);
   } catch (const CLI::Error& e) {
