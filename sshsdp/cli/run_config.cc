@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <toml++/toml.h>
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -15,7 +16,6 @@
 #include <set>
 #include <sstream>
 #include <string_view>
-#include <toml++/toml.h>
 
 #include "sshsdp/base/error.h"
 
@@ -64,14 +64,14 @@ void CheckTomlSyntax(const std::string& path) {
     t = toml::parse_file(path);
   } catch (const toml::parse_error& e) {
     const auto& at = e.source().begin;
-    throw ConfigError(fmt::format("--config {}:{}:{}: not valid TOML: {}", path, at.line,
-                                  at.column, e.description()));
+    throw ConfigError(fmt::format("--config {}:{}:{}: not valid TOML: {}", path, at.line, at.column,
+                                  e.description()));
   }
   for (const auto& [key, value] : t) {
     const bool section = key.str() == "train" && value.is_table();
     SSHSDP_CHECK(section || value.is_value() || value.is_array(), ConfigError,
-                 "--config {}: '{}' is a table; options go at the top level or under [train]",
-                 path, key.str());
+                 "--config {}: '{}' is a table; options go at the top level or under [train]", path,
+                 key.str());
     if (!section) continue;
     for (const auto& [k, v] : *value.as_table())
       SSHSDP_CHECK(v.is_value() || v.is_array(), ConfigError,
