@@ -480,5 +480,31 @@ TEST_F(CheckpointMpi, SavesAreAtomicPrunedAndReplaceable) {
   }
 }
 
+// The checkpoint with the best validation loss is kept out of --keep pruning: a run whose later
+// states got worse keeps its best one besides the newest.
+TEST_F(CheckpointMpi, PruningKeepsTheBestValidatedCheckpoint) {
+  const std::string dir = SharedDir(*world_, "best");
+  const GptConfig gc = TestModel();
+  Gpt model(gc);
+  Engine a(model, *world_, Config({4, 2, 2, 4}, 2, DType::kBF16));
+  a.InitWeights(2);
+  int64_t step = 0;
+  BatchFn batch = MakeBatch(&step, 4, world_->rank(), 2, gc.vocab);
+  const double val[] = {3.0, 1.5, 2.5, 2.0};  // step 2 is the best
+  std::vector<std::string> pruned;
+  for (double v : val) {
+    Train(a, &step, 1, batch);
+    CheckpointMeta meta{ModelJson(gc), {}, {{"val_loss", v}}};
+    SaveResult s = SaveCheckpoint(a, *world_, dir, meta, {.keep = 1});
+    pruned.insert(pruned.end(), s.pruned.begin(), s.pruned.end());
+  }
+  if (world_->rank() == 0) {
+    std::vector<int64_t> steps;
+    for (const auto& c : ListCheckpoints(dir)) steps.push_back(c.first);
+    EXPECT_EQ(steps, (std::vector<int64_t>{2, 4}));  // the best and the newest
+    EXPECT_EQ(pruned, (std::vector<std::string>{dir + "/step_00000001", dir + "/step_00000003"}));
+  }
+}
+
 }  // namespace
 }  // namespace sshsdp

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 
 #include "sshsdp/base/error.h"
@@ -160,8 +161,28 @@ void RemoveTemporaries(const std::string& root) {
   }
 }
 
+// The checkpoint whose manifest records the lowest validation loss ("val_loss": one taken at
+// its own step), "" when none does. A manifest that cannot be read is passed over.
+std::string BestValidated(const std::vector<std::pair<int64_t, std::string>>& all) {
+  std::string best;
+  double lowest = std::numeric_limits<double>::infinity();
+  for (const auto& [s, dir] : all) {
+    try {
+      const Manifest m = ReadManifest(dir);
+      const auto it = m.meta.scalars.find("val_loss");
+      if (it == m.meta.scalars.end() || !it->is_number()) continue;
+      const double v = it->get<double>();
+      if (v < lowest) lowest = v, best = dir;
+    } catch (const Error&) {
+    }
+  }
+  return best;
+}
+
 // Rank 0 after a successful save of `step`: keep the newest `keep` (the one just saved first,
-// then older steps newest first, then checkpoints of later steps from an abandoned history).
+// then older steps newest first, then checkpoints of later steps from an abandoned history),
+// and the one with the best validation loss besides (a run that diverged later must not
+// prune its best state away).
 std::vector<std::string> Prune(const std::string& root, int64_t step, int keep,
                                const Fault& fault) {
   std::vector<std::string> removed;
@@ -179,7 +200,9 @@ std::vector<std::string> Prune(const std::string& root, int64_t step, int keep,
   std::reverse(later.begin(), later.end());
   order.insert(order.end(), older.begin(), older.end());
   order.insert(order.end(), later.begin(), later.end());
+  const std::string best = order.size() > static_cast<size_t>(keep) ? BestValidated(all) : "";
   for (size_t i = static_cast<size_t>(keep); i < order.size(); ++i) {
+    if (order[i].second == best) continue;
     // Rename first (atomic): a crash mid-delete leaves a *.tmp that loads ignore.
     const std::string gone = order[i].second + ".pruned.tmp";
     std::error_code ec;

@@ -617,6 +617,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
              {"data_samples", first_sample + (cur + 1 - start) * int64_t{M} * W * B},
              {"seed", o.seed},
              {"sr_seed", engine.config().sr_seed}}};
+        // A validation loss of this very step: pruning keeps the best such checkpoint.
+        if (!std::isnan(val_loss)) meta.scalars["val_loss"] = val_loss;
         SaveResult s = SaveCheckpoint(engine, *world, o.ckpt_dir, meta, {o.keep, o.ckpt_fault});
         if (rank == 0) {
           fmt::print("saved {} ({} files, {} bytes, {:.3f} s){}\n", s.dir, s.files, s.bytes,

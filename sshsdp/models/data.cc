@@ -212,6 +212,12 @@ void TokenFile::Validate() {
   const int64_t header_bytes = kLlmcHeaderInts * 4;
   int32_t header[3] = {0, 0, 0};
   if (size >= 12) std::memcpy(header, bytes, sizeof(header));
+  for (const int32_t magic : {kLlmcMagic, kLlmcMagic32})
+    SSHSDP_CHECK(header[0] != static_cast<int32_t>(__builtin_bswap32(static_cast<uint32_t>(magic))),
+                 IoError,
+                 "token file '{}': an llm.c header written big-endian (magic {} byte-swapped); "
+                 "llm.c files are little-endian: re-create it on a little-endian machine",
+                 path, magic);
   const bool wide = header[0] == kLlmcMagic32;
   if (header[0] == kLlmcMagic || wide) {
     const int32_t version = wide ? kLlmcVersion32 : kLlmcVersion;
@@ -298,40 +304,36 @@ void TokenFile::Sample(int64_t index, int T, int32_t* tokens, int32_t* targets) 
   }
 }
 
-void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens, bool llmc) {
+namespace {
+
+// n tokens of `width` bytes, after an llm.c header (magic, version, count) unless magic is 0.
+void WriteTokens(const std::string& path, const void* tokens, size_t n, int width, int32_t magic,
+                 int32_t version) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   SSHSDP_CHECK(out.good(), IoError, "token file '{}': cannot create ({})", path,
                std::strerror(errno));
-  if (llmc) {
+  if (magic != 0) {
+    SSHSDP_CHECK(n <= 0x7FFFFFFFu, IoError,
+                 "token file '{}': {} tokens do not fit llm.c's int32 count", path, n);
     std::vector<int32_t> header(kLlmcHeaderInts, 0);
-    header[0] = kLlmcMagic;
-    header[1] = kLlmcVersion;
-    SSHSDP_CHECK(tokens.size() <= 0x7FFFFFFFu, IoError,
-                 "token file '{}': {} tokens do not fit llm.c's int32 count", path, tokens.size());
-    header[2] = static_cast<int32_t>(tokens.size());
+    header[0] = magic;
+    header[1] = version;
+    header[2] = static_cast<int32_t>(n);
     out.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderInts * 4);
   }
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * 2));
+  out.write(static_cast<const char*>(tokens), static_cast<std::streamsize>(n * width));
   out.close();
   SSHSDP_CHECK(out.good(), IoError, "token file '{}': write failed", path);
 }
 
+}  // namespace
+
+void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens, bool llmc) {
+  WriteTokens(path, tokens.data(), tokens.size(), 2, llmc ? kLlmcMagic : 0, kLlmcVersion);
+}
+
 void WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  SSHSDP_CHECK(out.good(), IoError, "token file '{}': cannot create ({})", path,
-               std::strerror(errno));
-  SSHSDP_CHECK(tokens.size() <= 0x7FFFFFFFu, IoError,
-               "token file '{}': {} tokens do not fit llm.c's int32 count", path, tokens.size());
-  std::vector<int32_t> header(kLlmcHeaderInts, 0);
-  header[0] = kLlmcMagic32;
-  header[1] = kLlmcVersion32;
-  header[2] = static_cast<int32_t>(tokens.size());
-  out.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderInts * 4);
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size() * 4));
-  out.close();
-  SSHSDP_CHECK(out.good(), IoError, "token file '{}': write failed", path);
+  WriteTokens(path, tokens.data(), tokens.size(), 4, kLlmcMagic32, kLlmcVersion32);
 }
 
 }  // namespace sshsdp

@@ -177,6 +177,20 @@ TEST_F(TokenFileTest, ReadsUint32Files) {
   ExpectIoError(path, /*vocab=*/65536, 8, "outside the vocabulary");
 }
 
+// An llm.c file written big-endian is named as such (it would otherwise read as raw tokens).
+TEST_F(TokenFileTest, BigEndianHeaderIsNamed) {
+  std::vector<int32_t> header(kLlmcHeaderInts, 0);
+  header[0] = static_cast<int32_t>(__builtin_bswap32(static_cast<uint32_t>(kLlmcMagic)));
+  header[1] = static_cast<int32_t>(__builtin_bswap32(kLlmcVersion));
+  header[2] = static_cast<int32_t>(__builtin_bswap32(100));
+  std::vector<char> bytes(reinterpret_cast<const char*>(header.data()),
+                          reinterpret_cast<const char*>(header.data()) + kLlmcHeaderInts * 4);
+  bytes.resize(bytes.size() + 200, 0);
+  const std::string path = Path("be.bin");
+  WriteBytes(path, bytes);
+  ExpectIoError(path, 0, 8, "written big-endian");
+}
+
 // vocab 0: the vocabulary comes from the data (bytes, GPT-2, else the largest token + 1);
 // a token beyond an explicit vocabulary names the largest token and --vocab-size.
 TEST_F(TokenFileTest, InfersTheVocabularyFromTheData) {
