@@ -11,6 +11,7 @@
 #                                  params, backend <- models -------|-------------- cli
 #                               comm, backend <- device (staged, NCCL, direct) <- engine
 #   base <- text (tokenizers) <------------------------------------------------------- cli
+#   ckpt, models <- trainer (the front door: trainer.h, sshsdp/sshsdp.h)
 # (params/model.h is the Model interface the engine runs; models/ implements it and does not
 # depend on the engine.)
 #
@@ -23,7 +24,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
 endif()
 
 set(SSHSDP_LAYERS base numerics layout comm kernels backend params update device engine models
-    text ckpt cli)
+    text ckpt trainer cli)
 set(SSHSDP_DEPS_base "")
 set(SSHSDP_DEPS_numerics base)
 set(SSHSDP_DEPS_layout numerics)
@@ -37,6 +38,7 @@ set(SSHSDP_DEPS_engine update device)
 set(SSHSDP_DEPS_models params backend)
 set(SSHSDP_DEPS_ckpt engine)
 set(SSHSDP_DEPS_text base)
+set(SSHSDP_DEPS_trainer ckpt models)
 set(SSHSDP_DEPS_cli ckpt models text)
 
 # out: the layers `layer` may use (itself included).

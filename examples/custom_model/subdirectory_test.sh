@@ -18,8 +18,8 @@ cmake_minimum_required(VERSION 3.25)
 project(parent LANGUAGES CXX)
 set(CMAKE_CXX_STANDARD 20)
 add_subdirectory($src sshsdp)
-add_executable(bigram_mlp $src/examples/custom_model/bigram_mlp.cc)
-target_link_libraries(bigram_mlp PRIVATE sshsdp::sshsdp)
+add_executable(bigram_mlp_check $src/examples/custom_model/bigram_mlp_check.cc)
+target_link_libraries(bigram_mlp_check PRIVATE sshsdp::sshsdp)
 CMAKE
 cmake -S "$tmp/parent" -B "$tmp/build" -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O0 \
   -DCMAKE_UNITY_BUILD=ON -DSSHSDP_CUDA=OFF >"$tmp/configure.log"
@@ -27,6 +27,6 @@ if grep -q "^GTest_DIR" "$tmp/build/CMakeCache.txt"; then
   echo "the parent's configure looked for GTest although sshsdp's tests are off" >&2
   exit 1
 fi
-cmake --build "$tmp/build" --target bigram_mlp -j 2 >/dev/null
-"$@" -np 2 "$tmp/build/bigram_mlp" "$tmp/ckpt"
+cmake --build "$tmp/build" --target bigram_mlp_check -j 2 >/dev/null
+"$@" -np 2 "$tmp/build/bigram_mlp_check" "$tmp/ckpt"
 echo "add_subdirectory: OK"
