@@ -8,7 +8,8 @@
 #     ~Engine's drain and MPI_Win_free) with the error named on that rank;
 #   * SIGTERM (as Slurm sends it to every task before preemption) finishes the step, writes a
 #     checkpoint that verifies, and exits 143; sent to one rank only, every rank stops after
-#     the same step; a second signal ends the process at once;
+#     the same step; a second signal ends the process at once; SIGUSR1 sent to mpirun (which
+#     forwards it, where it kills the ranks on a SIGTERM) does the same, exiting 138;
 #   * a second job on a --ckpt-dir in use is refused naming the holder; after a roll-back
 #     into the same --ckpt-dir, "latest" is the last completed save, not the highest step.
 # Usage: fault_test.sh SSHSDP MPIRUN [MPIRUN_ARGS...]
@@ -88,6 +89,15 @@ echo "  SIGTERM to every rank: exit $rc, $saved checkpoint(s)"
   grep -q "sshsdp: Terminated received: stopped after step [0-9]*, checkpoint saved in $tmp/ck_all; exiting with 143" "$tmp/sig.err" &&
   "$bin" ckpt inspect "$tmp/ck_all" >/dev/null 2>&1
 check "SIGTERM finishes the step, saves a checkpoint that verifies, exits 143" $?
+# mpirun forwards SIGUSR1 to every rank (a SIGTERM to mpirun kills them instead).
+start_run "$tmp/ck_usr1" 2
+kill -USR1 "$mp"
+finish_run
+saved=$(ls "$tmp/ck_usr1" 2>/dev/null | grep -c '^step_')
+[ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$saved" -eq 1 ] &&
+  grep -q "stopped after step [0-9]*, checkpoint saved in $tmp/ck_usr1; exiting with 138" \
+    "$tmp/sig.err" && "$bin" ckpt inspect "$tmp/ck_usr1" >/dev/null 2>&1
+check "SIGUSR1 to mpirun (forwarded to every rank) saves a checkpoint that verifies, exits 138" $?
 start_run "$tmp/ck_one" 4
 kill -TERM "$(pgrep -P "$mp" | sort -n | sed -n 2p)"
 finish_run

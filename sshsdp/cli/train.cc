@@ -49,9 +49,11 @@ namespace sshsdp {
 
 namespace {
 
-// SIGTERM (what Slurm sends before preemption) and SIGINT: the first asks the training loop
-// to stop after the current step (checkpoint when --ckpt-dir is set, exit 128 + signal); a
-// second ends the process at once.
+// SIGTERM (what Slurm sends before preemption), SIGINT and SIGUSR1: the first asks the training
+// loop to stop after the current step (checkpoint when --ckpt-dir is set, exit 128 + signal); a
+// second ends the process at once. SIGUSR1 is the one to send to mpirun: OpenMPI forwards it to
+// every rank, where a SIGTERM to mpirun is followed by SIGKILL one second later
+// (odls_base_sigkill_timeout), often before the checkpoint is written.
 std::atomic<int> g_stop_signal{0};
 // Before the first step there is nothing to finish or save: a signal then (also what MPI_Abort
 // sends when another rank's start-up check failed) ends the process at once.
@@ -76,6 +78,7 @@ void InstallStopHandlers() {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
 }
 
 // "42 s", "12m05s", "3h07m".
