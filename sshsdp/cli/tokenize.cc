@@ -223,6 +223,11 @@ int RunTokenize(const TokenizeOptions& o) {
                  100.0 * done_bytes / total_bytes, done_bytes / 1e6 / std::max(s, 1e-9),
                  n_tokens / std::max(s, 1e-9));
     }
+    SSHSDP_CHECK(o.val_out.empty() || (n_val > 0 && n_val < static_cast<int64_t>(docs.size())),
+                 ConfigError,
+                 "--val-fraction {} sent {} of the {} documents to validation: each file needs at "
+                 "least one; change --val-fraction (nothing was written)",
+                 o.val_fraction, n_val, docs.size());
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const bool wide = tok.vocab_size() > 65536;
     WriteAtomically(o.out, train, wide);

@@ -72,7 +72,11 @@ json.dump(t, open(sys.argv[2],'w'))" "$data/gpt2_style.json" "$tmp/wp.json"
 expect_error "a WordPiece tokenizer.json is refused naming what is unsupported" \
   "model 'WordPiece' is not supported" \
   "$bin" tokenize --tokenizer "$tmp/wp.json" --input "$tmp/c.txt" --out "$tmp/x.bin"
-! ls "$tmp"/x.bin* >/dev/null 2>&1
+printf 'one short document\n' >"$tmp/one.txt"
+expect_error "a validation split that leaves a file empty is refused, writing nothing" \
+  "sent 0 of the 1 documents to validation" "$bin" tokenize "${tok[@]}" --input "$tmp/one.txt" \
+  --out "$tmp/x.bin" --val-out "$tmp/x_val.bin" --val-fraction 0.01
+! ls "$tmp"/x.bin* "$tmp"/x_val.bin* >/dev/null 2>&1
 check "no output or temporary file is left by a refused run" $?
 cmp -s "$tmp/c.txt" "$data/corpus.txt"
 check "the input named as output is untouched" $?

@@ -245,9 +245,7 @@ void Gpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) 
   float* arena = arena_.Reserve<float>(total);
   for (size_t i = 0; i < std::size(sizes); ++i) *slots[i] = arena + offsets[i];
 
-  fwd_next_ = 0;
-  fwd_done_ = false;
-  bwd_next_ = -1;
+  order_.Reset(num_groups());
   loss_ready_ = false;
 }
 
@@ -310,24 +308,16 @@ const float* Gpt::Gain(const TensorRef& t) {
 
 void Gpt::Forward(int g, const std::vector<TensorRef>& w) {
   SSHSDP_CHECK(B_ > 0, PlanError, "GPT Forward({}) before SetBatch", g);
-  SSHSDP_CHECK(g == 0 || g == fwd_next_, PlanError,
-               "GPT Forward({}) out of order: expected group {} (forward runs 0..{})", g, fwd_next_,
-               num_groups() - 1);
+  order_.StartForward(g);
   CheckViews(g, w, "weight");
   if (g == 0) {
-    fwd_done_ = false;
-    bwd_next_ = -1;
     ForwardEmbedding(w);
   } else if (g == num_groups() - 1) {
     ForwardHead(w);
   } else {
     ForwardBlock(g - 1, GemmViews(g, w));
   }
-  fwd_next_ = g + 1;
-  if (fwd_next_ == num_groups()) {
-    fwd_done_ = true;
-    bwd_next_ = num_groups() - 1;
-  }
+  order_.EndForward(g);
 }
 
 double Gpt::Loss() const {
@@ -366,11 +356,7 @@ std::vector<double> Gpt::TakeLosses() {
 
 void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                    GradWrite mode) {
-  SSHSDP_CHECK(fwd_done_ && g == bwd_next_, PlanError,
-               "GPT Backward({}) out of order: {} (backward runs {}..0 after a full forward)", g,
-               fwd_done_ ? fmt::format("expected group {}", bwd_next_)
-                         : std::string("forward pass incomplete"),
-               num_groups() - 1);
+  order_.StartBackward(g);
   CheckViews(g, w, "weight");
   CheckViews(g, grad, "gradient");
   const bool acc = mode == GradWrite::kAccumulate;
@@ -381,8 +367,7 @@ void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<Ten
   } else {
     BackwardBlock(g - 1, GemmViews(g, w), grad, acc);
   }
-  // After group 0 the pass may be repeated (activations are untouched by backward).
-  bwd_next_ = g == 0 ? num_groups() - 1 : g - 1;
+  order_.EndBackward(g);
 }
 
 void Gpt::ForwardEmbedding(const std::vector<TensorRef>& w) {

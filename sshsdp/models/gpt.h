@@ -43,6 +43,7 @@
 
 #include "sshsdp/backend/backend.h"
 #include "sshsdp/backend/backend_buffer.h"
+#include "sshsdp/models/group_order.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp {
@@ -279,9 +280,7 @@ class Gpt final : public Model {
 
   // Execution order guards: next forward group, whether a forward pass completed, next
   // backward group.
-  int fwd_next_ = 0;
-  bool fwd_done_ = false;
-  int bwd_next_ = -1;
+  GroupOrder order_{"GPT"};
   bool loss_ready_ = false;  // the head ran since the last SetBatch / embedding forward
 };
 

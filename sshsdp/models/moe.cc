@@ -223,9 +223,7 @@ void MoeGpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int 
   trunk_.SetBatch(tokens, targets, B, T);  // checks the batch
   if (B != B_ || T != T_) Allocate(B, T);
   for (BlockActs& A : blocks_) A.routed = false;
-  fwd_next_ = 0;
-  fwd_done_ = false;
-  bwd_next_ = -1;
+  order_.Reset(num_groups());
 }
 
 void MoeGpt::Allocate(int B, int T) {
@@ -325,12 +323,14 @@ void MoeGpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what
 }
 
 double MoeGpt::CrossEntropy() const {
-  SSHSDP_CHECK(fwd_done_, PlanError, "MoE GPT loss read before the last group's Forward");
+  SSHSDP_CHECK(order_.forward_done(), PlanError,
+               "MoE GPT loss read before the last group's Forward");
   return trunk_.Loss();
 }
 
 double MoeGpt::AuxLoss() const {
-  SSHSDP_CHECK(fwd_done_, PlanError, "MoE GPT loss read before the last group's Forward");
+  SSHSDP_CHECK(order_.forward_done(), PlanError,
+               "MoE GPT loss read before the last group's Forward");
   double aux = 0.0;
   for (int l = 0; l < c_.trunk.n_layer; ++l) {
     if (c_.IsMoeLayer(l)) aux += blocks_[l].aux;

@@ -279,9 +279,7 @@ class MoeGpt final : public Model {
   OpProfile* profile_ = nullptr;
   std::vector<double> kept_aux_;  // the aux loss of each kept forward (KeepLoss)
 
-  int fwd_next_ = 0;
-  bool fwd_done_ = false;
-  int bwd_next_ = -1;
+  GroupOrder order_{"MoE GPT"};
 };
 
 }  // namespace sshsdp

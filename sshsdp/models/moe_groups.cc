@@ -2,7 +2,6 @@
 // dispatch by the group's role onto the trunk — the dense GPT's pieces (gpt.h: embeddings,
 // a block's attention half, dense blocks, head) on the same backend — and an MoE block's MLP:
 // the router (moe_router.cc) and the experts (moe_experts.cc).
-#include <string>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/models/moe.h"
@@ -11,15 +10,11 @@ namespace sshsdp {
 
 void MoeGpt::Forward(int g, const std::vector<TensorRef>& w) {
   SSHSDP_CHECK(B_ > 0, PlanError, "MoE GPT Forward({}) before SetBatch", g);
-  SSHSDP_CHECK(g == 0 || g == fwd_next_, PlanError,
-               "MoE GPT Forward({}) out of order: expected group {} (forward runs 0..{})", g,
-               fwd_next_, num_groups() - 1);
+  order_.StartForward(g);
   CheckViews(g, w, "weight");
   const GroupRole r = roles_[g];
   switch (r.role) {
     case Role::kEmbed:
-      fwd_done_ = false;
-      bwd_next_ = -1;
       trunk_.ForwardEmbedding(w);
       break;
     case Role::kHead:
@@ -41,21 +36,12 @@ void MoeGpt::Forward(int g, const std::vector<TensorRef>& w) {
       ForwardExperts(r.layer, w.data());
       break;
   }
-  fwd_next_ = g + 1;
-  if (fwd_next_ == num_groups()) {
-    fwd_done_ = true;
-    bwd_next_ = num_groups() - 1;
-  }
+  order_.EndForward(g);
 }
 
 void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                       GradWrite mode) {
-  SSHSDP_CHECK(fwd_done_ && g == bwd_next_, PlanError,
-               "MoE GPT Backward({}) out of order: {} (backward runs {}..0 after a full forward)",
-               g,
-               fwd_done_ ? fmt::format("expected group {}", bwd_next_)
-                         : std::string("forward pass incomplete"),
-               num_groups() - 1);
+  order_.StartBackward(g);
   CheckViews(g, w, "weight");
   CheckViews(g, grad, "gradient");
   const bool acc = mode == GradWrite::kAccumulate;
@@ -89,8 +75,7 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
       trunk_.BackwardAttention(r.layer, w, grad, acc);
       break;
   }
-  // After group 0 the pass may be repeated (activations are untouched by backward).
-  bwd_next_ = g == 0 ? num_groups() - 1 : g - 1;
+  order_.EndBackward(g);
 }
 
 }  // namespace sshsdp
