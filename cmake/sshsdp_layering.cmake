@@ -12,6 +12,7 @@
 #                               comm, backend <- device (staged, NCCL, direct) <- engine
 #   base <- text (tokenizers) <------------------------------------------------------- cli
 #   ckpt, models <- trainer (the front door: trainer.h, sshsdp/sshsdp.h)
+#   ckpt, models <- hf (Hugging Face config.json and safetensors checkpoints) <----------- cli
 # (params/model.h is the Model interface the engine runs; models/ implements it and does not
 # depend on the engine.)
 #
@@ -24,7 +25,7 @@ if(CMAKE_SCRIPT_MODE_FILE)
 endif()
 
 set(SSHSDP_LAYERS base numerics layout comm kernels backend params update device engine models
-    text ckpt trainer cli)
+    text ckpt trainer hf cli)
 set(SSHSDP_DEPS_base "")
 set(SSHSDP_DEPS_numerics base)
 set(SSHSDP_DEPS_layout numerics)
@@ -39,7 +40,8 @@ set(SSHSDP_DEPS_models params backend)
 set(SSHSDP_DEPS_ckpt engine)
 set(SSHSDP_DEPS_text base)
 set(SSHSDP_DEPS_trainer ckpt models)
-set(SSHSDP_DEPS_cli ckpt models text)
+set(SSHSDP_DEPS_hf ckpt models)
+set(SSHSDP_DEPS_cli ckpt models text hf)
 
 # out: the layers `layer` may use (itself included).
 function(sshsdp_layer_closure layer out)

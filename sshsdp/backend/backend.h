@@ -54,6 +54,7 @@
 #include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/kernels/newton_schulz.h"
 #include "sshsdp/kernels/optimizer.h"
+#include "sshsdp/kernels/rope.h"
 #include "sshsdp/numerics/dtype.h"
 #include "sshsdp/numerics/mx.h"
 #include "sshsdp/numerics/scale_layout.h"
@@ -85,6 +86,7 @@ enum class BackendFeature {
   kBf16Attention,   // CausalAttention{Forward,Backward}Bf16
   kBf16Gradients,   // bf16 gradient views (LinearBackwardWeight, WriteOrAccumulate, embeddings)
   kAnyScaleLayout,  // MXFP8 weights in every Tw layout (else row_major only)
+  kRope,            // RopeQkvForward / RopeQkvBackward: the Llama family (models/llama.h)
 };
 const char* BackendFeatureName(BackendFeature f);
 
@@ -167,8 +169,9 @@ class Backend {
   virtual double SumSquares(const float* x, int64_t n) = 0;
   // ---- The reference GPT's layer ops on fp32 activations (kernels/layer_kernels.h and
   // kernels/matmul.h: the same contracts). ----
+  // eps: kernels::kRmsEps for the GPT, the config's rms_norm_eps for the Llama family.
   virtual void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
-                              int d) = 0;
+                              int d, float eps) = 0;
   virtual void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
                                float* dx, float* dg, int64_t rows, int d, bool accumulate_dx) = 0;
   virtual void GeluForward(const float* x, float* y, int64_t n) = 0;
@@ -184,7 +187,8 @@ class Backend {
   virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets,
                                            float* dlogits, int64_t rows, int64_t ld,
                                            float scale) = 0;
-  // kernels/layer_kernels.h's fp32 embeddings (tokens in backend memory, each < vocab).
+  // kernels/layer_kernels.h's fp32 embeddings (tokens in backend memory, each < vocab); a null
+  // wpe / dwpe: no position table (the Llama family).
   virtual void EmbeddingForward(const float* wte, const float* wpe, const int32_t* tokens, int B,
                                 int T, int d, float* out) = 0;
   virtual void EmbeddingBackward(const float* dx, const int32_t* tokens, int B, int T, int d,
@@ -232,7 +236,7 @@ class Backend {
   // The layer ops that store a bf16 linear input (kernels/layer_kernels.h's *Bf16): the fp32
   // results rounded once. Defaults: the fp32 op into scratch, then CastF32ToBf16.
   virtual void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd,
-                                  int64_t rows, int d);
+                                  int64_t rows, int d, float eps);
   virtual void GeluForwardBf16(const float* x, bf16* y, int64_t n);
   virtual void GeluBackwardBf16(const float* x, const float* dy, bf16* dx, int64_t n);
   virtual void SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets,
@@ -246,6 +250,16 @@ class Backend {
   virtual void CausalAttentionBackwardBf16(const float* dout, const float* qkv, const float* out,
                                            const float* lse, float* dqkv, float* scratch,
                                            int64_t scratch_floats, int B, int T, int H, int dh);
+  // kernels/rope.h's QK-norm, RoPE and GQA head sharing (kRope): raw [rows, (Hq + 2·Hkv)·dh]
+  // to attention's packed [rows, 3·Hq·dh] and back; cos / sin [T, dh/2], the gains [dh] (null:
+  // no QK-norm), rstd [rows, Hq + Hkv], all backend memory.
+  virtual void RopeQkvForward(const float* raw, const float* cos, const float* sin,
+                              const float* q_gain, const float* k_gain, float eps, float* att,
+                              float* rstd, const kernels::RopeShape& s);
+  virtual void RopeQkvBackward(const float* datt, const float* raw, const float* cos,
+                               const float* sin, const float* q_gain, const float* k_gain,
+                               const float* rstd, float* draw, float* dq_gain, float* dk_gain,
+                               const kernels::RopeShape& s);
   // Embeddings of fp32 or bf16 tables (tables' dtype `dt`): rows read as fp32, out fp32.
   // wte has `vocab` rows, wpe `seq_len`.
   virtual void EmbeddingForwardTyped(const void* wte, const void* wpe, DType dt,

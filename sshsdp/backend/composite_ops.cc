@@ -25,6 +25,8 @@ const char* BackendFeatureName(BackendFeature f) {
       return "bf16 gradients (--reduce bf16+fp32 / bf16sr)";
     case BackendFeature::kAnyScaleLayout:
       return "MXFP8 scale layouts other than row_major";
+    case BackendFeature::kRope:
+      return "RoPE / QK-norm / grouped-query attention (the Llama family)";
   }
   return "?";
 }
@@ -116,9 +118,9 @@ void Backend::GemmStrided(bool, bool, int64_t, int64_t, int64_t, const void*, in
 }
 
 void Backend::RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows,
-                                 int d) {
+                                 int d, float eps) {
   auto* t = static_cast<float*>(Scratch(2, rows * d * 4));
-  RmsNormForward(x, g, t, rstd, rows, d);
+  RmsNormForward(x, g, t, rstd, rows, d, eps);
   CastF32ToBf16(t, y, rows * d);
 }
 
@@ -155,6 +157,17 @@ void Backend::CausalAttentionBackwardBf16(const float*, const float*, const floa
   Lacks(*this, "CausalAttentionBackwardBf16", BackendFeatureName(BackendFeature::kBf16Attention));
 }
 
+void Backend::RopeQkvForward(const float*, const float*, const float*, const float*, const float*,
+                             float, float*, float*, const kernels::RopeShape&) {
+  Lacks(*this, "RopeQkvForward", BackendFeatureName(BackendFeature::kRope));
+}
+
+void Backend::RopeQkvBackward(const float*, const float*, const float*, const float*, const float*,
+                              const float*, const float*, float*, float*, float*,
+                              const kernels::RopeShape&) {
+  Lacks(*this, "RopeQkvBackward", BackendFeatureName(BackendFeature::kRope));
+}
+
 void Backend::EmbeddingForwardTyped(const void* wte, const void* wpe, DType dt,
                                     const int32_t* tokens, int B, int T, int d, int64_t vocab,
                                     int64_t seq_len, float* out) {
@@ -166,9 +179,9 @@ void Backend::EmbeddingForwardTyped(const void* wte, const void* wpe, DType dt,
   SSHSDP_CHECK(dt == DType::kBF16, NumericsError,
                "EmbeddingForwardTyped: tables must be fp32 or bf16, got {}", DTypeName(dt));
   auto* te = static_cast<float*>(Scratch(1, vocab * d * 4));
-  auto* pe = static_cast<float*>(Scratch(2, seq_len * d * 4));
+  auto* pe = wpe ? static_cast<float*>(Scratch(2, seq_len * d * 4)) : nullptr;
   CastBf16ToF32(static_cast<const bf16*>(wte), te, vocab * d);
-  CastBf16ToF32(static_cast<const bf16*>(wpe), pe, seq_len * d);
+  if (wpe) CastBf16ToF32(static_cast<const bf16*>(wpe), pe, seq_len * d);
   EmbeddingForward(te, pe, tokens, B, T, d, out);
 }
 

@@ -95,10 +95,10 @@ class CpuBackend final : public Backend {
     CheckCount(n, "SumSquares");
     return kernels::SumSquares(x, n);
   }
-  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
-                      int d) override {
+  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d,
+                      float eps) override {
     CheckRows(rows, d, "RmsNormForward");
-    kernels::RmsNormForward(x, g, y, rstd, rows, d);
+    kernels::RmsNormForward(x, g, y, rstd, rows, d, eps);
   }
   void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
                        float* dx, float* dg, int64_t rows, int d, bool accumulate_dx) override {
@@ -197,10 +197,10 @@ class CpuBackend final : public Backend {
     kernels::GemmStrided(trans_a, trans_b, m, n, k, a, lda, b, ldb, ab_dtype, c, ldc, c_dtype,
                          accumulate);
   }
-  void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows,
-                          int d) override {
+  void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d,
+                          float eps) override {
     CheckRows(rows, d, "RmsNormForwardBf16");
-    kernels::RmsNormForwardBf16(x, g, y, rstd, rows, d);
+    kernels::RmsNormForwardBf16(x, g, y, rstd, rows, d, eps);
   }
   void GeluForwardBf16(const float* x, bf16* y, int64_t n) override {
     CheckCount(n, "GeluForwardBf16");
@@ -229,6 +229,16 @@ class CpuBackend final : public Backend {
     CheckAttentionShape(B, T, H, dh, "CausalAttentionBackwardBf16");
     kernels::CausalAttentionBackwardBf16(dout, qkv, out, lse, dqkv, scratch, scratch_floats, B, T,
                                          H, dh);
+  }
+  void RopeQkvForward(const float* raw, const float* cos, const float* sin, const float* q_gain,
+                      const float* k_gain, float eps, float* att, float* rstd,
+                      const kernels::RopeShape& s) override {
+    kernels::RopeQkvForward(raw, cos, sin, q_gain, k_gain, eps, att, rstd, s);
+  }
+  void RopeQkvBackward(const float* datt, const float* raw, const float* cos, const float* sin,
+                       const float* q_gain, const float* k_gain, const float* rstd, float* draw,
+                       float* dq_gain, float* dk_gain, const kernels::RopeShape& s) override {
+    kernels::RopeQkvBackward(datt, raw, cos, sin, q_gain, k_gain, rstd, draw, dq_gain, dk_gain, s);
   }
   void EmbeddingForwardTyped(const void* wte, const void* wpe, DType dt, const int32_t* tokens,
                              int B, int T, int d, int64_t vocab, int64_t seq_len,
@@ -330,6 +340,7 @@ void CpuBackend::EmbeddingForwardTyped(const void* wte, const void* wpe, DType d
     for (int t = 0; t < T; ++t) {
       float* x = out + (static_cast<int64_t>(b) * T + t) * d;
       LoadRow(wte, dt, tokens[static_cast<int64_t>(b) * T + t], d, x);
+      if (wpe == nullptr) continue;
       LoadRow(wpe, dt, t, d, pos.data());
       for (int i = 0; i < d; ++i) x[i] += pos[static_cast<size_t>(i)];
     }
@@ -351,10 +362,11 @@ void CpuBackend::EmbeddingBackwardTyped(const float* dx, const int32_t* tokens, 
   float* te = te_direct ? static_cast<float*>(dwte) : scratch;
   float* pe = pe_direct ? static_cast<float*>(dwpe) : scratch + (te_direct ? 0 : n_te);
   if (!te_direct || !accumulate) kernels::Fill(te, n_te, 0.0f);
-  if (!pe_direct || !accumulate) kernels::Fill(pe, n_pe, 0.0f);
+  if (dwpe == nullptr) pe = nullptr;
+  if (pe && (!pe_direct || !accumulate)) kernels::Fill(pe, n_pe, 0.0f);
   kernels::EmbeddingBackwardF32(dx, tokens, B, T, d, te, vocab, pe, seq_len, /*accumulate=*/true);
   if (!te_direct) kernels::WriteOrAccumulate(te, dwte, dwte_dtype, n_te, accumulate);
-  if (!pe_direct) kernels::WriteOrAccumulate(pe, dwpe, dwpe_dtype, n_pe, accumulate);
+  if (pe && !pe_direct) kernels::WriteOrAccumulate(pe, dwpe, dwpe_dtype, n_pe, accumulate);
 }
 
 }  // namespace

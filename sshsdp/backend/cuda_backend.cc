@@ -297,12 +297,12 @@ class CudaBackend final : public Backend {
     CopyOut(&out, partial_ + cuda::kSumSquaresPartials, sizeof(double));
     return out;
   }
-  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
-                      int d) override {
+  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d,
+                      float eps) override {
     CheckRowsFit(rows, d, "RmsNormForward");
     if (rows == 0) return;
     Use();
-    SSHSDP_CUDA_OK(cuda::LaunchRmsNormForward(x, g, y, rstd, rows, d, kernels::kRmsEps, stream_));
+    SSHSDP_CUDA_OK(cuda::LaunchRmsNormForward(x, g, y, rstd, rows, d, eps, stream_));
   }
   void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
                        float* dx, float* dg, int64_t rows, int d, bool accumulate_dx) override {
@@ -383,7 +383,7 @@ class CudaBackend final : public Backend {
     CheckShape(B, T, d, "EmbeddingBackward");
     if (!accumulate) {
       Fill(dwte, vocab * d, 0.0f);
-      Fill(dwpe, seq_len * d, 0.0f);
+      if (dwpe) Fill(dwpe, seq_len * d, 0.0f);
     }
     if (B == 0 || T == 0) return;
     Use();

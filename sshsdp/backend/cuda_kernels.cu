@@ -387,7 +387,8 @@ __global__ void EmbeddingForwardKernel(const float* wte, const float* wpe, const
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < BT * d;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t bt = i / d, c = i % d;
-    out[i] = wte[int64_t{tokens[bt]} * d + c] + wpe[(bt % T) * d + c];
+    const float e = wte[int64_t{tokens[bt]} * d + c];
+    out[i] = wpe ? e + wpe[(bt % T) * d + c] : e;
   }
 }
 
@@ -553,6 +554,7 @@ cudaError_t LaunchEmbeddingBackward(const float* dx, const int32_t* tokens, int 
                                     float* dwte, float* dwpe, cudaStream_t s) {
   SSHSDP_LAUNCH(EmbeddingTokenGradKernel, (d + kThreads - 1) / kThreads, kThreads, 0, s)
   (dx, tokens, int64_t{B} * T, d, dwte);
+  if (dwpe == nullptr) return cudaGetLastError();  // no position table
   SSHSDP_LAUNCH(EmbeddingPositionGradKernel, GridFor(int64_t{T} * d), kThreads, 0, s)
   (dx, B, T, d, dwpe);
   return cudaGetLastError();

@@ -149,9 +149,11 @@ TEST_P(TypedOpsTest, Bf16StoringLayerOps) {
   std::vector<float> want_rstd(rows);
   kernels::RmsNormForwardBf16(x.data(), g.data(), want.data(), want_rstd.data(), rows,
                               static_cast<int>(d));
-  own() ? b_->RmsNormForwardBf16(dx.get(), dg.get(), y.get(), rstd.get(), rows, static_cast<int>(d))
+  const float eps = kernels::kRmsEps;
+  own() ? b_->RmsNormForwardBf16(dx.get(), dg.get(), y.get(), rstd.get(), rows, static_cast<int>(d),
+                                 eps)
         : b_->Backend::RmsNormForwardBf16(dx.get(), dg.get(), y.get(), rstd.get(), rows,
-                                          static_cast<int>(d));
+                                          static_cast<int>(d), eps);
   EXPECT_EQ(WithinOneBf16Step(y.Read(), want, exact), "") << "RmsNormForwardBf16";
   kernels::GeluForwardBf16(x.data(), want.data(), n);
   own() ? b_->GeluForwardBf16(dx.get(), y.get(), n)

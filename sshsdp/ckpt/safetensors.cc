@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -27,6 +28,22 @@ static_assert(std::endian::native == std::endian::little,
 namespace sshsdp {
 
 namespace {
+
+// IEEE binary16 (safetensors' F16) to fp32, exactly (subnormals, infinities and NaN included).
+float HalfToFloat(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const int exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  if (exp == 0) {  // zero or subnormal: man · 2^-24
+    const float v = std::ldexp(static_cast<float>(man), -24);
+    return sign ? -v : v;
+  }
+  const uint32_t bits =
+      exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112u) << 23) | (man << 13);
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;  // the format's limit
 
@@ -125,8 +142,8 @@ std::map<std::string, SafeTensor> ReadSafetensors(const std::string& path,
         IoError, "{} must be an object with dtype, shape and data_offsets", what);
     SSHSDP_CHECK(e["dtype"].is_string(), IoError, "{}: dtype must be a string", what);
     Entry t{it.key(), e["dtype"].get<std::string>(), {}, 0, 0};
-    SSHSDP_CHECK(t.dtype == "F32" || t.dtype == "BF16", IoError,
-                 "{} has dtype {}; only F32 and BF16 are supported", what, t.dtype);
+    SSHSDP_CHECK(t.dtype == "F32" || t.dtype == "BF16" || t.dtype == "F16", IoError,
+                 "{} has dtype {}; only F32, BF16 and F16 are supported", what, t.dtype);
     for (uint64_t d : Unsigneds(e["shape"], what + " shape")) {
       SSHSDP_CHECK(d < (uint64_t{1} << 40), IoError, "{}: shape dimension {} is too large", what,
                    d);
@@ -177,7 +194,15 @@ std::map<std::string, SafeTensor> ReadSafetensors(const std::string& path,
     } else {
       buf.resize(bytes);
       f.ReadAt(buf.data(), bytes, data_begin + e.begin);
-      Bf16ToFloat(reinterpret_cast<const bf16*>(buf.data()), t.data.data(), t.data.size());
+      if (e.dtype == "BF16") {
+        Bf16ToFloat(reinterpret_cast<const bf16*>(buf.data()), t.data.data(), t.data.size());
+      } else {
+        for (size_t i = 0; i < t.data.size(); ++i) {
+          uint16_t h;
+          std::memcpy(&h, buf.data() + 2 * i, 2);
+          t.data[i] = HalfToFloat(h);
+        }
+      }
     }
     out.emplace(e.name, std::move(t));
   }

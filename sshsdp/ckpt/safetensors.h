@@ -28,8 +28,8 @@ struct SafeTensor {
 void WriteSafetensors(const std::string& path, const std::map<std::string, SafeTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
-// Reads F32 and BF16 tensors. Throws IoError naming the file and what is wrong (missing,
-// truncated, bad header, unsupported dtype, offsets out of range or overlapping).
+// Reads F32, BF16 and F16 tensors (as fp32, exactly). Throws IoError naming the file and what is
+// wrong (missing, truncated, bad header, unsupported dtype, offsets out of range or overlapping).
 std::map<std::string, SafeTensor> ReadSafetensors(
     const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
 

@@ -17,6 +17,7 @@
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/cli/bench.h"
 #include "sshsdp/cli/ckpt_cli.h"
+#include "sshsdp/cli/export_hf.h"
 #include "sshsdp/cli/generate.h"
 #include "sshsdp/cli/plan_cli.h"
 #include "sshsdp/cli/run_config.h"
@@ -32,7 +33,9 @@ struct Commands {
   sshsdp::GenerateOptions generate;
   sshsdp::PlanOptions plan;
   sshsdp::TokenizeOptions tokenize;
-  CLI::App *t = nullptr, *c = nullptr, *b = nullptr, *g = nullptr, *p = nullptr, *k = nullptr;
+  sshsdp::ExportHfOptions export_hf;
+  CLI::App *t = nullptr, *c = nullptr, *b = nullptr, *g = nullptr, *p = nullptr, *k = nullptr,
+           *x = nullptr;
 };
 
 std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
@@ -62,6 +65,10 @@ std::unique_ptr<CLI::App> MakeApp(Commands& cmd) {
   cmd.c = app->add_subcommand(
       "ckpt", "inspect, verify and export sharded checkpoints (one process, no mpirun)");
   sshsdp::AddCkptCommands(*cmd.c, cmd.ckpt);
+  cmd.x = app->add_subcommand("export-hf",
+                              "write a Llama-family checkpoint or weights file as a Hugging Face "
+                              "model directory (one process, no mpirun)");
+  sshsdp::AddExportHfOptions(*cmd.x, cmd.export_hf);
   cmd.b = app->add_subcommand(
       "bench", "compare framework presets (fsdp2, megatron-fsdp, vescale-fsdp, sshsdp) in one job");
   sshsdp::AddBenchOptions(*cmd.b, cmd.bench);
@@ -122,12 +129,13 @@ int main(int argc, char** argv) {
   const std::vector<std::string> user(argv + 1, argv + argc);
   // A first word that is neither an option nor a command: name it and the commands (CLI11 says
   // only "A subcommand is required").
-  static const char* const kCommands[] = {"train", "bench", "plan", "generate", "ckpt", "tokenize"};
+  static const char* const kCommands[] = {"train", "bench",    "plan",     "generate",
+                                          "ckpt",  "tokenize", "export-hf"};
   if (!user.empty() && !user[0].starts_with("-") &&
       std::find(std::begin(kCommands), std::end(kCommands), user[0]) == std::end(kCommands)) {
     fmt::print(stderr,
-               "sshsdp: unknown command '{}': use train, bench, plan, generate, ckpt or "
-               "tokenize (sshsdp --help)\n",
+               "sshsdp: unknown command '{}': use train, bench, plan, generate, ckpt, "
+               "tokenize or export-hf (sshsdp --help)\n",
                user[0]);
     return 2;
   }
@@ -197,6 +205,7 @@ int main(int argc, char** argv) {
   }
   if (cmd->g->parsed()) return sshsdp::RunGenerate(cmd->generate);
   if (cmd->k->parsed()) return sshsdp::RunTokenize(cmd->tokenize);
+  if (cmd->x->parsed()) return sshsdp::RunExportHf(cmd->export_hf);
   if (cmd->t->parsed()) {
     CLI::App& t = *cmd->t;
     if (cmd->train.dump_config) {  // a config that train would refuse is not written

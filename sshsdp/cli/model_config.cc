@@ -1,13 +1,71 @@
 // Model configurations from command-line options and from model JSON (model_config.h).
 #include "sshsdp/cli/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/hf/hf_config.h"
 
 namespace sshsdp {
 
 bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
+
+bool IsLlamaFamily(const TrainOptions& o) {
+  return LlamaConfig::IsPreset(o.model) || !o.model_config.empty() || !o.init_from_hf.empty();
+}
+
+std::string ModelName(const TrainOptions& o) {
+  return !o.init_from_hf.empty()   ? o.init_from_hf
+         : !o.model_config.empty() ? o.model_config
+                                   : o.model;
+}
+
+int ModelVocab(const TrainOptions& o) {
+  if (o.init_from_hf.empty() && o.model_config.empty()) return 0;
+  return MakeLlamaConfig(o, 0).vocab;
+}
+
+LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab) {
+  SSHSDP_CHECK(o.model_config.empty() || o.init_from_hf.empty(), ConfigError,
+               "--model-config and --init-from-hf exclude each other: the model directory of "
+               "--init-from-hf holds its config.json");
+  const std::string hf = o.init_from_hf.empty() ? o.model_config : o.init_from_hf;
+  LlamaConfig c;
+  if (!hf.empty()) {
+    c = ReadHfConfig(hf);
+    SSHSDP_CHECK(o.layers == 0 && o.d_model == 0 && o.heads == 0, ConfigError,
+                 "--layers/--d-model/--heads change a preset; {} fixes the architecture (edit "
+                 "its config.json instead)",
+                 hf);
+  } else {
+    c = LlamaConfig::Preset(o.model);
+    c.vocab = data_vocab;
+    if (o.layers) c.n_layer = o.layers;
+    if (o.d_model) c.d_model = o.d_model;
+    if (o.heads) c.n_head = o.heads;
+  }
+  c.bf16_attention = Bf16Attention(o.attention_dtype);
+  SSHSDP_CHECK(o.seq_len <= c.seq_len, ConfigError,
+               "--seq-len {} exceeds the {} positions the model's RoPE tables cover "
+               "(max_position_embeddings)",
+               o.seq_len, c.seq_len);
+  c.Validate();
+  return c;
+}
+
+namespace {
+
+// What the header and the memory estimates read of a Llama-family model.
+GptConfig SummaryOf(const LlamaConfig& c) {
+  GptConfig g;
+  g.vocab = c.vocab, g.vocab_multiple = c.vocab_multiple, g.d_model = c.d_model;
+  g.n_layer = c.n_layer, g.n_head = c.n_head, g.d_ff = c.d_ff;
+  g.seq_len = std::min(c.seq_len, 1024);
+  return g;
+}
+
+}  // namespace
 
 // The MoE configuration of an MoE preset: its trunk with the GPT overrides, then the MoE
 // flags. ConfigError for MoE flags on a dense preset.
@@ -58,12 +116,19 @@ std::unique_ptr<Model> MakeModel(const GptConfig& trunk, const MoeConfig* moe) {
 
 // The model a preset names: the dense GPT or the MoE GPT over the same trunk.
 std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk) {
+  if (IsLlamaFamily(o)) return std::make_unique<Llama>(MakeLlamaConfig(o, trunk.vocab));
   if (!IsMoePreset(o.model)) return MakeModel(trunk, nullptr);
   const MoeConfig c = MakeMoeConfig(o, trunk);
   return MakeModel(trunk, &c);
 }
 
 std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
+  if (IsLlamaFamily(o)) {
+    const LlamaConfig c = MakeLlamaConfig(o, trunk.vocab);
+    return fmt::format("{} [{} Q / {} KV heads of {}{}, SwiGLU ff {}, RoPE theta {:g}]",
+                       c.model_type == "qwen3" ? "Qwen3" : "Llama", c.n_head, c.n_kv_head,
+                       c.head_dim, c.qk_norm ? ", QK-norm" : "", c.d_ff, c.rope_theta);
+  }
   if (!IsMoePreset(o.model)) return "GPT";
   const MoeConfig c = MakeMoeConfig(o, trunk);
   int moe_blocks = 0;
@@ -90,6 +155,11 @@ bool RunsBf16Attention(const std::string& model, const std::string& weight_dtype
 }
 
 GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
+  if (IsLlamaFamily(o)) {
+    const GptConfig c = SummaryOf(MakeLlamaConfig(o, vocab));
+    MakeMoeConfig(o, c);  // MoE flags refused by name
+    return c;
+  }
   GptConfig c = PresetTrunk(o.model);
   c.vocab = vocab;
   c.bf16_attention = Bf16Attention(o.attention_dtype);
@@ -179,6 +249,7 @@ GptConfig GptFromJson(const nlohmann::json& j) {
 
 std::unique_ptr<Model> ModelFromJson(const nlohmann::json& j) {
   const std::string type = Key<std::string>(j, "type");
+  if (type == "llama-family") return std::make_unique<Llama>(LlamaFromModelJson(j));
   if (type == "gpt") return std::make_unique<Gpt>(GptFromJson(j));
   SSHSDP_CHECK(type == "moe-gpt", ConfigError,
                "model description: type '{}' is neither gpt nor moe-gpt", type);

@@ -15,13 +15,27 @@
 
 #include "sshsdp/cli/train.h"
 #include "sshsdp/models/gpt.h"
+#include "sshsdp/models/llama.h"
 #include "sshsdp/models/moe.h"
 
 namespace sshsdp {
 
 bool IsMoePreset(const std::string& name);
+// Whether the run trains a Llama-family model (models/llama.h): a qwen3-* / llama-* preset,
+// --model-config or --init-from-hf.
+bool IsLlamaFamily(const TrainOptions& o);
+// Its configuration: the HF config.json of --init-from-hf or --model-config (its vocabulary),
+// or the preset with `data_vocab` tokens and --layers/--d-model/--heads applied (refused with a
+// config.json, whose weights fix the shape). ConfigError naming the problem.
+LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab);
+// What the run's header calls the model: the preset, or the config.json / HF directory.
+std::string ModelName(const TrainOptions& o);
+// The vocabulary the model fixes (a config.json's), or 0 when the data decides (presets).
+int ModelVocab(const TrainOptions& o);
 // The preset's trunk with --layers/--d-model/--heads/--seq-len applied and `vocab` tokens
-// (padded to the GEMM multiple, gpt.h). ConfigError for bad sizes.
+// (padded to the GEMM multiple, gpt.h). ConfigError for bad sizes. For the Llama family, a
+// summary the run's header and memory estimates read (width, depth, query heads, vocabulary,
+// the default sequence length: the config's positions, at most 1,024).
 GptConfig MakeGptConfig(const TrainOptions& o, int vocab);
 
 // GptConfig::bf16_attention of an --attention-dtype value ("auto" -> true, "fp32" -> false);

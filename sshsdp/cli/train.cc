@@ -36,6 +36,8 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/plan.h"
+#include "sshsdp/hf/hf_config.h"
+#include "sshsdp/hf/hf_weights.h"
 #include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/matmul.h"
@@ -90,6 +92,11 @@ std::string FormatDuration(double seconds) {
   return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
 }
 
+// "a dense GPT", "an MoE", "a Llama-family" of a model JSON's type.
+const char* ModelKindName(const std::string& type) {
+  return type == "moe-gpt" ? "an MoE" : type == "llama-family" ? "a Llama-family" : "a dense GPT";
+}
+
 }  // namespace
 
 int RunTrain(int argc, char** argv, const TrainOptions& o) {
@@ -106,11 +113,18 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                  "--vocab-size must lie in 1..{} (0: from the data), got {}", kMaxTokenFileVocab,
                  o.vocab_size);
     // The vocabulary comes from the data (or --vocab-size); bytes for the built-in source.
+    // A Hugging Face config fixes it: every token of the data must lie below.
+    const int model_vocab = ModelVocab(o);
+    SSHSDP_CHECK(!model_vocab || !o.vocab_size || o.vocab_size == model_vocab, ConfigError,
+                 "--vocab-size {} differs from the vocab_size {} of the model's config.json; "
+                 "leave --vocab-size out",
+                 o.vocab_size, model_vocab);
+    const int vocab = o.vocab_size ? o.vocab_size : model_vocab;
     std::unique_ptr<TokenSource> data, val;
     if (o.data == "synthetic")
-      data = std::make_unique<SyntheticTokens>(o.vocab_size ? o.vocab_size : 256, o.seed);
+      data = std::make_unique<SyntheticTokens>(vocab ? vocab : 256, o.seed);
     else
-      data = std::make_unique<TokenFile>(o.data, o.vocab_size, T, o.seed);
+      data = std::make_unique<TokenFile>(o.data, vocab, T, o.seed);
     const GptConfig gc = MakeGptConfig(o, data->vocab());
     SSHSDP_CHECK(o.eval_every >= 0 && o.eval_tokens >= 1, ConfigError,
                  "--eval-every must be >= 0 and --eval-tokens >= 1, got {} and {}", o.eval_every,
@@ -148,9 +162,12 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       CheckWritableOutput("--trace", o.trace);
       const std::vector<NamedPath> outputs = {
           {"--save-weights", o.save_weights}, {"--metrics", o.metrics}, {"--trace", o.trace}};
-      CheckOutputsDistinct(outputs, {{"--data", o.data == "synthetic" ? "" : o.data},
-                                     {"--val-data", o.val_data},
-                                     {"--init-weights", o.init_weights}});
+      CheckOutputsDistinct(outputs,
+                           {{"--data", o.data == "synthetic" ? "" : o.data},
+                            {"--val-data", o.val_data},
+                            {"--init-weights", o.init_weights},
+                            {"--init-from-hf",
+                             o.init_from_hf.empty() ? "" : o.init_from_hf + "/model.safetensors"}});
       CheckOutputsOutsideCheckpoints(outputs, {{"--ckpt-dir", o.ckpt_dir}, {"--resume", o.resume}});
     }
     const TraceWindow trace_window = ParseTraceSteps(o.trace_steps);  // ConfigError if malformed
@@ -204,8 +221,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
                  "--resume and --init-weights exclude each other: a checkpoint holds the weights");
     // What a checkpoint must match.
-    const nlohmann::json model_json =
-        IsMoePreset(o.model) ? MoeModelJson(MakeMoeConfig(o, gc)) : GptModelJson(gc);
+    const nlohmann::json model_json = IsLlamaFamily(o)
+                                          ? LlamaModelJson(MakeLlamaConfig(o, gc.vocab))
+                                      : IsMoePreset(o.model) ? MoeModelJson(MakeMoeConfig(o, gc))
+                                                             : GptModelJson(gc);
     std::string resume_dir;
     std::vector<std::string> resume_notes;
     if (!o.resume.empty()) {
@@ -227,9 +246,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
       SSHSDP_CHECK(saved_type == this_type, ConfigError,
                    "{}: the checkpoint holds {} model, this run is {} one; use a --model of "
                    "the checkpoint's kind (and its model options)",
-                   saved_manifest.ManifestPath(),
-                   saved_type == "moe-gpt" ? "an MoE" : "a dense GPT",
-                   this_type == "moe-gpt" ? "an MoE" : "a dense GPT");
+                   saved_manifest.ManifestPath(), ModelKindName(saved_type),
+                   ModelKindName(this_type));
       const std::vector<std::string> diffs = JsonDifferences(saved_manifest.meta.model, model_json);
       SSHSDP_CHECK(diffs.empty(), ConfigError,
                    "{}: the checkpoint holds a different model: {}; use the model options "
@@ -276,6 +294,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     std::map<std::string, std::vector<float>> init;
     if (!o.init_weights.empty())  // names and shapes must be this model's (ConfigError lists)
       init = ReadInitWeights(o.init_weights, ModelTensors(model));
+    else if (!o.init_from_hf.empty() && resume_dir.empty())  // a resume's weights are its own
+      init = ReadHfWeights(o.init_from_hf, MakeLlamaConfig(o, gc.vocab));
 
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
@@ -410,7 +430,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
           "sshsdp train: {} | {} d={} L={} H={} T={} V={}{} params={:.2f}M | {} | weights {} | "
           "batch {}x{}x{} per rank{}{}\n"
           "GEMM: {} | {} | CPU ISA {} | attention {} | threads {}\n",
-          o.model, ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
+          ModelName(o), ModelDescription(o, gc), gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
           gc.padded_vocab() != gc.vocab ? fmt::format(" (tables padded to {})", gc.padded_vocab())
                                         : "",
           model.NumParams() / 1e6,

@@ -52,6 +52,10 @@ struct TrainOptions {
   std::string trace_steps = "1:8";  // A:B, 1-based inclusive
   std::string save_weights;
   std::string init_weights;
+  // The Llama family from Hugging Face: a config.json (random init), or a model directory
+  // (config.json + safetensors: the weights too).
+  std::string model_config;
+  std::string init_from_hf;
   bool no_prefetch = false, keep_gathered = false, no_overlap_outer = false;
   std::string comm_path = "collective";  // runtime AG/RS: collective (ring) | direct (ZeroSM)
   std::string backend = "cpu";           // cpu | cuda | cuda:N (train_backend.h)

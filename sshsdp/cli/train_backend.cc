@@ -115,6 +115,7 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev) {
   if (!dev.backend) return MakeModel(o, gc);  // on its own CPU backend
+  if (IsLlamaFamily(o)) return std::make_unique<Llama>(MakeLlamaConfig(o, gc.vocab), *dev.backend);
   if (!IsMoePreset(o.model)) return std::make_unique<Gpt>(gc, *dev.backend);
   MoeConfig c = MakeMoeConfig(o, gc);
   c.trunk = gc;

@@ -43,8 +43,15 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--model", o.model,
                  "model preset: tiny | small | base (dense GPT), moe-tiny | moe-small (MoE GPT: "
                  "packed experts, each expert matrix its own update parameter; router and norms "
-                 "use AdamW)")
+                 "use AdamW), qwen3-tiny | qwen3-small | llama-tiny (the Llama family: RoPE, "
+                 "GQA, SwiGLU, Qwen3's QK-norm)")
       ->capture_default_str();
+  app.add_option("--model-config", o.model_config,
+                 "a Hugging Face config.json (model_type llama or qwen3): that architecture, "
+                 "randomly initialised (instead of --model)");
+  app.add_option("--init-from-hf", o.init_from_hf,
+                 "a Hugging Face model directory (config.json + model.safetensors or a sharded "
+                 "index): its architecture and weights (instead of --model)");
   app.add_option("--layers", o.layers, "override the preset's number of blocks (0: the preset's)");
   app.add_option("--d-model", o.d_model, "override the preset's width (0: the preset's)");
   app.add_option("--heads", o.heads, "override the preset's attention heads (0: the preset's)");

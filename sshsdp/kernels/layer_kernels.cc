@@ -37,14 +37,14 @@ int64_t RowGrain(int64_t d) {
 namespace {
 
 SSHSDP_ACT_CLONES void RmsNormForwardRows(const float* x, const float* g, float* y, float* rstd,
-                                          int64_t r0, int64_t r1, int d) {
+                                          int64_t r0, int64_t r1, int d, float eps) {
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * d;
     float* yr = y + r * d;
     float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
     for (int i = 0; i < d; ++i) ss += xr[i] * xr[i];
-    float s = 1.0f / std::sqrt(ss / static_cast<float>(d) + kRmsEps);
+    float s = 1.0f / std::sqrt(ss / static_cast<float>(d) + eps);
     rstd[r] = s;
     for (int i = 0; i < d; ++i) yr[i] = xr[i] * s * g[i];
   }
@@ -89,9 +89,10 @@ SSHSDP_ACT_CLONES void GainGradientColumns(const float* dy, const float* x, cons
 
 }  // namespace
 
-void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d) {
+void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d,
+                    float eps) {
   ParallelFor(rows, RowGrain(d),
-              [&](int64_t r0, int64_t r1) { RmsNormForwardRows(x, g, y, rstd, r0, r1, d); });
+              [&](int64_t r0, int64_t r1) { RmsNormForwardRows(x, g, y, rstd, r0, r1, d, eps); });
 }
 
 // dx (+)= ∂/∂x, dg = Σ_rows dy·x·rstd (overwritten).
@@ -294,9 +295,10 @@ void ElementsToBf16(int64_t n, bf16* y, TileFn tile) {
 
 }  // namespace
 
-void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d) {
+void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d,
+                        float eps) {
   RowsToBf16(rows, d, y, [&](int64_t r, float* out) {
-    RmsNormForwardRows(x + r * d, g, out, rstd + r, 0, 1, d);
+    RmsNormForwardRows(x + r * d, g, out, rstd + r, 0, 1, d, eps);
   });
 }
 
@@ -322,8 +324,12 @@ void EmbeddingForwardF32(const float* wte, const float* wpe, const int32_t* toke
                          int d, float* out) {
   for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
     const float* e = wte + static_cast<int64_t>(tokens[bt]) * d;
-    const float* p = wpe + (bt % T) * d;
     float* x = out + bt * d;
+    if (wpe == nullptr) {
+      std::copy_n(e, d, x);
+      continue;
+    }
+    const float* p = wpe + (bt % T) * d;
     for (int i = 0; i < d; ++i) x[i] = e[i] + p[i];
   }
 }
@@ -332,14 +338,14 @@ void EmbeddingBackwardF32(const float* dx, const int32_t* tokens, int B, int T, 
                           int64_t vocab, float* dwpe, int64_t seq_len, bool accumulate) {
   if (!accumulate) {
     std::fill_n(dwte, vocab * d, 0.0f);
-    std::fill_n(dwpe, seq_len * d, 0.0f);
+    if (dwpe) std::fill_n(dwpe, seq_len * d, 0.0f);
   }
   for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
     const float* g = dx + bt * d;
     float* e = dwte + static_cast<int64_t>(tokens[bt]) * d;
     for (int i = 0; i < d; ++i) e[i] += g[i];
   }
-  for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; ++bt) {
+  for (int64_t bt = 0; dwpe && bt < static_cast<int64_t>(B) * T; ++bt) {
     const float* g = dx + bt * d;
     float* p = dwpe + (bt % T) * d;
     for (int i = 0; i < d; ++i) p[i] += g[i];

@@ -17,8 +17,10 @@ namespace sshsdp::kernels {
 
 inline constexpr float kRmsEps = 1e-5f;
 
-// ---- RMSNorm: y = x · rstd · g, rstd = 1/sqrt(mean(x²) + eps). ----
-void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d);
+// ---- RMSNorm: y = x · rstd · g, rstd = 1/sqrt(mean(x²) + eps) (Hugging Face's order of
+// operations: x·rstd first, then the gain). ----
+void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d,
+                    float eps = kRmsEps);
 // dx (+)= ∂/∂x, dg = Σ_rows dy·x·rstd (overwritten).
 void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd, float* dx,
                      float* dg, int64_t rows, int d, bool accumulate_dx);
@@ -60,14 +62,16 @@ void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, flo
 // LinearInput). Each equals its fp32 kernel followed by CastToBf16 bit for bit (layers_test),
 // in one pass: the fp32 values go through a small per-thread buffer, never a full-size fp32
 // array. ----
-void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d);
+void RmsNormForwardBf16(const float* x, const float* g, bf16* y, float* rstd, int64_t rows, int d,
+                        float eps = kRmsEps);
 void GeluForwardBf16(const float* x, bf16* y, int64_t n);
 // dx = dy · gelu'(x) rounded to bf16 (dy is not modified).
 void GeluBackwardBf16(const float* x, const float* dy, bf16* dx, int64_t n);
 void SoftmaxCrossEntropyBackwardBf16(const float* probs, const int32_t* targets, bf16* dlogits,
                                      int64_t rows, int64_t ld, float scale);
 
-// ---- Embeddings over fp32 tables: out[b·T + t] = wte[tokens[b·T + t]] + wpe[t]. ----
+// ---- Embeddings over fp32 tables: out[b·T + t] = wte[tokens[b·T + t]] + wpe[t]; a null wpe
+// (dwpe) is a model without learned positions (the Llama family): the token rows alone. ----
 // (models/layers.h's EmbeddingForward/Backward take fp32 or bf16 runtime views; these are
 // their fp32 case, the device backends' reference.)
 void EmbeddingForwardF32(const float* wte, const float* wpe, const int32_t* tokens, int B, int T,

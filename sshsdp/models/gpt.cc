@@ -44,9 +44,9 @@ kernels::LinearInput Input(const float* slot, bool narrow) {
 void RmsNormInto(Backend& b, const float* x, const float* g, float* y, float* rstd, int64_t rows,
                  int d, bool narrow) {
   if (narrow) {
-    b.RmsNormForwardBf16(x, g, Narrow(y), rstd, rows, d);
+    b.RmsNormForwardBf16(x, g, Narrow(y), rstd, rows, d, kernels::kRmsEps);
   } else {
-    b.RmsNormForward(x, g, y, rstd, rows, d);
+    b.RmsNormForward(x, g, y, rstd, rows, d, kernels::kRmsEps);
   }
 }
 
@@ -108,7 +108,7 @@ Gpt::Gpt(const GptConfig& config, Backend& backend, std::vector<bool> mlp)
     : b_(backend),
       c_(config),
       tokens_(b_),
-      loss_sum_(b_),
+      losses_(b_),
       arena_(b_),
       gain_scratch_(b_),
       dgain_scratch_(b_),
@@ -141,8 +141,6 @@ void Gpt::Init(std::vector<bool> mlp) {
                DTypeName(c_.mx_gemm));
   gain_scratch_.Reserve<float>(c_.d_model);
   dgain_scratch_.Reserve<float>(c_.d_model);
-  const double zero = 0.0;  // Loss() before any forward
-  b_.CopyIn(loss_sum_.Reserve<double>(1 + kLossSlots), &zero, sizeof(double));
 }
 
 std::vector<RuntimeParamSpec> Gpt::GroupParams(int g) const {
@@ -322,37 +320,15 @@ void Gpt::Forward(int g, const std::vector<TensorRef>& w) {
 
 double Gpt::Loss() const {
   SSHSDP_CHECK(loss_ready_, PlanError, "GPT Loss() before the last group's Forward");
-  double sum = 0.0;
-  b_.CopyOut(&sum, loss_sum_.data<double>(), sizeof(double));
-  return sum / static_cast<double>(static_cast<int64_t>(B_) * T_);
+  return losses_.Mean(static_cast<int64_t>(B_) * T_);
 }
 
-// The reads land in a local buffer first: a read that throws leaves what is kept as it was.
 void Gpt::KeepLoss() {
   SSHSDP_CHECK(loss_ready_, PlanError, "GPT KeepLoss() before the last group's Forward");
-  double* sums = loss_sum_.data<double>();
-  const int kept = static_cast<int>(kept_tokens_.size());
-  if (kept == kLossSlots) {  // the ring is full: read it back
-    double ring[kLossSlots];
-    b_.CopyOut(ring, sums + 1, sizeof(ring));
-    for (int i = 0; i < kLossSlots; ++i)
-      read_back_.push_back(ring[i] / static_cast<double>(kept_tokens_[static_cast<size_t>(i)]));
-    kept_tokens_.clear();
-  }
-  b_.Copy(sums + 1 + kept_tokens_.size(), sums, sizeof(double));
-  kept_tokens_.push_back(static_cast<int64_t>(B_) * T_);
+  losses_.Keep(static_cast<int64_t>(B_) * T_);
 }
 
-std::vector<double> Gpt::TakeLosses() {
-  std::vector<double> fresh(kept_tokens_.size());
-  if (!fresh.empty())  // nothing kept: no wait
-    b_.CopyOut(fresh.data(), loss_sum_.data<double>() + 1, fresh.size() * sizeof(double));
-  std::vector<double> out = std::exchange(read_back_, {});
-  for (size_t i = 0; i < fresh.size(); ++i)
-    out.push_back(fresh[i] / static_cast<double>(kept_tokens_[i]));
-  kept_tokens_.clear();
-  return out;
-}
+std::vector<double> Gpt::TakeLosses() { return losses_.Take(); }
 
 void Gpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                    GradWrite mode) {
@@ -485,7 +461,7 @@ void Gpt::ForwardHead(const std::vector<TensorRef>& w) {
   }
   OpScope s(profile_, OpCategory::kLoss);
   b_.SoftmaxCrossEntropyForward(acts_.probs, tokens_.data<int32_t>() + BT, acts_.losses, BT,
-                                c_.vocab, V, loss_sum_.data<double>());
+                                c_.vocab, V, losses_.Sum());
   loss_ready_ = true;
 }
 

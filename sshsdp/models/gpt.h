@@ -44,6 +44,7 @@
 #include "sshsdp/backend/backend.h"
 #include "sshsdp/backend/backend_buffer.h"
 #include "sshsdp/models/group_order.h"
+#include "sshsdp/models/loss_ring.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp {
@@ -122,12 +123,9 @@ class Gpt final : public Model {
   void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) override;
   void Forward(int g, const std::vector<TensorRef>& w) override;
   double Loss() const override;
-  // The last forward's loss sum is copied on the backend into a slot of its own (no wait);
-  // TakeLosses reads the kept slots back with one copy. A ring of kLossSlots: a full one is
-  // read back then (one wait per kLossSlots microbatches).
+  // On the backend, in a LossRing (loss_ring.h): one wait per step, not per microbatch.
   void KeepLoss() override;
   std::vector<double> TakeLosses() override;
-  static constexpr int kLossSlots = 64;
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
   // 6·N (N = all GEMM weights: blocks and LM head; embedding lookups are free) plus
@@ -259,10 +257,7 @@ class Gpt final : public Model {
   int mlp_blocks_ = 0;
   int B_ = 0, T_ = 0;
   BackendBuffer tokens_;  // [B·T] tokens, then [B·T] targets
-  // [0]: Σ losses of the last forward; [1, 1 + kLossSlots): the kept ones (KeepLoss).
-  BackendBuffer loss_sum_;
-  std::vector<int64_t> kept_tokens_;  // B·T of each kept slot in use
-  std::vector<double> read_back_;     // kept means read back when the ring filled
+  LossRing losses_;       // Σ losses of the last forward, and the kept ones (KeepLoss)
 
   BackendBuffer arena_;
   Acts acts_{};

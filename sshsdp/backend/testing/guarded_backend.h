@@ -160,9 +160,9 @@ class GuardedBackend final : public Backend {
     SSHSDP_GUARDED(MxDequantizeRowsBf16(q, scales, rows, cols, out, opt));
   }
   double SumSquares(const float* x, int64_t n) override { SSHSDP_GUARDED_VALUE(SumSquares(x, n)); }
-  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows,
-                      int d) override {
-    SSHSDP_GUARDED(RmsNormForward(x, g, y, rstd, rows, d));
+  void RmsNormForward(const float* x, const float* g, float* y, float* rstd, int64_t rows, int d,
+                      float eps) override {
+    SSHSDP_GUARDED(RmsNormForward(x, g, y, rstd, rows, d, eps));
   }
   void RmsNormBackward(const float* dy, const float* x, const float* g, const float* rstd,
                        float* dx, float* dg, int64_t rows, int d, bool acc) override {

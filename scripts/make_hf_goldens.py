@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""Goldens for sshsdp's Llama-family models, computed by transformers itself.
+
+Builds tiny random Qwen3 / Llama models offline (`*Config(...)` -> `*ForCausalLM(config)`,
+eager attention, fp32; odd sizes, GQA and MQA, head_dim != hidden / heads, tied and untied),
+saves each with `save_pretrained` into sshsdp/hf/testdata/<name>/ and records, for one batch
+of tokens and targets, the logits, the mean cross-entropy and every parameter's gradient in
+golden.safetensors (names: tokens, targets, logits, loss, grad.<HF name>). The C++ tests
+(sshsdp/hf/hf_golden_test.cc) hold sshsdp to them.
+
+Run by developers, never by CI (torch is a multi-GB download):
+    python3 -m venv ~/.cache/sshsdp/fsdp2-peer
+    ~/.cache/sshsdp/fsdp2-peer/bin/pip install torch transformers safetensors
+    ~/.cache/sshsdp/fsdp2-peer/bin/python scripts/make_hf_goldens.py
+"""
+import json
+import os
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "sshsdp", "hf", "testdata")
+B, T = 2, 12
+
+
+def models():
+    common = dict(num_hidden_layers=2, max_position_embeddings=64, initializer_range=0.1,
+                  attn_implementation="eager", attention_bias=False)
+    yield "qwen3_gqa", transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
+        vocab_size=97, hidden_size=48, intermediate_size=80, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rope_theta=10000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False, use_sliding_window=False, **common)
+    yield "qwen3_tied", transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
+        vocab_size=131, hidden_size=32, intermediate_size=56, num_attention_heads=2,
+        num_key_value_heads=2, head_dim=24, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, use_sliding_window=False, **common)
+    yield "llama_mqa", transformers.LlamaForCausalLM, transformers.LlamaConfig(
+        vocab_size=89, hidden_size=40, intermediate_size=72, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=10, rope_theta=500000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False, mlp_bias=False, **common)
+
+
+def main():
+    torch.manual_seed(20261204)
+    for name, cls, config in models():
+        model = cls(config).float().eval()
+        with torch.no_grad():  # norms away from 1, so their gains matter
+            for n, p in model.named_parameters():
+                if p.dim() == 1:
+                    p.add_(0.2 * torch.randn_like(p))
+        V = config.vocab_size
+        tokens = torch.randint(0, V, (B, T))
+        targets = torch.randint(0, V, (B, T))
+        logits = model(input_ids=tokens).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+        loss.backward()
+        out = os.path.join(OUT, name)
+        model.save_pretrained(out)
+        g = {"tokens": tokens.float(), "targets": targets.float(),
+             "logits": logits.detach().reshape(B * T, V).contiguous(),
+             "loss": loss.detach().reshape(1)}
+        for n, p in model.named_parameters():
+            g["grad." + n] = p.grad.detach().contiguous()
+        save_file(g, os.path.join(out, "golden.safetensors"),
+                  metadata={"torch": torch.__version__, "transformers": transformers.__version__})
+        print(f"{name}: loss {loss.item():.6f}, {sum(p.numel() for p in model.parameters())} "
+              f"parameters -> {out}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+// sshsdp's Llama-family models against transformers itself: tiny random Qwen3 and Llama
+// models saved by save_pretrained, with the logits, loss and every gradient transformers
+// computed for one batch (testdata/, scripts/make_hf_goldens.py). Loaded through the HF
+// config and state-dict adapter, run once forward and backward in fp32 on one process, and
+// held to: log-probabilities within 1e-5 (relative, plus 1e-5 absolute), the loss within 1e-6
+// relative, every gradient within 1e-4 of its tensor's largest entry.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <string>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/hf/hf_config.h"
+#include "sshsdp/hf/hf_weights.h"
+#include "sshsdp/models/llama.h"
+
+namespace sshsdp {
+namespace {
+
+const std::string kData = SSHSDP_HF_TESTDATA;
+
+// Update name -> values of every runtime parameter's parts, from per-runtime buffers.
+template <class Get>
+std::map<std::string, SafeTensor> ByUpdateName(const DenseParams& p, Get get) {
+  std::map<std::string, SafeTensor> out;
+  for (int g = 0; g < p.num_groups(); ++g)
+    for (size_t i = 0; i < p.specs(g).size(); ++i) {
+      const std::vector<float> all = get(g, static_cast<int>(i));
+      for (const UpdatePart& part : p.specs(g)[i].parts)
+        out[part.name] = {part.shape, std::vector<float>(all.begin() + part.offset,
+                                                         all.begin() + part.offset + part.numel())};
+    }
+  return out;
+}
+
+// Loads update values into the fp32 masters and rounds them into the runtime weights.
+void Load(DenseParams& p, const std::map<std::string, std::vector<float>>& w) {
+  for (int g = 0; g < p.num_groups(); ++g)
+    for (size_t i = 0; i < p.specs(g).size(); ++i)
+      for (const UpdatePart& part : p.specs(g)[i].parts) {
+        const std::vector<float>& v = w.at(part.name);
+        ASSERT_EQ(static_cast<int64_t>(v.size()), part.numel()) << part.name;
+        std::copy(v.begin(), v.end(), p.master(g, static_cast<int>(i)).begin() + part.offset);
+      }
+  p.SyncWeights();
+}
+
+double MaxAbs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::abs(static_cast<double>(x)));
+  return m;
+}
+
+class HfGoldenTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
+  const std::string dir = kData + "/" + GetParam();
+  const LlamaConfig c = ReadHfConfig(dir);
+  auto golden = ReadSafetensors(dir + "/golden.safetensors");
+  Llama model(c);
+  DenseParams p(model);
+  Load(p, ReadHfWeights(dir, c));
+
+  const int B = 2, T = 12, V = c.vocab;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<int32_t>(golden.at("tokens").data[i]);
+    targets[i] = static_cast<int32_t>(golden.at("targets").data[i]);
+  }
+  model.SetBatch(tokens.data(), targets.data(), B, T);
+  for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, p.Weights(g));
+  const double loss = model.Loss(), want_loss = golden.at("loss").data[0];
+  EXPECT_NEAR(loss, want_loss, 1e-6 * want_loss) << GetParam();
+
+  // Log-probabilities: the logits up to each row's constant.
+  const std::vector<float>& logits = golden.at("logits").data;
+  double worst = 0;
+  for (int r = 0; r < B * T; ++r) {
+    double mx = -1e30, sum = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, double{logits[r * V + v]});
+    for (int v = 0; v < V; ++v) sum += std::exp(logits[r * V + v] - mx);
+    for (int v = 0; v < V; ++v) {
+      const double want = logits[r * V + v] - mx - std::log(sum);
+      const double got = std::log(double{model.Probs()[r * model.ProbsStride() + v]});
+      worst = std::max(worst, std::abs(got - want) / (1e-5 * (1 + std::abs(want))));
+    }
+  }
+  std::printf("%s: loss %.9f vs %.9f; log-probabilities within %.3g x 1e-5\n", GetParam(), loss,
+              want_loss, worst);
+  EXPECT_LE(worst, 1.0) << GetParam() << ": log-probabilities off by " << worst
+                        << " x the 1e-5 bound";
+
+  for (int g = model.num_groups() - 1; g >= 0; --g)
+    model.Backward(g, p.Weights(g), p.Grads(g), GradWrite::kOverwrite);
+  const auto grads = ByUpdateName(p, [&](int g, int i) { return p.GradAsFloat(g, i); });
+  int compared = 0;
+  double worst_grad = 0;
+  for (const HfTensor& t : HfTensors(c)) {
+    const std::vector<float>& want = golden.at("grad." + t.name).data;
+    std::vector<float> got;
+    for (const std::string& part : t.parts) {
+      const std::vector<float>& v = grads.at(part).data;
+      got.insert(got.end(), v.begin(), v.begin() + (t.table ? want.size() : v.size()));
+    }
+    ASSERT_EQ(got.size(), want.size()) << t.name;
+    const double scale = MaxAbs(want);
+    double err = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      err = std::max(err, std::abs(double{got[i]} - want[i]));
+    EXPECT_LE(err, 1e-4 * scale) << GetParam() << " " << t.name << ": gradient off by " << err
+                                 << " (largest entry " << scale << ")";
+    worst_grad = std::max(worst_grad, err / scale);
+    ++compared;
+  }
+  EXPECT_EQ(compared, static_cast<int>(HfTensors(c).size()));
+  std::printf("%s: %d gradients, worst %.3g of the tensor's largest entry\n", GetParam(), compared,
+              worst_grad);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HfGoldenTest, ::testing::Values("qwen3_gqa", "llama_mqa"));
+
+TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
+  nlohmann::json base = nlohmann::json::parse(R"({"model_type": "qwen3", "vocab_size": 97,
+      "hidden_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "intermediate_size": 80, "head_dim": 16})");
+  EXPECT_NO_THROW(LlamaConfigFromHf(base, "c"));
+  auto refused = [&](const char* key, nlohmann::json value, const char* says) {
+    nlohmann::json j = base;
+    j[key] = std::move(value);
+    try {
+      LlamaConfigFromHf(j, "c");
+      ADD_FAILURE() << key << " accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused("model_type", "mistral", "model_type 'mistral'");
+  refused("rope_scaling", {{"rope_type", "yarn"}, {"factor", 4.0}}, "rope_type 'yarn'");
+  refused("rope_parameters", {{"rope_type", "llama3"}}, "rope_type 'llama3'");
+  refused("use_sliding_window", true, "use_sliding_window");
+  refused("attention_bias", true, "attention_bias");
+  refused("hidden_act", "gelu", "hidden_act 'gelu'");
+  refused("num_key_value_heads", 3, "does not divide");
+  refused("head_dim", 15, "head_dim 15 is odd");
+  refused("tie_word_embeddings", true, "tie_word_embeddings");
+  refused("hidden_size", "48", "'hidden_size' is \"48\"");
+  EXPECT_THROW(ReadHfConfig(kData + "/qwen3_tied"), ConfigError);  // tied: not yet
+  EXPECT_THROW(ReadHfConfig(kData + "/no_such_model"), IoError);
+}
+
+TEST(HfConfigTest, RoundTripsThroughTransformersKeys) {
+  for (const char* name : {"qwen3_gqa", "llama_mqa"}) {
+    const LlamaConfig c = ReadHfConfig(kData + "/" + name);
+    const LlamaConfig back = LlamaConfigFromHf(HfConfigJson(c), "round trip");
+    EXPECT_EQ(HfConfigJson(back), HfConfigJson(c)) << name;
+    const LlamaConfig desc = LlamaFromModelJson(LlamaModelJson(c));
+    EXPECT_EQ(HfConfigJson(desc), HfConfigJson(c)) << name;
+  }
+  const LlamaConfig q = ReadHfConfig(kData + "/qwen3_gqa");
+  EXPECT_EQ(q.head_dim, 16);  // not hidden / heads = 12
+  EXPECT_TRUE(q.qk_norm);
+  EXPECT_DOUBLE_EQ(q.rope_theta, 10000.0);
+  EXPECT_FALSE(ReadHfConfig(kData + "/llama_mqa").qk_norm);
+}
+
+TEST(HfWeightsTest, ImportThenExportIsBitIdentical) {
+  for (const char* name : {"qwen3_gqa", "llama_mqa"}) {
+    const std::string dir = kData + "/" + name;
+    const LlamaConfig c = ReadHfConfig(dir);
+    std::map<std::string, SafeTensor> update;
+    for (auto& [n, v] : ReadHfWeights(dir, c)) update[n] = {{}, std::move(v)};
+    for (int64_t shard : {int64_t{5} << 30, int64_t{20000}}) {  // one file, and shards
+      const std::string out = ::testing::TempDir() + "/hf_export_" + name;
+      std::filesystem::remove_all(out);
+      WriteHfCheckpoint(out, c, update, shard);
+      EXPECT_EQ(std::filesystem::exists(out + "/model.safetensors.index.json"), shard < 1e6);
+      const auto a = ReadSafetensors(dir + "/model.safetensors");
+      std::map<std::string, SafeTensor> b;
+      for (auto& [n, v] : ReadHfWeights(out, c)) b[n] = {{}, std::move(v)};
+      for (auto& [n, v] : update) EXPECT_EQ(b.at(n).data, v.data) << name << " " << n;
+      EXPECT_EQ(HfConfigJson(ReadHfConfig(out)), HfConfigJson(c));
+      (void)a;
+    }
+  }
+}
+
+TEST(HfWeightsTest, RefusesMissingExtraAndMisshapedTensors) {
+  const std::string dir = kData + "/qwen3_gqa";
+  const LlamaConfig c = ReadHfConfig(dir);
+  auto tensors = ReadSafetensors(dir + "/model.safetensors");
+  const std::string out = ::testing::TempDir() + "/hf_bad";
+  std::filesystem::create_directories(out);
+  auto expect = [&](std::map<std::string, SafeTensor> t, const char* says) {
+    WriteSafetensors(out + "/model.safetensors", t);
+    try {
+      ReadHfWeights(out, c);
+      ADD_FAILURE() << "accepted: " << says;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  auto missing = tensors;
+  missing.erase("model.layers.1.self_attn.k_norm.weight");
+  expect(missing, "'model.layers.1.self_attn.k_norm.weight' [16] is missing");
+  auto extra = tensors;
+  extra["model.layers.2.mlp.up_proj.weight"] = {{2, 2}, {0, 0, 0, 0}};
+  expect(extra, "'model.layers.2.mlp.up_proj.weight' [2, 2] in the file is not a parameter");
+  auto shaped = tensors;
+  shaped["model.layers.0.self_attn.q_proj.weight"].shape = {48, 64};
+  expect(shaped, "has shape [48, 64] in the file, the model needs [64, 48]");
+  auto nan = tensors;
+  nan["model.norm.weight"].data[3] = NAN;
+  expect(nan, "non-finite");
+}
+
+}  // namespace
+}  // namespace sshsdp

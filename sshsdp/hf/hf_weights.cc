@@ -1,0 +1,181 @@
+// transformers' state dict of a Llama-family model to and from sshsdp's update parameters
+// (hf_weights.h).
+#include "sshsdp/hf/hf_weights.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/checkpoint.h"
+#include "sshsdp/hf/hf_config.h"
+#include "sshsdp/layout/tensor_list.h"
+
+namespace sshsdp {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The safetensors files of an HF directory: model.safetensors, or the index's shards.
+std::vector<std::string> WeightFiles(const std::string& dir) {
+  const std::string single = dir + "/model.safetensors";
+  const std::string index = dir + "/model.safetensors.index.json";
+  if (fs::exists(single)) return {single};
+  SSHSDP_CHECK(fs::exists(index), IoError,
+               "{}: neither model.safetensors nor model.safetensors.index.json is there (save the "
+               "model with save_pretrained, safe_serialization on)",
+               dir);
+  std::ifstream in(index);
+  nlohmann::json j;
+  try {
+    in >> j;
+  } catch (const nlohmann::json::exception& e) {
+    throw IoError(fmt::format("{}: not valid JSON: {}", index, e.what()));
+  }
+  SSHSDP_CHECK(j.contains("weight_map") && j.at("weight_map").is_object(), IoError,
+               "{}: no weight_map object", index);
+  std::set<std::string> files;
+  for (const auto& [name, file] : j.at("weight_map").items()) {
+    SSHSDP_CHECK(file.is_string() && file.get<std::string>().find('/') == std::string::npos,
+                 IoError, "{}: weight_map['{}'] must name a file in the directory, got {}", index,
+                 name, file.dump());
+    files.insert(dir + "/" + file.get<std::string>());
+  }
+  return {files.begin(), files.end()};
+}
+
+}  // namespace
+
+std::vector<HfTensor> HfTensors(const LlamaConfig& c) {
+  const int64_t d = c.d_model, dh = c.head_dim, ff = c.d_ff;
+  std::vector<HfTensor> out;
+  out.push_back({"model.embed_tokens.weight", {c.vocab, d}, {"embed_tokens"}, true});
+  for (int l = 0; l < c.n_layer; ++l) {
+    const std::string p = fmt::format("layers.{}.", l);
+    auto one = [&](const std::string& name, std::vector<int64_t> shape) {
+      out.push_back({"model." + p + name + ".weight", std::move(shape), {p + name}, false});
+    };
+    one("input_layernorm", {d});
+    for (const char* which : {"q", "k", "v"}) {
+      const int heads = which[0] == 'q' ? c.n_head : c.n_kv_head;
+      HfTensor t{fmt::format("model.{}self_attn.{}_proj.weight", p, which), {heads * dh, d}, {}};
+      for (int h = 0; h < heads; ++h)
+        t.parts.push_back(fmt::format("{}self_attn.{}_proj.h{}", p, which, h));
+      out.push_back(std::move(t));
+    }
+    if (c.qk_norm) {
+      one("self_attn.q_norm", {dh});
+      one("self_attn.k_norm", {dh});
+    }
+    one("self_attn.o_proj", {d, c.q_dim()});
+    one("post_attention_layernorm", {d});
+    one("mlp.gate_proj", {ff, d});
+    one("mlp.up_proj", {ff, d});
+    one("mlp.down_proj", {d, ff});
+  }
+  out.push_back({"model.norm.weight", {d}, {"norm"}, false});
+  out.push_back({"lm_head.weight", {c.vocab, d}, {"lm_head"}, true});
+  return out;
+}
+
+std::map<std::string, std::vector<float>> ReadHfWeights(const std::string& dir,
+                                                        const LlamaConfig& c) {
+  std::map<std::string, SafeTensor> file;
+  for (const std::string& path : WeightFiles(dir))
+    for (auto& [name, t] : ReadSafetensors(path)) {
+      SSHSDP_CHECK(!file.count(name), ConfigError, "{}: tensor '{}' is in two shards", dir, name);
+      file.emplace(name, std::move(t));
+    }
+  const std::vector<HfTensor> want = HfTensors(c);
+  std::vector<TensorSpec> want_specs, have_specs;
+  for (const HfTensor& t : want) want_specs.push_back({t.name, t.shape});
+  for (const auto& [name, t] : file) have_specs.push_back({name, t.shape});
+  const std::string mismatch = DescribeTensorMismatch(want_specs, have_specs, dir);
+  SSHSDP_CHECK(mismatch.empty(), ConfigError, "{}", mismatch);
+
+  std::map<std::string, std::vector<float>> out;
+  const int64_t d = c.d_model;
+  for (const HfTensor& t : want) {
+    const std::vector<float>& v = file.at(t.name).data;
+    const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
+    SSHSDP_CHECK(bad == v.end(), ConfigError,
+                 "{}: tensor '{}' holds a non-finite value ({} at element {}); initial weights "
+                 "must be finite",
+                 dir, t.name, *bad, bad - v.begin());
+    if (t.table) {  // [vocab, d] into [padded, d], the padded rows zero
+      std::vector<float> table(static_cast<size_t>(int64_t{c.padded_vocab()} * d), 0.0f);
+      std::copy(v.begin(), v.end(), table.begin());
+      out[t.parts[0]] = std::move(table);
+      continue;
+    }
+    const size_t each = v.size() / t.parts.size();  // heads are equal row blocks
+    for (size_t i = 0; i < t.parts.size(); ++i)
+      out[t.parts[i]].assign(v.begin() + static_cast<std::ptrdiff_t>(i * each),
+                             v.begin() + static_cast<std::ptrdiff_t>((i + 1) * each));
+  }
+  return out;
+}
+
+namespace {
+
+// The transformers tensor t assembled from the update parameters.
+SafeTensor Assemble(const HfTensor& t, const LlamaConfig& c,
+                    const std::map<std::string, SafeTensor>& update) {
+  SafeTensor out{t.shape, {}};
+  const size_t n = NumElements(t.shape);
+  out.data.reserve(n);
+  for (const std::string& part : t.parts) {
+    const auto it = update.find(part);
+    SSHSDP_CHECK(it != update.end(), ConfigError,
+                 "export to Hugging Face: update parameter '{}' (of {}) is missing", part, t.name);
+    const std::vector<float>& v = it->second.data;
+    const size_t take = t.table ? n : v.size();
+    SSHSDP_CHECK(
+        v.size() >= take &&
+            (!t.table || v.size() == static_cast<size_t>(int64_t{c.padded_vocab()} * c.d_model)),
+        ConfigError, "export to Hugging Face: '{}' has {} values, {} needs {}", part, v.size(),
+        t.name, t.table ? int64_t{c.padded_vocab()} * c.d_model : int64_t(n));
+    out.data.insert(out.data.end(), v.begin(), v.begin() + static_cast<std::ptrdiff_t>(take));
+  }
+  SSHSDP_CHECK(out.data.size() == n, ConfigError,
+               "export to Hugging Face: {} assembles {} values, its shape {} needs {}", t.name,
+               out.data.size(), ShapeString(t.shape), n);
+  return out;
+}
+
+}  // namespace
+
+void WriteHfCheckpoint(const std::string& dir, const LlamaConfig& c,
+                       const std::map<std::string, SafeTensor>& update, int64_t max_shard_bytes) {
+  std::vector<std::map<std::string, SafeTensor>> shards(1);
+  int64_t bytes = 0, total = 0;
+  for (const HfTensor& t : HfTensors(c)) {
+    SafeTensor s = Assemble(t, c, update);
+    const int64_t b = static_cast<int64_t>(s.data.size()) * 4;
+    if (bytes > 0 && bytes + b > max_shard_bytes) shards.emplace_back(), bytes = 0;
+    bytes += b, total += b;
+    shards.back().emplace(t.name, std::move(s));
+  }
+  fs::create_directories(dir);
+  const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  if (shards.size() == 1) {
+    WriteSafetensors(dir + "/model.safetensors", shards[0], meta);
+  } else {
+    nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", {}}};
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string name =
+          fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+      WriteSafetensors(dir + "/" + name, shards[i], meta);
+      for (const auto& [tensor, s] : shards[i]) index["weight_map"][tensor] = name;
+    }
+    std::ofstream(dir + "/model.safetensors.index.json") << index.dump(2) << "\n";
+  }
+  std::ofstream out(dir + "/config.json");
+  out << HfConfigJson(c).dump(2) << "\n";
+  SSHSDP_CHECK(out.good(), IoError, "{}/config.json: cannot write it", dir);
+}
+
+}  // namespace sshsdp

@@ -1,0 +1,52 @@
+// The state-dict adapter between a Hugging Face checkpoint of a Llama-family model and
+// sshsdp's update parameters (models/llama.h), both ways. transformers' q/k/v_proj.weight
+// [heads·dh, d] are the row-concatenations of the per-head update parameters
+// (layers.N.self_attn.q_proj.h<i>), its embedding and LM head have `vocab` rows where sshsdp's
+// tables have the padded count (the rows past vocab are zero), and every other tensor is one
+// update parameter named as in transformers without "model." and ".weight".
+//
+//   LlamaConfig c = ReadHfConfig(dir);
+//   auto init = ReadHfWeights(dir, c);        // update name -> fp32 values, checked
+//   WriteHfCheckpoint(out, c, tensors);        // config.json + model.safetensors
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/models/llama.h"
+
+namespace sshsdp {
+
+// One tensor of transformers' state dict and the update parameters it is made of: the
+// row-concatenation of `parts` (all of each), or the first `rows` rows of a single padded
+// table when `table` is set.
+struct HfTensor {
+  std::string name;            // "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;  // transformers' shape
+  std::vector<std::string> parts;
+  bool table = false;
+};
+// Every tensor of c's transformers model, in model order.
+std::vector<HfTensor> HfTensors(const LlamaConfig& c);
+
+// The update parameters of the model c describes, read from the safetensors of the Hugging
+// Face directory `dir` (model.safetensors, or the shards model.safetensors.index.json names):
+// update name -> fp32 values (F32, BF16 and F16 are read exactly; padded rows zero).
+// ConfigError listing the first missing, extra or mis-shaped tensors, or a non-finite value;
+// IoError for a file that cannot be read.
+std::map<std::string, std::vector<float>> ReadHfWeights(const std::string& dir,
+                                                        const LlamaConfig& c);
+
+// Writes c's config.json and its weights from `update` (update name -> tensor, as
+// ReadConsolidated or a weights file give them) into `dir` (created if absent): one
+// model.safetensors, or shards model-0000i-of-0000n.safetensors with
+// model.safetensors.index.json when the weights exceed max_shard_bytes. fp32. ConfigError
+// naming a missing or mis-shaped update parameter.
+void WriteHfCheckpoint(const std::string& dir, const LlamaConfig& c,
+                       const std::map<std::string, SafeTensor>& update,
+                       int64_t max_shard_bytes = int64_t{5} << 30);
+
+}  // namespace sshsdp
