@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Hugging Face models end to end through the `sshsdp` program (hf/, models/llama.h), on the
+# tiny transformers models of sshsdp/hf/testdata:
+#   hf_test.sh SSHSDP MPIRUN...        fine-tune from --init-from-hf on 4 ranks with per-head
+#                                      Muon, checkpoint, export-hf; import -> export with no step
+#                                      is bit-identical; bad inputs refused by name.
+#   hf_test.sh --peer SSHSDP MPIRUN... transformers loads the exported model with no missing or
+#                                      unexpected key and computes the validation loss sshsdp
+#                                      reported on the same tokens (within 1e-6 relative).
+#                                      Skipped (77) without torch in the peers' environment.
+set -u
+peer=0
+if [ "${1:-}" = "--peer" ]; then
+  peer=1
+  shift
+fi
+bin=$1
+shift
+mpirun=("$@")
+root=$(cd "$(dirname "$0")/../.." && pwd)
+data=$root/sshsdp/hf/testdata
+venv=${SSHSDP_PEER_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/sshsdp/fsdp2-peer}
+if [ $peer -eq 1 ] && ! "$venv/bin/python" -c "import torch, transformers" 2>/dev/null; then
+  echo "skipped: no torch and transformers in $venv (bench/peers/run_fsdp2_peer.sh makes it)"
+  exit 77
+fi
+# shellcheck source=testing/check.sh
+. "$(dirname "$0")/testing/check.sh"
+
+# llm.c token files (uint16) of the vocabulary-97 model: a learnable training stream and a
+# validation file of exactly one 32-token window.
+python3 - "$tmp" <<'PY'
+import array, random, struct, sys
+def write(path, toks):
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(toks), *([0] * 253)))
+        f.write(array.array("H", toks).tobytes())
+random.seed(1)
+seq = []
+while len(seq) < 4096:
+    s = random.randrange(97)
+    seq += [(s + 7 * i) % 97 for i in range(8)]
+write(sys.argv[1] + "/train.bin", seq[:4096])
+write(sys.argv[1] + "/val.bin", [(5 + 7 * i) % 97 for i in range(33)])
+write(sys.argv[1] + "/big.bin", [3, 200, 5] * 100)
+PY
+run=(--data "$tmp/train.bin" --seq-len 32 --batch-size 1 --weight-dtype fp32)
+
+if [ $peer -eq 1 ]; then
+  timeout 180 "${mpirun[@]}" -np 2 "$bin" train --init-from-hf "$data/qwen3_gqa" "${run[@]}" \
+    --val-data "$tmp/val.bin" --eval-every 10 --eval-tokens 32 --steps 10 --optimizer muon \
+    --save-weights "$tmp/w.safetensors" --metrics "$tmp/m.jsonl" >"$tmp/out" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || tail -20 "$tmp/out"
+  check "fine-tunes a Qwen3 from --init-from-hf on 2 ranks" $rc
+  "$bin" export-hf --weights "$tmp/w.safetensors" --out "$tmp/hf" >/dev/null
+  check "export-hf writes the fine-tuned model" $?
+  "$venv/bin/python" - "$tmp" <<'PY'
+import array, json, sys
+import torch, transformers
+tmp = sys.argv[1]
+m, info = transformers.AutoModelForCausalLM.from_pretrained(tmp + "/hf", output_loading_info=True)
+assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+t = array.array("H")
+t.frombytes(open(tmp + "/val.bin", "rb").read()[1024:])
+x, y = torch.tensor([list(t[:32])]), torch.tensor(list(t[1:33]))
+with torch.no_grad():
+    hf = torch.nn.functional.cross_entropy(m.float().eval()(input_ids=x).logits[0], y).item()
+ours = [json.loads(l)["val_loss"] for l in open(tmp + "/m.jsonl") if "val_loss" in l][-1]
+print(f"  validation loss: sshsdp {ours!r}, transformers {hf!r}")
+assert abs(ours - hf) <= 1e-6 * hf, (ours, hf)
+PY
+  check "transformers loads the export (no missing / unexpected keys) with sshsdp's val loss" $?
+  finish_checks
+  exit $?
+fi
+
+# Fine-tune on 4 ranks (2 x 2: sharded and replicated) with per-head Muon, checkpointing.
+timeout 180 "${mpirun[@]}" -np 4 "$bin" train --init-from-hf "$data/qwen3_gqa" "${run[@]}" \
+  --steps 6 --optimizer muon --sg 2 --so 2 --ckpt-dir "$tmp/ck" --save-every 3 >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || tail -20 "$tmp/out"
+check "mpirun -np 4 train --init-from-hf fine-tunes with per-head Muon" $rc
+grep -q "Qwen3 \[4 Q / 2 KV heads of 16, QK-norm" "$tmp/out"
+check "the header names the architecture from config.json" $?
+"$bin" export-hf --ckpt "$tmp/ck" --out "$tmp/exp" >/dev/null && [ -f "$tmp/exp/config.json" ]
+check "export-hf --ckpt writes config.json and safetensors" $?
+
+# Import -> export with no step: the same bytes for every tensor.
+"$bin" train --init-from-hf "$data/llama_mqa" --seq-len 32 --weight-dtype fp32 --steps 0 \
+  --save-weights "$tmp/w0.safetensors" >/dev/null 2>&1 &&
+  "$bin" export-hf --weights "$tmp/w0.safetensors" --out "$tmp/rt" >/dev/null
+check "import then export with no step runs" $?
+python3 - "$data/llama_mqa/model.safetensors" "$tmp/rt/model.safetensors" <<'PY'
+import json, struct, sys
+def read(p):
+    b = open(p, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n])
+    h.pop("__metadata__", None)
+    return {k: b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]] for k, v in h.items()}
+a, b = read(sys.argv[1]), read(sys.argv[2])
+assert sorted(a) == sorted(b) and all(a[k] == b[k] for k in a), "tensors differ"
+PY
+check "import -> export with no step is bit-identical" $?
+
+expect_error "a token outside the config's vocabulary" "big.bin" \
+  "$bin" train --init-from-hf "$data/qwen3_gqa" --data "$tmp/big.bin" --seq-len 32 --steps 1
+expect_error "tied embeddings refused by key" "tie_word_embeddings" \
+  "$bin" train --init-from-hf "$data/qwen3_tied" --steps 1
+expect_error "--layers with a config.json" "fixes the architecture" \
+  "$bin" train --model-config "$data/qwen3_gqa/config.json" --layers 3 --steps 1
+expect_error "export-hf with two inputs" "one input" \
+  "$bin" export-hf --ckpt "$tmp/ck" --weights "$tmp/w0.safetensors" --out "$tmp/x"
+"$bin" train --model tiny --steps 1 --save-weights "$tmp/gpt.safetensors" >/dev/null 2>&1
+expect_error "export-hf of a GPT weights file" "export-hf writes the Llama family" \
+  "$bin" export-hf --weights "$tmp/gpt.safetensors" --out "$tmp/x"
+expect_error "export-hf into its own checkpoint" "checkpoint" \
+  "$bin" export-hf --ckpt "$tmp/ck" --out "$tmp/ck/step_00000006"
+finish_checks
