@@ -194,6 +194,10 @@ Engine::Engine(Model& model, Communicator& world, const EngineConfig& cfg)
   store_dtype_ = modes.store_dtype;
   skip_gather_ = modes.skip_gather;
   skip_rs_ = modes.skip_rs;
+  tied_ = model.TiesFirstGroup();
+  SSHSDP_CHECK(!tied_ || model.num_groups() >= 2, PlanError,
+               "a model that ties its first group to its last needs two groups, has {}",
+               model.num_groups());
   if (cfg_.comm_path == CommPath::kDirect) {
     // Plan-time checks of the direct path, before any collective.
     SSHSDP_CHECK(dynamic_cast<MpiCommunicator*>(&world) != nullptr, ConfigError,
@@ -402,11 +406,12 @@ void Engine::SetUpDirectPath() {
   }
   if (!skip_gather_) {
     gather_slots_ = std::make_unique<RegisteredSlots>(
-        *z3, "zero3.gather", max_gather, cfg_.reshard_after_forward ? std::min(2, n) : n);
+        *z3, "zero3.gather", max_gather,
+        cfg_.reshard_after_forward ? std::min(tied_ ? 3 : 2, n) : n);  // tied: group 0 held
   }
   if (!skip_rs_) {
-    grad_slots_ =
-        std::make_unique<RegisteredSlots>(*z2, "zero2.grad", max_padded * 4, std::min(2, n));
+    grad_slots_ = std::make_unique<RegisteredSlots>(*z2, "zero2.grad", max_padded * 4,
+                                                    std::min(tied_ ? 3 : 2, n));
     z2->ReserveReduceScatter(max_z2);  // fp32 partials: room for bf16 ones too
   }
   memory_.Allocate("registered", z3->registered_bytes() + z2->registered_bytes());

@@ -360,6 +360,8 @@ class Engine {
   // Backward of group g in microbatch mb, and the submission of its reduce-scatter.
   void BackwardGroup(int g, int mb);
   void FinishReduceScatter(int g);  // wait, recycle G′ and the data path's buffers
+  // A transient G′ block for group g's backward (none when it writes G′ᶻ² directly).
+  void AttachGradBlock(RuntimeGroup& g);
   // After the last microbatch: outer reduce-scatter and HSDP all-reduce (with overlap_outer
   // only their completion: they ran behind backward), norm, F, G, outer all-gather (or its
   // deferral). Fills st (loss, norm, skipped).
@@ -410,8 +412,13 @@ class Engine {
   DType store_dtype_ = DType::kBF16;  // persistent ZeRO-3 weights (fp32 with ②)
   bool skip_gather_ = false;          // sw = 1 and nothing to cast or copy: W′ is Wᶻ³
   bool skip_rs_ = false;              // sg = 1 and direct fused accumulation: G′ is G′ᶻ²
-  DType grad_dtype_ = DType::kF32;    // G′: fp32, or bf16 in the bf16 reduce modes
-  std::unique_ptr<MxWeights> mx_;     // MXFP8 runtime weights (weight_dtype = kE4M3)
+  // Model::TiesFirstGroup: group 0's weights stay gathered from its forward to its backward,
+  // its gradient from the last group's backward (which writes it first, into these views) to
+  // its own.
+  bool tied_ = false;
+  std::vector<TensorRef> tied_grads_;
+  DType grad_dtype_ = DType::kF32;  // G′: fp32, or bf16 in the bf16 reduce modes
+  std::unique_ptr<MxWeights> mx_;   // MXFP8 runtime weights (weight_dtype = kE4M3)
   int64_t step_ = 0;
   // Deferred outer all-gathers run by an Evaluate between steps: counted into the next Step.
   CommCounters carried_update_comm_;

@@ -17,6 +17,10 @@
 namespace sshsdp {
 namespace {
 
+void Append(std::vector<TensorRef>* to, const std::vector<TensorRef>& more) {
+  to->insert(to->end(), more.begin(), more.end());
+}
+
 // A communication-thread task inside a span of that lane, with the bytes the collective moved
 // (its communicator's counters), when tracing.
 std::function<void()> Traced(Tracer* t, const char* name, int group, Communicator* comm,
@@ -136,13 +140,16 @@ void Engine::ForwardPass(bool release_all) {
     if (cfg_.prefetch && g + 1 < n) StartGather(g + 1);
     WaitGather(g);
     std::vector<TensorRef> w = path_->Weights(*groups_[g]);
+    if (tied_ && g == n - 1) Append(&w, path_->Weights(*groups_[0]));  // the tied table
     {
       ScopedTimer t(&time_.compute);
       TraceSpan s(cfg_.tracer, "forward", kTraceCompute, {{"group", g}});
       model_.Forward(g, w);  // on a backend, queued: a regather of W′'s slot waits for it
     }
-    if (release_all || (cfg_.reshard_after_forward && g + 1 < n)) ReleaseGather(g);
+    const bool held = tied_ && g == 0;  // the last group reads it again
+    if (!held && (release_all || (cfg_.reshard_after_forward && g + 1 < n))) ReleaseGather(g);
   }
+  if (tied_ && release_all) ReleaseGather(0);
 }
 
 double Engine::Evaluate(const BatchFn& batch, int batches) {
@@ -181,18 +188,24 @@ void Engine::BackwardGroup(int gi, int mb) {
   if (cfg_.prefetch && gi > 0) StartGather(gi - 1);
   WaitGather(gi);
   GradWrite mode = GradWrite::kOverwrite;
-  if (skip_rs_) {
-    if (mb > 0) {
-      mode = GradWrite::kAccumulate;  // G′ is G′ᶻ²: accumulate in backward
-      counters_.fused_accumulations++;
-    }
-  } else {
-    const size_t bytes = G.padded * DTypeSize(grad_dtype_);
-    G.grad_block = grad_slots_ ? grad_slots_->Acquire() : pool_->Acquire(bytes);
-    G.g_full->AttachExternal(G.grad_block, bytes);
+  if (skip_rs_ && mb > 0) {
+    mode = GradWrite::kAccumulate;  // G′ is G′ᶻ²: accumulate in backward
+    counters_.fused_accumulations++;
   }
+  const int n = static_cast<int>(groups_.size());
+  const bool tied_first = tied_ && gi == 0;  // its gradient holds the last group's already
+  if (!tied_first) AttachGradBlock(G);
   std::vector<TensorRef> w = path_->Weights(G);
-  std::vector<TensorRef> grads = path_->GradTargets(G);
+  std::vector<TensorRef> grads =
+      tied_first ? std::exchange(tied_grads_, {}) : path_->GradTargets(G);
+  if (tied_first) mode = GradWrite::kAccumulate;
+  if (tied_ && gi == n - 1) {  // the head writes the tied table's gradient first
+    RuntimeGroup& first = *groups_[0];
+    AttachGradBlock(first);
+    tied_grads_ = path_->GradTargets(first);
+    Append(&w, path_->Weights(first));
+    Append(&grads, tied_grads_);
+  }
   {
     ScopedTimer t(&time_.compute);
     TraceSpan s(cfg_.tracer, "backward", kTraceCompute, {{"group", gi}, {"microbatch", mb}});
@@ -202,7 +215,6 @@ void Engine::BackwardGroup(int gi, int mb) {
     ReduceScatterOptions ro;
     if (cfg_.reduce == ReduceMode::kBf16Sr) {
       // bf16sr: bf16 partials with stochastic rounding, keyed by (seed, step, stream).
-      const int n = static_cast<int>(groups_.size());
       ro.partial_dtype = DType::kBF16;
       ro.sr_key = {cfg_.sr_seed, static_cast<uint64_t>(step_), static_cast<uint32_t>(mb * n + gi)};
     }
@@ -211,6 +223,13 @@ void Engine::BackwardGroup(int gi, int mb) {
     G.rs_handle = SubmitComm("reduce-scatter", gi, rt_zero2_.get(), std::move(task));
   }
   ReleaseGather(gi);
+}
+
+void Engine::AttachGradBlock(RuntimeGroup& g) {
+  if (skip_rs_) return;  // backward writes G′ᶻ² itself
+  const size_t bytes = g.padded * DTypeSize(grad_dtype_);
+  g.grad_block = grad_slots_ ? grad_slots_->Acquire() : pool_->Acquire(bytes);
+  g.g_full->AttachExternal(g.grad_block, bytes);
 }
 
 void Engine::FinishReduceScatter(int gi) {

@@ -68,10 +68,6 @@ void RefuseUnsupported(const nlohmann::json& j, const std::string& source) {
       Refuse(
           !t.is_string() || t.get<std::string>() != "full_attention", source,
           fmt::format("layer_types holds {}: only full_attention layers are supported", t.dump()));
-  Refuse(Get<bool>(j, "tie_word_embeddings", false, source), source,
-         "tie_word_embeddings true is not supported yet: the engine keeps the embedding and the "
-         "LM head as two tables (untie them in transformers before saving, or use an untied "
-         "model)");
   Refuse(Get<double>(j, "attention_dropout", 0.0, source) != 0.0, source,
          "attention_dropout is not supported (set it to 0)");
 }
@@ -99,6 +95,7 @@ LlamaConfig LlamaConfigFromHf(const nlohmann::json& j, const std::string& source
   c.rope_theta = RopeTheta(j, source);
   c.norm_eps = static_cast<float>(Get<double>(j, "rms_norm_eps", 1e-6, source));
   c.qk_norm = c.model_type == "qwen3";
+  c.tied = Get<bool>(j, "tie_word_embeddings", false, source);
   try {
     c.Validate();
   } catch (const ConfigError& e) {
@@ -143,7 +140,7 @@ nlohmann::json HfConfigJson(const LlamaConfig& c) {
       {"hidden_act", "silu"},
       {"attention_bias", false},
       {"attention_dropout", 0.0},
-      {"tie_word_embeddings", false},
+      {"tie_word_embeddings", c.tied},
       {"torch_dtype", "float32"},
   };
   if (qwen) {

@@ -16,14 +16,13 @@
 namespace sshsdp {
 
 // From a parsed config.json; `source` names it in errors. ConfigError naming the key and the
-// fix for an unsupported or malformed value. Tied embeddings (tie_word_embeddings) are refused
-// until sshsdp's engine keeps one table for both ends.
+// fix for an unsupported or malformed value.
 LlamaConfig LlamaConfigFromHf(const nlohmann::json& j, const std::string& source);
 // dir/config.json, or the file itself when given one (IoError when it cannot be read or
 // parsed).
 LlamaConfig ReadHfConfig(const std::string& dir_or_file);
 // transformers' keys for c (model_type, architectures, sizes, rope_parameters and the older
-// rope_theta, rms_norm_eps, tie_word_embeddings false, torch_dtype float32).
+// rope_theta, rms_norm_eps, tie_word_embeddings, torch_dtype float32).
 nlohmann::json HfConfigJson(const LlamaConfig& c);
 
 // sshsdp's model description of a Llama-family model (a checkpoint's or weights file's

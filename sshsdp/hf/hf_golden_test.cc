@@ -73,7 +73,7 @@ TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
     targets[i] = static_cast<int32_t>(golden.at("targets").data[i]);
   }
   model.SetBatch(tokens.data(), targets.data(), B, T);
-  for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, p.Weights(g));
+  for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, p.ModelWeights(g));
   const double loss = model.Loss(), want_loss = golden.at("loss").data[0];
   EXPECT_NEAR(loss, want_loss, 1e-6 * want_loss) << GetParam();
 
@@ -96,7 +96,7 @@ TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
                         << " x the 1e-5 bound";
 
   for (int g = model.num_groups() - 1; g >= 0; --g)
-    model.Backward(g, p.Weights(g), p.Grads(g), GradWrite::kOverwrite);
+    model.Backward(g, p.ModelWeights(g), p.ModelGrads(g), p.ModeOf(g, GradWrite::kOverwrite));
   const auto grads = ByUpdateName(p, [&](int g, int i) { return p.GradAsFloat(g, i); });
   int compared = 0;
   double worst_grad = 0;
@@ -122,7 +122,8 @@ TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
               worst_grad);
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, HfGoldenTest, ::testing::Values("qwen3_gqa", "llama_mqa"));
+INSTANTIATE_TEST_SUITE_P(Models, HfGoldenTest,
+                         ::testing::Values("qwen3_gqa", "qwen3_tied", "llama_mqa"));
 
 TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
   nlohmann::json base = nlohmann::json::parse(R"({"model_type": "qwen3", "vocab_size": 97,
@@ -147,14 +148,13 @@ TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
   refused("hidden_act", "gelu", "hidden_act 'gelu'");
   refused("num_key_value_heads", 3, "does not divide");
   refused("head_dim", 15, "head_dim 15 is odd");
-  refused("tie_word_embeddings", true, "tie_word_embeddings");
   refused("hidden_size", "48", "'hidden_size' is \"48\"");
-  EXPECT_THROW(ReadHfConfig(kData + "/qwen3_tied"), ConfigError);  // tied: not yet
+  EXPECT_TRUE(ReadHfConfig(kData + "/qwen3_tied").tied);
   EXPECT_THROW(ReadHfConfig(kData + "/no_such_model"), IoError);
 }
 
 TEST(HfConfigTest, RoundTripsThroughTransformersKeys) {
-  for (const char* name : {"qwen3_gqa", "llama_mqa"}) {
+  for (const char* name : {"qwen3_gqa", "qwen3_tied", "llama_mqa"}) {
     const LlamaConfig c = ReadHfConfig(kData + "/" + name);
     const LlamaConfig back = LlamaConfigFromHf(HfConfigJson(c), "round trip");
     EXPECT_EQ(HfConfigJson(back), HfConfigJson(c)) << name;
@@ -169,7 +169,7 @@ TEST(HfConfigTest, RoundTripsThroughTransformersKeys) {
 }
 
 TEST(HfWeightsTest, ImportThenExportIsBitIdentical) {
-  for (const char* name : {"qwen3_gqa", "llama_mqa"}) {
+  for (const char* name : {"qwen3_gqa", "qwen3_tied", "llama_mqa"}) {
     const std::string dir = kData + "/" + name;
     const LlamaConfig c = ReadHfConfig(dir);
     std::map<std::string, SafeTensor> update;

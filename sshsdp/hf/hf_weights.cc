@@ -77,7 +77,7 @@ std::vector<HfTensor> HfTensors(const LlamaConfig& c) {
     one("mlp.down_proj", {d, ff});
   }
   out.push_back({"model.norm.weight", {d}, {"norm"}, false});
-  out.push_back({"lm_head.weight", {c.vocab, d}, {"lm_head"}, true});
+  if (!c.tied) out.push_back({"lm_head.weight", {c.vocab, d}, {"lm_head"}, true});
   return out;
 }
 

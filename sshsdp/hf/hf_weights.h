@@ -3,7 +3,8 @@
 // [heads·dh, d] are the row-concatenations of the per-head update parameters
 // (layers.N.self_attn.q_proj.h<i>), its embedding and LM head have `vocab` rows where sshsdp's
 // tables have the padded count (the rows past vocab are zero), and every other tensor is one
-// update parameter named as in transformers without "model." and ".weight".
+// update parameter named as in transformers without "model." and ".weight". A tied model has
+// no lm_head.weight (transformers saves the table once, as model.embed_tokens.weight).
 //
 //   LlamaConfig c = ReadHfConfig(dir);
 //   auto init = ReadHfWeights(dir, c);        // update name -> fp32 values, checked

@@ -55,7 +55,8 @@ TEST_P(LlamaParityTest, EveryLayoutMatchesOneRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, LlamaParityTest, ::testing::Values("qwen3_gqa", "llama_mqa"));
+INSTANTIATE_TEST_SUITE_P(Models, LlamaParityTest,
+                         ::testing::Values("qwen3_gqa", "qwen3_tied", "llama_mqa"));
 
 }  // namespace
 }  // namespace sshsdp

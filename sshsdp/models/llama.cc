@@ -29,7 +29,7 @@ LlamaConfig LlamaConfig::Preset(std::string_view name) {
     return c;
   }
   if (name == "llama-tiny") {
-    c.model_type = "llama", c.n_kv_head = 1, c.d_ff = 176, c.qk_norm = false;
+    c.model_type = "llama", c.n_kv_head = 1, c.d_ff = 176, c.qk_norm = false, c.tied = false;
     c.rope_theta = 500000.0, c.norm_eps = 1e-5f;
     return c;
   }
@@ -115,6 +115,7 @@ std::vector<RuntimeParamSpec> Llama::GroupParams(int g) const {
   InitSpec table = w;
   if (Vp > V) table.zero_from = V * d;  // padded rows start (and stay) zero
   if (g == 0) return {Single("embed_tokens", {Vp, d}, UpdateKind::kEmbedding, table)};
+  if (g == num_groups() - 1 && c_.tied) return {Single("norm", {d}, UpdateKind::kVector, kOnes)};
   if (g == num_groups() - 1)
     return {Single("norm", {d}, UpdateKind::kVector, kOnes),
             Single("lm_head", {Vp, d}, UpdateKind::kEmbedding, table)};
@@ -281,6 +282,9 @@ void Llama::Backward(int g, const std::vector<TensorRef>& w, const std::vector<T
   if (g == num_groups() - 1) {
     BackwardHead(w, grad, acc);
   } else if (g == 0) {
+    SSHSDP_CHECK(acc || !c_.tied, PlanError,
+                 "Llama Backward(0) with tied embeddings: the table's gradient holds the LM "
+                 "head's; pass GradWrite::kAccumulate (Model::TiesFirstGroup)");
     BackwardEmbedding(grad, acc);
   } else {
     BackwardMlp(g - 1, w, grad, acc);

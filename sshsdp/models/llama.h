@@ -18,7 +18,9 @@
 // Runtime groups: 0 = {embed_tokens}; 1..L = block l-1 {input_layernorm, self_attn.qkv,
 // [self_attn.q_norm, self_attn.k_norm,] self_attn.o_proj, post_attention_layernorm,
 // mlp.gate_proj, mlp.up_proj, mlp.down_proj}; L+1 = {norm, lm_head}. Update-parameter names are
-// transformers' without "model." and ".weight", heads split (".h<i>").
+// transformers' without "model." and ".weight", heads split (".h<i>"). With tied embeddings
+// the last group is {norm} and reads embed_tokens, group 0's (Model::TiesFirstGroup): one
+// update parameter, whose gradient is the sum of both ends'.
 //
 // Weights fp32, bf16 (bf16 GEMMs, the fp32 inputs rounded by the product) or MXFP8 in the
 // block groups; gradients fp32 or bf16. Attention in fp32, or on bf16 operands when every QKV
@@ -54,11 +56,13 @@ struct LlamaConfig {
   double rope_theta = 1e6;
   float norm_eps = 1e-6f;
   bool qk_norm = true;  // Qwen3's per-head RMSNorm of Q and K before RoPE
+  bool tied = true;     // tie_word_embeddings: the LM head is the embedding table
   bool bf16_attention = true;
 
   // "qwen3-tiny" (d=64, L=2, 4 Q / 2 KV heads of 16, ff 192), "qwen3-small" (d=128, L=4, 4 / 2
-  // heads of 32, ff 384), "llama-tiny" (d=64, L=2, 4 / 1 heads of 16, ff 176, no QK-norm,
-  // theta 500,000, eps 1e-5); seq_len 256. ConfigError naming the presets otherwise.
+  // heads of 32, ff 384), both with tied embeddings as Qwen3's small models; "llama-tiny"
+  // (d=64, L=2, 4 / 1 heads of 16, ff 176, no QK-norm, theta 500,000, eps 1e-5, untied);
+  // seq_len 256. ConfigError naming the presets otherwise.
   static LlamaConfig Preset(std::string_view name);
   static bool IsPreset(std::string_view name);
   int padded_vocab() const {
@@ -94,6 +98,7 @@ class Llama final : public Model {
   // 6·N (the GEMM weights: blocks and LM head) plus attention 12·L·Hq·dh·T.
   double FlopsPerToken() const override;
   int64_t ActivationBytes() const override;
+  bool TiesFirstGroup() const override { return c_.tied; }
   bool ConsumesMx() const override { return true; }
   bool ReadsScaleLayout(ScaleLayout layout) const override {
     return layout == ScaleLayout::kRowMajor || b_.Has(BackendFeature::kAnyScaleLayout);

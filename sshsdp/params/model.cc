@@ -110,7 +110,7 @@ void FillInit(const UpdatePart& part, uint64_t seed, int64_t begin, int64_t coun
 }
 
 DenseParams::DenseParams(const Model& model, DType weight_dtype, DType grad_dtype)
-    : weight_dtype_(weight_dtype), grad_dtype_(grad_dtype) {
+    : tied_(model.TiesFirstGroup()), weight_dtype_(weight_dtype), grad_dtype_(grad_dtype) {
   for (DType t : {weight_dtype, grad_dtype}) {
     SSHSDP_CHECK(t == DType::kF32 || t == DType::kBF16, ConfigError,
                  "DenseParams: dtype must be fp32 or bf16, got {}", DTypeName(t));
@@ -161,6 +161,28 @@ std::vector<TensorRef> DenseParams::Grads(int g) {
   std::vector<TensorRef> r;
   for (auto& w : grads_[g]) r.push_back(TensorRef{w.data(), grad_dtype_});
   return r;
+}
+
+std::vector<TensorRef> DenseParams::ModelWeights(int g) {
+  std::vector<TensorRef> r = Weights(g);
+  if (tied_ && g == num_groups() - 1) {
+    const std::vector<TensorRef> first = Weights(0);
+    r.insert(r.end(), first.begin(), first.end());
+  }
+  return r;
+}
+
+std::vector<TensorRef> DenseParams::ModelGrads(int g) {
+  std::vector<TensorRef> r = Grads(g);
+  if (tied_ && g == num_groups() - 1) {
+    const std::vector<TensorRef> first = Grads(0);
+    r.insert(r.end(), first.begin(), first.end());
+  }
+  return r;
+}
+
+GradWrite DenseParams::ModeOf(int g, GradWrite mode) const {
+  return tied_ && g == 0 ? GradWrite::kAccumulate : mode;
 }
 
 std::vector<float> DenseParams::GradAsFloat(int g, int i) const {

@@ -116,6 +116,14 @@ class Model {
   // activation arena. Throws ConfigError on out-of-range tokens or T > seq_len.
   virtual void SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) = 0;
 
+  // Tied embeddings: one update parameter, in group 0, serves both ends. The last group's
+  // Forward and Backward then take group 0's views after their own (weights, and gradients the
+  // last group's Backward writes with its mode), and group 0's Backward is passed kAccumulate:
+  // it adds to what the head wrote (the gradient is the sum). The engine keeps group 0's weights
+  // gathered from its forward to its backward and its gradient from the head's backward to its
+  // own. DenseParams::ModelWeights / ModelGrads assemble those views.
+  virtual bool TiesFirstGroup() const { return false; }
+
   // Groups run forward in order 0..n-1 and backward in order n-1..0 (checked: PlanError).
   virtual void Forward(int g, const std::vector<TensorRef>& w) = 0;
   // Mean cross-entropy (nats) over the B·T tokens, valid after the last group's Forward.
@@ -179,6 +187,13 @@ class DenseParams {
   const std::vector<RuntimeParamSpec>& specs(int g) const { return specs_[g]; }
   std::vector<TensorRef> Weights(int g);
   std::vector<TensorRef> Grads(int g);
+  // The views Forward / Backward of group g take: Weights(g) / Grads(g), followed by group 0's
+  // for the last group of a model that ties them (Model::TiesFirstGroup).
+  std::vector<TensorRef> ModelWeights(int g);
+  std::vector<TensorRef> ModelGrads(int g);
+  // GradWrite::kAccumulate for group 0 of such a model (its gradient holds the head's), else
+  // `mode`.
+  GradWrite ModeOf(int g, GradWrite mode) const;
 
   // fp32 master copies (what the weights are rounded from) and their gradients as fp32.
   std::vector<float>& master(int g, int i) { return master_[g][i]; }
@@ -187,6 +202,7 @@ class DenseParams {
   void SyncWeights();
 
  private:
+  bool tied_ = false;
   DType weight_dtype_, grad_dtype_;
   std::vector<std::vector<RuntimeParamSpec>> specs_;
   std::vector<std::vector<std::vector<float>>> master_;
