@@ -13,7 +13,8 @@ Scaling, so the whole README runs in a couple of minutes on 2 cores:
   * step counts (--steps, --save-every, --eval-every, --warmup, --eval-tokens, --decay-steps,
     the same keys in TOML, and step_<N> directory names) are divided by 50;
   * `sshsdp train` runs a 1-block, d=32 model of the named preset over 16 tokens
-    (appended flags: sshsdp takes the last value of an option); `sshsdp bench` likewise;
+    (appended flags: sshsdp takes the last value of an option; a Hugging Face model keeps its
+    shape, over 16 tokens); `sshsdp bench` likewise;
   * mpirun gets the test's launcher arguments (oversubscription, root);
   * the benchmark binaries get their smallest sizes; optional `[...]` arguments are dropped.
 Blocks that cannot run here are reported, not passed: scripts/test.sh (it is CI itself), the
@@ -33,6 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 STEP_FLAGS = ["steps", "save-every", "eval-every", "warmup", "eval-tokens", "decay-steps"]
 TRAIN_FAST = "--layers 1 --d-model 32 --heads 2 --seq-len 16 --gemm-peak 10 --log-every 1"
+# A Hugging Face model fixes its shape (--layers & co. are refused with it): its tiny test models.
+TRAIN_FAST_HF = "--seq-len 16 --gemm-peak 10 --log-every 1"
 BENCH_FAST = "--layers 1 --seq-len 16 --warmup 1 --steps 2"
 NOT_RUN = {
     "scripts/test.sh": "the test command itself (CI runs it)",
@@ -46,7 +49,7 @@ NOT_RUN = {
 }
 
 
-PAGES = ["README.md", "docs/training.md", "docs/precision.md", "docs/checkpoints.md",
+PAGES = ["README.md", "docs/models.md", "docs/training.md", "docs/precision.md", "docs/checkpoints.md",
          "docs/troubleshooting.md", "docs/tools.md", "docs/design.md", "docs/library.md",
          "docs/testing.md", "docs/performance.md", "docs/gpu.md"]
 FILE_EXT = r"(?:h|cc|cu|cuh|sh|py|md|cmake|txt|toml|json)"
@@ -100,7 +103,8 @@ def transform(text, mpirun, build):
     for line in text.replace("\\\n", " ").split("\n"):
         code = line.split(" #")[0].rstrip() if not line.lstrip().startswith("#") else line
         if re.search(r"\bsshsdp (train)\b", code) and "--dump-config" not in code:
-            code += " " + TRAIN_FAST
+            hf = re.search(r"--(init-from-hf|model-config)\b", code)
+            code += " " + (TRAIN_FAST_HF if hf else TRAIN_FAST)
         if re.search(r"\bsshsdp bench\b", code):
             code += " " + BENCH_FAST
         code = re.sub(r"\bmodels_gpt_bench small 4 15\b", "models_gpt_bench tiny 1 2", code)

@@ -92,7 +92,7 @@ class BigramMlp final : public Model {
       b_.LinearForward(a_, Weight(w[1]), x1_, n_, D, H);
       b_.Add(x1_, x0_, x1_, n_ * D);  // residual
     } else {
-      b_.RmsNormForward(x1_, Gain(w[0]), xn_, rstd_, n_, D);
+      b_.RmsNormForward(x1_, Gain(w[0]), xn_, rstd_, n_, D, /*eps=*/1e-5f);
       b_.LinearForward(xn_, Weight(w[1]), p_, n_, V, D);
       b_.SoftmaxCrossEntropyForward(p_, Targets(), losses_, n_, V, V, loss_.Reserve<double>(1));
     }

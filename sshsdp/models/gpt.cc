@@ -18,9 +18,6 @@
 namespace sshsdp {
 namespace {
 
-// The kernel operand of a weight view (MX views carry their relaid-out scales).
-kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales, t.scale_layout}; }
-
 // bf16 linear inputs. With a bf16 weight, a linear layer's input that nothing else reads —
 // ln1, ln2, lnf (RMSNorm) and fch_gelu (GELU) — is stored in bf16 in the first half of its
 // fp32 arena slot by the kernel that produces it, so neither the forward product nor the
@@ -54,6 +51,7 @@ using layers::IsFloatType;
 using layers::kOnes;
 using layers::Normal;
 using layers::Single;
+using layers::View;
 
 }  // namespace
 

@@ -12,11 +12,17 @@
 #include <vector>
 
 #include "sshsdp/kernels/layer_kernels.h"
+#include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp::layers {
 
 inline bool IsFloatType(DType t) { return t == DType::kF32 || t == DType::kBF16; }
+
+// The kernel operand of a weight view (MX views carry their relaid-out scales).
+inline kernels::WeightView View(const TensorRef& t) {
+  return {t.data, t.dtype, t.scales, t.scale_layout};
+}
 
 // The fp32 layer kernels (kernels/layer_kernels.h), under their model-layer names.
 using kernels::FastTanh;

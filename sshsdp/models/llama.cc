@@ -13,11 +13,10 @@
 namespace sshsdp {
 namespace {
 
-kernels::WeightView View(const TensorRef& t) { return {t.data, t.dtype, t.scales, t.scale_layout}; }
-
 using layers::kOnes;
 using layers::Normal;
 using layers::Single;
+using layers::View;
 
 }  // namespace
 
