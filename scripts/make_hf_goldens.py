@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Goldens for sshsdp's Llama-family models, computed by transformers itself.
 
-Builds tiny random Qwen3 / Llama models offline (`*Config(...)` -> `*ForCausalLM(config)`,
-eager attention, fp32; odd sizes, GQA and MQA, head_dim != hidden / heads, tied and untied),
+Builds tiny random Qwen3 / Qwen3-MoE / Llama models offline (`*Config(...)` ->
+`*ForCausalLM(config)`, eager attention, fp32; odd sizes, GQA and MQA, head_dim != hidden /
+heads, tied and untied, a dense block among MoE blocks, norm_topk_prob on and off),
 saves each with `save_pretrained` into sshsdp/hf/testdata/<name>/ and records, for one batch
 of tokens and targets, the logits, the mean cross-entropy and every parameter's gradient in
 golden.safetensors (names: tokens, targets, logits, loss, grad.<HF name>). The C++ tests
@@ -36,10 +37,48 @@ def models():
         vocab_size=131, hidden_size=32, intermediate_size=56, num_attention_heads=2,
         num_key_value_heads=2, head_dim=24, rope_theta=1000000.0, rms_norm_eps=1e-6,
         tie_word_embeddings=True, use_sliding_window=False, **common)
+    moe = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_attention_heads=2,
+               num_key_value_heads=1, head_dim=16, rope_theta=1000000.0, rms_norm_eps=1e-6,
+               tie_word_embeddings=False, use_sliding_window=False, num_experts=4,
+               num_experts_per_tok=2, moe_intermediate_size=24, **common)
+    moe["num_hidden_layers"] = 3
+    # A dense block between two MoE blocks; renormalised top-k gates.
+    yield "qwen3_moe", transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        mlp_only_layers=[1], norm_topk_prob=True, **moe)
+    # Every block MoE; the top-k softmax probabilities as they are.
+    yield "qwen3_moe_raw", transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        mlp_only_layers=[], norm_topk_prob=False, **moe)
     yield "llama_mqa", transformers.LlamaForCausalLM, transformers.LlamaConfig(
         vocab_size=89, hidden_size=40, intermediate_size=72, num_attention_heads=4,
         num_key_value_heads=1, head_dim=10, rope_theta=500000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False, mlp_bias=False, **common)
+
+
+def saved_names(name, t, config):
+    """(name, tensor) pairs of a parameter as save_pretrained writes it: transformers 5 keeps a
+    Qwen3-MoE block's experts fused at run time (experts.gate_up_proj [E, 2f, d] with gate rows
+    first, experts.down_proj [E, d, f]) and saves them per expert."""
+    prefix, sep, kind = name.rpartition(".experts.")
+    if not sep:
+        return [(name, t)]
+    f = config.moe_intermediate_size
+    out = []
+    for e in range(t.shape[0]):
+        at = f"{prefix}.experts.{e}"
+        if kind == "gate_up_proj":
+            out += [(f"{at}.gate_proj.weight", t[e, :f]), (f"{at}.up_proj.weight", t[e, f:])]
+        else:
+            out.append((f"{at}.down_proj.weight", t[e]))
+    return out
+
+
+def check_saved_names(model, out):
+    """The per-expert split above is the one save_pretrained wrote."""
+    from safetensors.torch import load_file
+    saved = load_file(os.path.join(out, "model.safetensors"))
+    for n, p in model.named_parameters():
+        for key, t in saved_names(n, p.detach(), model.config):
+            assert torch.equal(saved[key], t), key
 
 
 def main():
@@ -62,7 +101,9 @@ def main():
              "logits": logits.detach().reshape(B * T, V).contiguous(),
              "loss": loss.detach().reshape(1)}
         for n, p in model.named_parameters():
-            g["grad." + n] = p.grad.detach().contiguous()
+            for saved, grad in saved_names(n, p.grad.detach(), model.config):
+                g["grad." + saved] = grad.contiguous()
+        check_saved_names(model, out)
         save_file(g, os.path.join(out, "golden.safetensors"),
                   metadata={"torch": torch.__version__, "transformers": transformers.__version__})
         print(f"{name}: loss {loss.item():.6f}, {sum(p.numel() for p in model.parameters())} "

@@ -4,9 +4,10 @@
 #   hf_test.sh SSHSDP MPIRUN...        fine-tune from --init-from-hf on 4 ranks with per-head
 #                                      Muon, checkpoint, export-hf; import -> export with no step
 #                                      is bit-identical; bad inputs refused by name.
-#   hf_test.sh --peer SSHSDP MPIRUN... transformers loads the exported model with no missing or
-#                                      unexpected key and computes the validation loss sshsdp
-#                                      reported on the same tokens (within 1e-6 relative).
+#   hf_test.sh --peer SSHSDP MPIRUN... for a tied Qwen3 and a Qwen3-MoE: transformers loads the
+#                                      exported model with no missing or unexpected key and
+#                                      computes the validation loss sshsdp reported on the same
+#                                      tokens (within 1e-6 relative).
 #                                      Skipped (77) without torch in the peers' environment.
 set -u
 peer=0
@@ -41,36 +42,48 @@ while len(seq) < 4096:
     s = random.randrange(97)
     seq += [(s + 7 * i) % 97 for i in range(8)]
 write(sys.argv[1] + "/train.bin", seq[:4096])
+write(sys.argv[1] + "/train61.bin", [t % 61 for t in seq[:4096]])
 write(sys.argv[1] + "/val.bin", [(5 + 7 * i) % 97 for i in range(33)])
+write(sys.argv[1] + "/val61.bin", [(5 + 7 * i) % 61 for i in range(33)])
 write(sys.argv[1] + "/big.bin", [3, 200, 5] * 100)
 PY
 run=(--data "$tmp/train.bin" --seq-len 32 --batch-size 1 --weight-dtype fp32)
 
-if [ $peer -eq 1 ]; then
-  timeout 180 "${mpirun[@]}" -np 2 "$bin" train --init-from-hf "$data/qwen3_tied" "${run[@]}" \
-    --val-data "$tmp/val.bin" --eval-every 10 --eval-tokens 32 --steps 10 --optimizer muon \
-    --save-weights "$tmp/w.safetensors" --metrics "$tmp/m.jsonl" >"$tmp/out" 2>&1
+# peer_check MODEL SUFFIX: fine-tune MODEL on 2 ranks with Muon, export it, and have transformers
+# load it and compute the validation loss sshsdp reported on the same 32 tokens.
+peer_check() {
+  local m=$1 v=$2
+  timeout 180 "${mpirun[@]}" -np 2 "$bin" train --init-from-hf "$data/$m" --seq-len 32 \
+    --batch-size 1 --weight-dtype fp32 --data "$tmp/train$v.bin" --val-data "$tmp/val$v.bin" \
+    --eval-every 10 --eval-tokens 32 --steps 10 --optimizer muon \
+    --save-weights "$tmp/$m.safetensors" --metrics "$tmp/$m.jsonl" >"$tmp/out" 2>&1
   rc=$?
   [ $rc -eq 0 ] || tail -20 "$tmp/out"
-  check "fine-tunes a tied Qwen3 from --init-from-hf on 2 ranks" $rc
-  "$bin" export-hf --weights "$tmp/w.safetensors" --out "$tmp/hf" >/dev/null
-  check "export-hf writes the fine-tuned model" $?
-  "$venv/bin/python" - "$tmp" <<'PY'
+  check "$m: fine-tunes from --init-from-hf on 2 ranks with Muon" $rc
+  "$bin" export-hf --weights "$tmp/$m.safetensors" --out "$tmp/hf_$m" >/dev/null
+  check "$m: export-hf writes the fine-tuned model" $?
+  "$venv/bin/python" - "$tmp" "$m" "$v" <<'PY'
 import array, json, sys
 import torch, transformers
-tmp = sys.argv[1]
-m, info = transformers.AutoModelForCausalLM.from_pretrained(tmp + "/hf", output_loading_info=True)
+tmp, m, v = sys.argv[1:4]
+model, info = transformers.AutoModelForCausalLM.from_pretrained(f"{tmp}/hf_{m}",
+                                                                output_loading_info=True)
 assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
 t = array.array("H")
-t.frombytes(open(tmp + "/val.bin", "rb").read()[1024:])
+t.frombytes(open(f"{tmp}/val{v}.bin", "rb").read()[1024:])
 x, y = torch.tensor([list(t[:32])]), torch.tensor(list(t[1:33]))
 with torch.no_grad():
-    hf = torch.nn.functional.cross_entropy(m.float().eval()(input_ids=x).logits[0], y).item()
-ours = [json.loads(l)["val_loss"] for l in open(tmp + "/m.jsonl") if "val_loss" in l][-1]
-print(f"  validation loss: sshsdp {ours!r}, transformers {hf!r}")
+    hf = torch.nn.functional.cross_entropy(model.float().eval()(input_ids=x).logits[0], y).item()
+ours = [json.loads(l)["val_loss"] for l in open(f"{tmp}/{m}.jsonl") if "val_loss" in l][-1]
+print(f"  {m}: validation loss sshsdp {ours!r}, transformers {hf!r}")
 assert abs(ours - hf) <= 1e-6 * hf, (ours, hf)
 PY
-  check "transformers loads the export (no missing / unexpected keys) with sshsdp's val loss" $?
+  check "$m: transformers loads the export (no missing / unexpected keys) with sshsdp's val loss" $?
+}
+
+if [ $peer -eq 1 ]; then
+  peer_check qwen3_tied ""
+  peer_check qwen3_moe 61
   finish_checks
   exit $?
 fi
@@ -86,9 +99,13 @@ grep -q "Qwen3 \[4 Q / 2 KV heads of 16, QK-norm" "$tmp/out"
 check "the header names the architecture from config.json" $?
 "$bin" export-hf --ckpt "$tmp/ck" --out "$tmp/exp" >/dev/null && [ -f "$tmp/exp/config.json" ]
 check "export-hf --ckpt writes config.json and safetensors" $?
+timeout 180 "${mpirun[@]}" -np 4 "$bin" train --init-from-hf "$data/qwen3_moe" --seq-len 32 \
+  --batch-size 1 --data "$tmp/train61.bin" --steps 4 --optimizer muon --sg 2 --so 2 \
+  >"$tmp/out" 2>&1 && grep -q "Qwen3-MoE \[2 Q / 1 KV heads of 16.*2 of 3 blocks MoE: E=4" "$tmp/out"
+check "mpirun -np 4 fine-tunes a Qwen3-MoE (a dense block among MoE blocks) with per-expert Muon" $?
 
 # Import -> export with no step: the same bytes for every tensor (untied, and tied: one table).
-for m in llama_mqa qwen3_tied; do
+for m in llama_mqa qwen3_tied qwen3_moe; do
   "$bin" train --init-from-hf "$data/$m" --seq-len 32 --weight-dtype fp32 --steps 0 \
     --save-weights "$tmp/$m.safetensors" >/dev/null 2>&1 &&
     "$bin" export-hf --weights "$tmp/$m.safetensors" --out "$tmp/rt_$m" >/dev/null

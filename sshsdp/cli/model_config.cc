@@ -15,6 +15,13 @@ bool IsLlamaFamily(const TrainOptions& o) {
   return LlamaConfig::IsPreset(o.model) || !o.model_config.empty() || !o.init_from_hf.empty();
 }
 
+nlohmann::json LlamaRunJson(const TrainOptions& o, int vocab) {
+  const LlamaConfig c = MakeLlamaConfig(o, vocab);
+  nlohmann::json j = LlamaModelJson(c);
+  if (c.IsMoe() && o.weight_dtype == "mxfp8") j["expert_group"] = true;  // other groups
+  return j;
+}
+
 std::string ModelName(const TrainOptions& o) {
   return !o.init_from_hf.empty()   ? o.init_from_hf
          : !o.model_config.empty() ? o.model_config
@@ -116,7 +123,9 @@ std::unique_ptr<Model> MakeModel(const GptConfig& trunk, const MoeConfig* moe) {
 
 // The model a preset names: the dense GPT or the MoE GPT over the same trunk.
 std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk) {
-  if (IsLlamaFamily(o)) return std::make_unique<Llama>(MakeLlamaConfig(o, trunk.vocab));
+  if (IsLlamaFamily(o))
+    return MakeLlamaFamilyModel(MakeLlamaConfig(o, trunk.vocab), nullptr,
+                                o.weight_dtype == "mxfp8");
   if (!IsMoePreset(o.model)) return MakeModel(trunk, nullptr);
   const MoeConfig c = MakeMoeConfig(o, trunk);
   return MakeModel(trunk, &c);
@@ -125,9 +134,18 @@ std::unique_ptr<Model> MakeModel(const TrainOptions& o, const GptConfig& trunk) 
 std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk) {
   if (IsLlamaFamily(o)) {
     const LlamaConfig c = MakeLlamaConfig(o, trunk.vocab);
-    return fmt::format("{} [{} Q / {} KV heads of {}{}, SwiGLU ff {}, RoPE theta {:g}]",
-                       c.model_type == "qwen3" ? "Qwen3" : "Llama", c.n_head, c.n_kv_head,
-                       c.head_dim, c.qk_norm ? ", QK-norm" : "", c.d_ff, c.rope_theta);
+    int moe = 0;
+    for (int l = 0; l < c.n_layer; ++l) moe += c.IsMoeLayer(l);
+    const std::string experts =
+        c.IsMoe() ? fmt::format(", {} of {} blocks MoE: E={} top-{}{} f={}", moe, c.n_layer,
+                                c.n_expert, c.top_k, c.norm_topk_prob ? " renorm" : "", c.d_expert)
+                  : "";
+    return fmt::format("{} [{} Q / {} KV heads of {}{}, SwiGLU ff {}, RoPE theta {:g}{}{}]",
+                       c.model_type == "qwen3"       ? "Qwen3"
+                       : c.model_type == "qwen3_moe" ? "Qwen3-MoE"
+                                                     : "Llama",
+                       c.n_head, c.n_kv_head, c.head_dim, c.qk_norm ? ", QK-norm" : "", c.d_ff,
+                       c.rope_theta, c.tied ? ", tied" : "", experts);
   }
   if (!IsMoePreset(o.model)) return "GPT";
   const MoeConfig c = MakeMoeConfig(o, trunk);
@@ -249,7 +267,8 @@ GptConfig GptFromJson(const nlohmann::json& j) {
 
 std::unique_ptr<Model> ModelFromJson(const nlohmann::json& j) {
   const std::string type = Key<std::string>(j, "type");
-  if (type == "llama-family") return std::make_unique<Llama>(LlamaFromModelJson(j));
+  if (type == "llama-family")
+    return MakeLlamaFamilyModel(LlamaFromModelJson(j), nullptr, j.value("expert_group", false));
   if (type == "gpt") return std::make_unique<Gpt>(GptFromJson(j));
   SSHSDP_CHECK(type == "moe-gpt", ConfigError,
                "model description: type '{}' is neither gpt nor moe-gpt", type);

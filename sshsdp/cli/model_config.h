@@ -30,6 +30,8 @@ bool IsLlamaFamily(const TrainOptions& o);
 LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab);
 // What the run's header calls the model: the preset, or the config.json / HF directory.
 std::string ModelName(const TrainOptions& o);
+// The model JSON of a Llama-family run (LlamaModelJson; "expert_group" with MXFP8 experts).
+nlohmann::json LlamaRunJson(const TrainOptions& o, int vocab);
 // The vocabulary the model fixes (a config.json's), or 0 when the data decides (presets).
 int ModelVocab(const TrainOptions& o);
 // The preset's trunk with --layers/--d-model/--heads/--seq-len applied and `vocab` tokens

@@ -221,8 +221,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
                  "--resume and --init-weights exclude each other: a checkpoint holds the weights");
     // What a checkpoint must match.
-    const nlohmann::json model_json = IsLlamaFamily(o)
-                                          ? LlamaModelJson(MakeLlamaConfig(o, gc.vocab))
+    const nlohmann::json model_json = IsLlamaFamily(o)       ? LlamaRunJson(o, gc.vocab)
                                       : IsMoePreset(o.model) ? MoeModelJson(MakeMoeConfig(o, gc))
                                                              : GptModelJson(gc);
     std::string resume_dir;

@@ -115,7 +115,9 @@ DeviceRun MakeDeviceRun(const TrainOptions& o, EngineConfig* cfg) {
 std::unique_ptr<Model> MakeRunModel(const TrainOptions& o, const GptConfig& gc,
                                     const DeviceRun& dev) {
   if (!dev.backend) return MakeModel(o, gc);  // on its own CPU backend
-  if (IsLlamaFamily(o)) return std::make_unique<Llama>(MakeLlamaConfig(o, gc.vocab), *dev.backend);
+  if (IsLlamaFamily(o))
+    return MakeLlamaFamilyModel(MakeLlamaConfig(o, gc.vocab), dev.backend.get(),
+                                o.weight_dtype == "mxfp8");
   if (!IsMoePreset(o.model)) return std::make_unique<Gpt>(gc, *dev.backend);
   MoeConfig c = MakeMoeConfig(o, gc);
   c.trunk = gc;

@@ -72,14 +72,30 @@ void RefuseUnsupported(const nlohmann::json& j, const std::string& source) {
          "attention_dropout is not supported (set it to 0)");
 }
 
+// Qwen3-MoE's keys (num_experts is num_local_experts in transformers 5's files).
+void ReadMoe(const nlohmann::json& j, const std::string& source, LlamaConfig* c) {
+  c->n_expert = Get<int>(j, "num_experts", Get<int>(j, "num_local_experts", 0, source), source);
+  c->top_k = Need<int>(j, "num_experts_per_tok", source);
+  c->d_expert = Need<int>(j, "moe_intermediate_size", source);
+  c->sparse_step = Get<int>(j, "decoder_sparse_step", 1, source);
+  c->mlp_only_layers = Get<std::vector<int>>(j, "mlp_only_layers", {}, source);
+  c->norm_topk_prob = Get<bool>(j, "norm_topk_prob", false, source);
+  c->router_aux_loss_coef = Get<double>(j, "router_aux_loss_coef", 0.001, source);
+  c->output_router_logits = Get<bool>(j, "output_router_logits", false, source);
+  Refuse(c->n_expert <= 0, source, "num_experts is missing or not positive (a qwen3_moe config)");
+  Refuse(Get<int>(j, "shared_expert_intermediate_size", 0, source) > 0, source,
+         "shared_expert_intermediate_size: shared experts (Qwen2-MoE) are not supported");
+}
+
 }  // namespace
 
 LlamaConfig LlamaConfigFromHf(const nlohmann::json& j, const std::string& source) {
   SSHSDP_CHECK(j.is_object(), ConfigError, "{}: a config.json must hold a JSON object", source);
   LlamaConfig c;
   c.model_type = Need<std::string>(j, "model_type", source);
-  Refuse(c.model_type != "llama" && c.model_type != "qwen3", source,
-         fmt::format("model_type '{}' is not supported: sshsdp reads llama and qwen3 configs",
+  Refuse(c.model_type != "llama" && c.model_type != "qwen3" && c.model_type != "qwen3_moe", source,
+         fmt::format("model_type '{}' is not supported: sshsdp reads llama, qwen3 and qwen3_moe "
+                     "configs",
                      c.model_type));
   RefuseUnsupported(j, source);
   c.vocab = Need<int>(j, "vocab_size", source);
@@ -94,7 +110,8 @@ LlamaConfig LlamaConfigFromHf(const nlohmann::json& j, const std::string& source
   c.seq_len = Get<int>(j, "max_position_embeddings", 2048, source);
   c.rope_theta = RopeTheta(j, source);
   c.norm_eps = static_cast<float>(Get<double>(j, "rms_norm_eps", 1e-6, source));
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = c.model_type != "llama";
+  if (c.model_type == "qwen3_moe") ReadMoe(j, source, &c);
   c.tied = Get<bool>(j, "tie_word_embeddings", false, source);
   try {
     c.Validate();
@@ -122,9 +139,12 @@ LlamaConfig ReadHfConfig(const std::string& dir_or_file) {
 }
 
 nlohmann::json HfConfigJson(const LlamaConfig& c) {
-  const bool qwen = c.model_type == "qwen3";
+  const bool qwen = c.model_type != "llama";
+  const char* arch = c.model_type == "qwen3_moe" ? "Qwen3MoeForCausalLM"
+                     : qwen                      ? "Qwen3ForCausalLM"
+                                                 : "LlamaForCausalLM";
   nlohmann::json j = {
-      {"architectures", {qwen ? "Qwen3ForCausalLM" : "LlamaForCausalLM"}},
+      {"architectures", {arch}},
       {"model_type", c.model_type},
       {"vocab_size", c.vocab},
       {"hidden_size", c.d_model},
@@ -143,6 +163,16 @@ nlohmann::json HfConfigJson(const LlamaConfig& c) {
       {"tie_word_embeddings", c.tied},
       {"torch_dtype", "float32"},
   };
+  if (c.IsMoe()) {
+    j["num_experts"] = c.n_expert;
+    j["num_experts_per_tok"] = c.top_k;
+    j["moe_intermediate_size"] = c.d_expert;
+    j["decoder_sparse_step"] = c.sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+  }
   if (qwen) {
     j["use_sliding_window"] = false;
     j["sliding_window"] = nullptr;

@@ -18,6 +18,7 @@
 #include "sshsdp/hf/hf_config.h"
 #include "sshsdp/hf/hf_weights.h"
 #include "sshsdp/models/llama.h"
+#include "sshsdp/models/moe.h"
 
 namespace sshsdp {
 namespace {
@@ -62,7 +63,8 @@ TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
   const std::string dir = kData + "/" + GetParam();
   const LlamaConfig c = ReadHfConfig(dir);
   auto golden = ReadSafetensors(dir + "/golden.safetensors");
-  Llama model(c);
+  const std::unique_ptr<Model> owner = MakeLlamaFamilyModel(c);
+  Model& model = *owner;
   DenseParams p(model);
   Load(p, ReadHfWeights(dir, c));
 
@@ -123,7 +125,8 @@ TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfGoldenTest,
-                         ::testing::Values("qwen3_gqa", "qwen3_tied", "llama_mqa"));
+                         ::testing::Values("qwen3_gqa", "qwen3_tied", "qwen3_moe", "qwen3_moe_raw",
+                                           "llama_mqa"));
 
 TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
   nlohmann::json base = nlohmann::json::parse(R"({"model_type": "qwen3", "vocab_size": 97,
@@ -154,7 +157,7 @@ TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
 }
 
 TEST(HfConfigTest, RoundTripsThroughTransformersKeys) {
-  for (const char* name : {"qwen3_gqa", "qwen3_tied", "llama_mqa"}) {
+  for (const char* name : {"qwen3_gqa", "qwen3_tied", "qwen3_moe", "llama_mqa"}) {
     const LlamaConfig c = ReadHfConfig(kData + "/" + name);
     const LlamaConfig back = LlamaConfigFromHf(HfConfigJson(c), "round trip");
     EXPECT_EQ(HfConfigJson(back), HfConfigJson(c)) << name;
@@ -169,7 +172,7 @@ TEST(HfConfigTest, RoundTripsThroughTransformersKeys) {
 }
 
 TEST(HfWeightsTest, ImportThenExportIsBitIdentical) {
-  for (const char* name : {"qwen3_gqa", "qwen3_tied", "llama_mqa"}) {
+  for (const char* name : {"qwen3_gqa", "qwen3_tied", "qwen3_moe", "llama_mqa"}) {
     const std::string dir = kData + "/" + name;
     const LlamaConfig c = ReadHfConfig(dir);
     std::map<std::string, SafeTensor> update;

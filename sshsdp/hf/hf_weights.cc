@@ -72,9 +72,19 @@ std::vector<HfTensor> HfTensors(const LlamaConfig& c) {
     }
     one("self_attn.o_proj", {d, c.q_dim()});
     one("post_attention_layernorm", {d});
-    one("mlp.gate_proj", {ff, d});
-    one("mlp.up_proj", {ff, d});
-    one("mlp.down_proj", {d, ff});
+    if (!c.IsMoeLayer(l)) {
+      one("mlp.gate_proj", {ff, d});
+      one("mlp.up_proj", {ff, d});
+      one("mlp.down_proj", {d, ff});
+      continue;
+    }
+    one("mlp.gate", {c.n_expert, d});  // the router
+    const int64_t f = c.d_expert;
+    for (int e = 0; e < c.n_expert; ++e) {
+      one(fmt::format("mlp.experts.{}.gate_proj", e), {f, d});
+      one(fmt::format("mlp.experts.{}.up_proj", e), {f, d});
+      one(fmt::format("mlp.experts.{}.down_proj", e), {d, f});
+    }
   }
   out.push_back({"model.norm.weight", {d}, {"norm"}, false});
   if (!c.tied) out.push_back({"lm_head.weight", {c.vocab, d}, {"lm_head"}, true});

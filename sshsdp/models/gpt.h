@@ -45,6 +45,7 @@
 #include "sshsdp/backend/backend_buffer.h"
 #include "sshsdp/models/group_order.h"
 #include "sshsdp/models/loss_ring.h"
+#include "sshsdp/models/trunk.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp {
@@ -101,7 +102,7 @@ struct GptConfig {
 // the model and the fix. The models call it when they are built.
 void CheckAttentionFits(const Backend& b, const GptConfig& c, const char* model);
 
-class Gpt final : public Model {
+class Gpt final : public Trunk {
  public:
   // On the model's own CPU backend.
   explicit Gpt(const GptConfig& config);
@@ -144,28 +145,35 @@ class Gpt final : public Model {
   }
   void SetOpProfile(OpProfile* profile) override { profile_ = profile; }
 
-  // ---- The trunk's pieces, for a model built on this one (MoeGpt), which keeps the group
-  // order itself: Forward(g) / Backward(g) are these for g = 0, a block, L+1. ----
-  void ForwardEmbedding(const std::vector<TensorRef>& w);
-  void ForwardHead(const std::vector<TensorRef>& w);
-  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
-  void BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc);
-  // Block l whole (the views of its group; it has the dense MLP), and its backward.
-  void ForwardBlock(int l, const std::vector<TensorRef>& w);
+  // ---- The trunk's pieces (trunk.h), for a model built on this one (MoeGpt), which keeps
+  // the group order itself: Forward(g) / Backward(g) are these for g = 0, a block, L+1. The
+  // attention half's views: ln1.g, the QKV weight(s), attn.proj, ln2.g; Ln2 stored in fp32. ----
+  void ForwardEmbedding(const std::vector<TensorRef>& w) override;
+  void ForwardHead(const std::vector<TensorRef>& w) override;
+  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                    bool acc) override;
+  void BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) override;
+  void ForwardBlock(int l, const std::vector<TensorRef>& w) override;
   void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                     bool acc);
-  // Block l up to Ln2(l) = RMSNorm(ResMid(l)), stored in fp32 (views ln1.g, the QKV
-  // weight(s), attn.proj, ln2.g; any after them are not read).
-  void ForwardAttention(int l, const std::vector<TensorRef>& w);
-  // From DRes() = ∂/∂BlockOut(l) and DLn2() = ∂/∂Ln2(l): DRes() = ∂/∂(block l's input), the
-  // gradients of those views.
+                     bool acc) override;
+  void ForwardAttention(int l, const std::vector<TensorRef>& w) override;
   void BackwardAttention(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                         bool acc);
-  float* Ln2(int l) const;
-  float* ResMid(int l) const;
-  float* BlockOut(int l) const;  // the residual stream after block l
-  float* DRes() const { return acts_.dres; }
-  float* DLn2() const { return acts_.dtmp; }
+                         bool acc) override;
+  float* Ln2(int l) const override;
+  float* ResMid(int l) const override;
+  float* BlockOut(int l) const override;  // the residual stream after block l
+  float* DRes() const override { return acts_.dres; }
+  float* DLn2() const override { return acts_.dtmp; }
+  int AttentionViews() const override { return 3 + NumQkv(); }
+  int DenseBlockViews() const override { return 5 + NumQkv(); }
+  double AttentionWeights() const override { return 4.0 * c_.d_model * c_.d_model; }
+  double DenseMlpWeights() const override { return 2.0 * c_.d_model * c_.ff(); }
+  double HeadWeights() const override {
+    return static_cast<double>(c_.padded_vocab()) * c_.d_model;
+  }
+  double AttentionFlopsPerToken(double T) const override {
+    return 12.0 * c_.n_layer * c_.d_model * T;
+  }
 
   // Logits' softmax of the last forward, [B*T, padded_vocab()] (padded columns 0); on a
   // backend with host memory only (null elsewhere).

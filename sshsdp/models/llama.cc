@@ -27,24 +27,54 @@ LlamaConfig LlamaConfig::Preset(std::string_view name) {
     c.d_model = 128, c.n_layer = 4, c.n_head = 4, c.n_kv_head = 2, c.head_dim = 32, c.d_ff = 384;
     return c;
   }
+  if (name == "qwen3-moe-tiny") {
+    c.model_type = "qwen3_moe", c.tied = false;
+    c.n_expert = 8, c.top_k = 2, c.d_expert = 64;
+    return c;
+  }
   if (name == "llama-tiny") {
     c.model_type = "llama", c.n_kv_head = 1, c.d_ff = 176, c.qk_norm = false, c.tied = false;
     c.rope_theta = 500000.0, c.norm_eps = 1e-5f;
     return c;
   }
   throw ConfigError(
-      fmt::format("unknown Llama-family preset '{}': use qwen3-tiny, qwen3-small or llama-tiny, or "
-                  "--model-config / --init-from-hf for a Hugging Face config.json",
+      fmt::format("unknown Llama-family preset '{}': use qwen3-tiny, qwen3-small, "
+                  "qwen3-moe-tiny or llama-tiny, or --model-config / --init-from-hf for a "
+                  "Hugging Face config.json",
                   name));
 }
 
 bool LlamaConfig::IsPreset(std::string_view name) {
-  return name == "qwen3-tiny" || name == "qwen3-small" || name == "llama-tiny";
+  return name == "qwen3-tiny" || name == "qwen3-small" || name == "qwen3-moe-tiny" ||
+         name == "llama-tiny";
+}
+
+bool LlamaConfig::IsMoeLayer(int l) const {
+  return IsMoe() &&
+         std::find(mlp_only_layers.begin(), mlp_only_layers.end(), l) == mlp_only_layers.end() &&
+         (l + 1) % sparse_step == 0;
 }
 
 void LlamaConfig::Validate() const {
-  SSHSDP_CHECK(model_type == "llama" || model_type == "qwen3", ConfigError,
-               "Llama config: model_type '{}' is neither llama nor qwen3", model_type);
+  SSHSDP_CHECK(model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe",
+               ConfigError, "Llama config: model_type '{}' is not llama, qwen3 or qwen3_moe",
+               model_type);
+  SSHSDP_CHECK((model_type == "qwen3_moe") == IsMoe(), ConfigError,
+               "Llama config: model_type {} with {} experts (qwen3_moe has experts, the others "
+               "none)",
+               model_type, n_expert);
+  if (IsMoe()) {
+    SSHSDP_CHECK(top_k >= 1 && top_k <= n_expert && d_expert > 0 && sparse_step >= 1, ConfigError,
+                 "Llama config: need 1 <= num_experts_per_tok ({}) <= num_experts ({}), "
+                 "moe_intermediate_size {} > 0 and decoder_sparse_step {} >= 1",
+                 top_k, n_expert, d_expert, sparse_step);
+    bool any = false;
+    for (int l = 0; l < n_layer; ++l) any = any || IsMoeLayer(l);
+    SSHSDP_CHECK(any, ConfigError,
+                 "Llama config: no block is a mixture of experts (mlp_only_layers and "
+                 "decoder_sparse_step {} leave none)",
+                 sparse_step);
+  }
   SSHSDP_CHECK(vocab > 0 && vocab_multiple > 0 && seq_len > 0 && d_model > 0 && n_layer > 0 &&
                    n_head > 0 && n_kv_head > 0 && head_dim > 0 && d_ff > 0,
                ConfigError,
@@ -70,7 +100,9 @@ Llama::Llama(const LlamaConfig& config, std::unique_ptr<Backend> own) : Llama(co
   own_ = std::move(own);
 }
 
-Llama::Llama(const LlamaConfig& config, Backend& backend)
+Llama::Llama(const LlamaConfig& config, Backend& backend) : Llama(config, backend, {}) {}
+
+Llama::Llama(const LlamaConfig& config, Backend& backend, std::vector<bool> mlp)
     : b_(backend),
       c_(config),
       tokens_(b_),
@@ -80,11 +112,18 @@ Llama::Llama(const LlamaConfig& config, Backend& backend)
       scratch_(b_),
       arena_(b_),
       losses_(b_) {
-  Init();
+  Init(std::move(mlp));
 }
 
-void Llama::Init() {
+void Llama::Init(std::vector<bool> mlp) {
   c_.Validate();
+  SSHSDP_CHECK(mlp.empty() || static_cast<int>(mlp.size()) == c_.n_layer, ConfigError,
+               "Llama trunk: {} MLP flags for {} blocks", mlp.size(), c_.n_layer);
+  SSHSDP_CHECK(!mlp.empty() || !c_.IsMoe(), ConfigError,
+               "a qwen3_moe config is a mixture of experts: build MoeGpt(MoeConfigOf(config)) "
+               "(moe.h), not the dense Llama");
+  for (int l = 0; l < c_.n_layer; ++l)
+    mlp_slot_.push_back(mlp.empty() || mlp[static_cast<size_t>(l)] ? mlp_blocks_++ : -1);
   SSHSDP_CHECK(b_.Has(BackendFeature::kRope), ConfigError,
                "Llama-family model on backend {}: it has no {}; use --backend cpu", b_.name(),
                BackendFeatureName(BackendFeature::kRope));
@@ -170,7 +209,7 @@ void Llama::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T
 void Llama::SizeArena() {
   const int64_t BT = static_cast<int64_t>(B_) * T_, L = c_.n_layer, d = c_.d_model, ff = c_.d_ff,
                 V = c_.padded_vocab(), qd = c_.q_dim(), rw = c_.qkv_rows(), aw = 3 * qd,
-                nh = c_.qk_norm ? c_.n_head + c_.n_kv_head : 0;
+                nh = c_.qk_norm ? c_.n_head + c_.n_kv_head : 0, M = mlp_blocks_;
   float** slots[] = {
       &acts_.residual, &acts_.ln1,   &acts_.ln1_rstd, &acts_.raw,     &acts_.qk_rstd,
       &acts_.att,      &acts_.lse,   &acts_.atty,     &acts_.res_mid, &acts_.ln2,
@@ -188,9 +227,9 @@ void Llama::SizeArena() {
                            L * BT * d,
                            L * BT * d,
                            L * BT,
-                           L * BT * ff,
-                           L * BT * ff,
-                           L * BT * ff,
+                           M * BT * ff,
+                           M * BT * ff,
+                           M * BT * ff,
                            BT * d,
                            BT,
                            BT * V,
@@ -199,8 +238,8 @@ void Llama::SizeArena() {
                            BT * std::max(d, qd),
                            BT * aw,
                            BT * rw,
-                           BT * ff,
-                           BT * ff,
+                           M > 0 ? BT * ff : 0,
+                           M > 0 ? BT * ff : 0,
                            BT * V};
   static_assert(std::size(slots) == std::size(sizes));
   int64_t offsets[std::size(slots)];
@@ -286,8 +325,7 @@ void Llama::Backward(int g, const std::vector<TensorRef>& w, const std::vector<T
                  "head's; pass GradWrite::kAccumulate (Model::TiesFirstGroup)");
     BackwardEmbedding(grad, acc);
   } else {
-    BackwardMlp(g - 1, w, grad, acc);
-    BackwardAttention(g - 1, w, grad, acc);
+    BackwardBlock(g - 1, w, grad, acc);
   }
   order_.EndBackward(g);
 }
@@ -299,7 +337,32 @@ void Llama::ForwardEmbedding(const std::vector<TensorRef>& w) {
                            c_.d_model, c_.padded_vocab(), 0, acts_.residual);
 }
 
+float* Llama::Ln2(int l) const { return acts_.ln2 + l * int64_t{B_} * T_ * c_.d_model; }
+float* Llama::ResMid(int l) const { return acts_.res_mid + l * int64_t{B_} * T_ * c_.d_model; }
+float* Llama::BlockOut(int l) const {
+  return acts_.residual + (l + 1) * int64_t{B_} * T_ * c_.d_model;
+}
+
+double Llama::AttentionWeights() const {
+  return static_cast<double>(c_.qkv_rows() + c_.q_dim()) * c_.d_model;
+}
+
 void Llama::ForwardBlock(int l, const std::vector<TensorRef>& w) {
+  SSHSDP_CHECK(mlp_slot_[static_cast<size_t>(l)] >= 0, PlanError,
+               "Llama block {} has no dense MLP (a trunk's block): the model built on the trunk "
+               "runs it",
+               l);
+  ForwardAttention(l, w);
+  ForwardMlp(l, w);
+}
+
+void Llama::BackwardBlock(int l, const std::vector<TensorRef>& w,
+                          const std::vector<TensorRef>& grad, bool acc) {
+  BackwardMlp(l, w, grad, acc);
+  BackwardAttention(l, w, grad, acc);
+}
+
+void Llama::ForwardAttention(int l, const std::vector<TensorRef>& w) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, qd = c_.q_dim();
   const float* x = acts_.residual + l * BT * d;
   float* ln1 = acts_.ln1 + l * BT * d;
@@ -348,15 +411,15 @@ void Llama::ForwardBlock(int l, const std::vector<TensorRef>& w) {
     b_.RmsNormForward(res_mid, Gain(w[v.ln2], c_.d_model, 0), acts_.ln2 + l * BT * d,
                       acts_.ln2_rstd + l * BT, BT, c_.d_model, c_.norm_eps);
   }
-  ForwardMlp(l, w);
 }
 
 void Llama::ForwardMlp(int l, const std::vector<TensorRef>& w) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, ff = c_.d_ff;
   const float* ln2 = acts_.ln2 + l * BT * d;
-  float* h1 = acts_.h1 + l * BT * ff;
-  float* h3 = acts_.h3 + l * BT * ff;
-  float* act = acts_.act + l * BT * ff;
+  const int64_t at = mlp_slot_[static_cast<size_t>(l)] * BT * ff;  // block l's MLP slot
+  float* h1 = acts_.h1 + at;
+  float* h3 = acts_.h3 + at;
+  float* act = acts_.act + at;
   float* out = acts_.residual + (l + 1) * BT * d;
   {
     OpScope s(profile_, OpCategory::kGemm);
@@ -422,14 +485,15 @@ void Llama::BackwardHead(const std::vector<TensorRef>& w, const std::vector<Tens
                /*accumulate_dx=*/false);
 }
 
-// out = res_mid + down(silu(gate(ln2)) · up(ln2)); from dres = ∂/∂out, dres = ∂/∂res_mid.
+// out = res_mid + down(silu(gate(ln2)) · up(ln2)); from dres = ∂/∂out, dtmp = ∂/∂ln2.
 void Llama::BackwardMlp(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                         bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, ff = c_.d_ff;
   const float* ln2 = acts_.ln2 + l * BT * d;
-  const float* h1 = acts_.h1 + l * BT * ff;
-  const float* h3 = acts_.h3 + l * BT * ff;
-  const float* act = acts_.act + l * BT * ff;
+  const int64_t at = mlp_slot_[static_cast<size_t>(l)] * BT * ff;
+  const float* h1 = acts_.h1 + at;
+  const float* h3 = acts_.h3 + at;
+  const float* act = acts_.act + at;
   const BlockViews& v = bv_;
   auto dw = [&](kernels::LinearInput dy, kernels::LinearInput x, int i, int64_t n, int64_t k) {
     b_.LinearBackwardWeight(dy, x, kernels::LinearComputeDType(w[static_cast<size_t>(i)].dtype),
@@ -452,11 +516,10 @@ void Llama::BackwardMlp(int l, const std::vector<TensorRef>& w, const std::vecto
     b_.LinearBackwardData(acts_.dh1, View(w[v.gate]), acts_.dtmp, BT, ff, d, false);
     b_.LinearBackwardData(acts_.dh3, View(w[v.up]), acts_.dtmp, BT, ff, d, true);
   }
-  NormBackward(acts_.res_mid + l * BT * d, w[v.ln2], acts_.ln2_rstd + l * BT, grad[v.ln2], acc,
-               true);
 }
 
-// From dres = ∂/∂res_mid: dres = ∂/∂x. res_mid = x + o(attention(rope(qkv(ln1(x))))).
+// From dtmp = ∂/∂ln2 and dres = ∂/∂out: dres = ∂/∂x. out = res_mid + MLP(ln2(res_mid)),
+// res_mid = x + o(attention(rope(qkv(ln1(x))))).
 void Llama::BackwardAttention(int l, const std::vector<TensorRef>& w,
                               const std::vector<TensorRef>& grad, bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, qd = c_.q_dim(),
@@ -467,6 +530,8 @@ void Llama::BackwardAttention(int l, const std::vector<TensorRef>& w,
   const float* lse = acts_.lse + l * B_ * c_.n_head * int64_t{T_};
   const float* atty = acts_.atty + l * BT * qd;
   const BlockViews& v = bv_;
+  NormBackward(acts_.res_mid + l * BT * d, w[v.ln2], acts_.ln2_rstd + l * BT, grad[v.ln2], acc,
+               true);
   {
     OpScope s(profile_, OpCategory::kGemm);
     b_.LinearBackwardWeight(acts_.dres, atty, kernels::LinearComputeDType(w[v.o].dtype),
@@ -518,11 +583,9 @@ void Llama::BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) {
 }
 
 double Llama::FlopsPerToken() const {
-  const double d = c_.d_model, ff = c_.d_ff, L = c_.n_layer, V = c_.padded_vocab(),
-               qd = static_cast<double>(c_.q_dim()), rw = static_cast<double>(c_.qkv_rows());
-  const double n_gemm = L * (rw * d + d * qd + 3 * d * ff) + V * d;
-  const double T = T_ > 0 ? T_ : c_.seq_len;
-  return 6.0 * n_gemm + 12.0 * L * qd * T;
+  const double n_gemm =
+      c_.n_layer * AttentionWeights() + mlp_blocks_ * DenseMlpWeights() + HeadWeights();
+  return 6.0 * n_gemm + AttentionFlopsPerToken(T_ > 0 ? T_ : c_.seq_len);
 }
 
 int64_t Llama::ActivationBytes() const {

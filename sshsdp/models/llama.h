@@ -38,12 +38,13 @@
 #include "sshsdp/backend/backend_buffer.h"
 #include "sshsdp/models/group_order.h"
 #include "sshsdp/models/loss_ring.h"
+#include "sshsdp/models/trunk.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp {
 
 struct LlamaConfig {
-  std::string model_type = "qwen3";  // "llama" or "qwen3" (transformers' model_type)
+  std::string model_type = "qwen3";  // "llama", "qwen3" or "qwen3_moe" (transformers')
   int vocab = 256;
   int vocab_multiple = 128;  // the tables' rows: vocab rounded up to this (as GptConfig)
   int seq_len = 256;         // positions the RoPE tables cover: the longest batch
@@ -57,30 +58,50 @@ struct LlamaConfig {
   float norm_eps = 1e-6f;
   bool qk_norm = true;  // Qwen3's per-head RMSNorm of Q and K before RoPE
   bool tied = true;     // tie_word_embeddings: the LM head is the embedding table
+  // Qwen3-MoE (n_expert > 0): the MLP of block l is a mixture of n_expert SwiGLU experts of
+  // width d_expert, top_k per token from softmax(router), renormalised when norm_topk_prob,
+  // unless l is in mlp_only_layers or (l + 1) is not a multiple of sparse_step (transformers'
+  // decoder_sparse_step); the model is then an MoeGpt over this trunk (MoeConfigOf, moe.h).
+  int n_expert = 0;
+  int top_k = 0;
+  int d_expert = 0;
+  int sparse_step = 1;
+  std::vector<int> mlp_only_layers;
+  bool norm_topk_prob = true;
+  // transformers adds router_aux_loss_coef times its load-balancing loss only with
+  // output_router_logits; both are kept for the config's round trip.
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;
   bool bf16_attention = true;
 
   // "qwen3-tiny" (d=64, L=2, 4 Q / 2 KV heads of 16, ff 192), "qwen3-small" (d=128, L=4, 4 / 2
   // heads of 32, ff 384), both with tied embeddings as Qwen3's small models; "llama-tiny"
   // (d=64, L=2, 4 / 1 heads of 16, ff 176, no QK-norm, theta 500,000, eps 1e-5, untied);
-  // seq_len 256. ConfigError naming the presets otherwise.
+  // "qwen3-moe-tiny" (qwen3-tiny untied, 8 experts of 64, top-2, every block); seq_len 256.
+  // ConfigError naming the presets otherwise.
   static LlamaConfig Preset(std::string_view name);
   static bool IsPreset(std::string_view name);
   int padded_vocab() const {
     return (vocab + vocab_multiple - 1) / vocab_multiple * vocab_multiple;
   }
   int64_t q_dim() const { return int64_t{n_head} * head_dim; }
+  bool IsMoe() const { return n_expert > 0; }
+  bool IsMoeLayer(int l) const;
   int64_t qkv_rows() const { return int64_t{n_head + 2 * n_kv_head} * head_dim; }
   // ConfigError naming the field unless every size is positive, n_kv_head divides n_head,
   // head_dim is even, model_type is llama or qwen3.
   void Validate() const;
 };
 
-class Llama final : public Model {
+class Llama final : public Trunk {
  public:
   explicit Llama(const LlamaConfig& config);  // on its own CPU backend
   // On `backend` (not owned; outlives the model). ConfigError naming the feature when the
   // backend has no RoPE op (BackendFeature::kRope) or its attention is narrower than head_dim.
   Llama(const LlamaConfig& config, Backend& backend);
+  // The trunk of an MoE model (Qwen3-MoE, moe.h): block l has the dense SwiGLU MLP iff mlp[l]
+  // (empty: every block).
+  Llama(const LlamaConfig& config, Backend& backend, std::vector<bool> mlp);
   Llama(const Llama&) = delete;
   Llama& operator=(const Llama&) = delete;
 
@@ -107,6 +128,35 @@ class Llama final : public Model {
   const float* Probs() const override { return b_.host_memory() ? acts_.probs : nullptr; }
   int64_t ProbsStride() const override { return c_.padded_vocab(); }
 
+  // ---- The trunk's pieces (trunk.h). The attention half's views: input_layernorm,
+  // self_attn.qkv, [q_norm, k_norm,] o_proj, post_attention_layernorm. ----
+  void ForwardEmbedding(const std::vector<TensorRef>& w) override;
+  void BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc) override;
+  void ForwardHead(const std::vector<TensorRef>& w) override;
+  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                    bool acc) override;
+  void ForwardBlock(int l, const std::vector<TensorRef>& w) override;
+  void BackwardBlock(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                     bool acc) override;
+  void ForwardAttention(int l, const std::vector<TensorRef>& w) override;
+  void BackwardAttention(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
+                         bool acc) override;
+  float* Ln2(int l) const override;
+  float* ResMid(int l) const override;
+  float* BlockOut(int l) const override;
+  float* DRes() const override { return acts_.dres; }
+  float* DLn2() const override { return acts_.dtmp; }
+  int AttentionViews() const override { return bv_.ln2 + 1; }
+  int DenseBlockViews() const override { return bv_.count; }
+  double AttentionWeights() const override;
+  double DenseMlpWeights() const override { return 3.0 * c_.d_model * c_.d_ff; }
+  double HeadWeights() const override {
+    return static_cast<double>(c_.padded_vocab()) * c_.d_model;
+  }
+  double AttentionFlopsPerToken(double T) const override {
+    return 12.0 * c_.n_layer * static_cast<double>(c_.q_dim()) * T;
+  }
+
  private:
   // Pointers into the arena; per-layer tensors are stacked [L, ...].
   struct Acts {
@@ -121,9 +171,9 @@ class Llama final : public Model {
     float* res_mid;   // [L, BT, d]
     float* ln2;       // [L, BT, d]
     float* ln2_rstd;  // [L, BT]
-    float* h1;        // [L, BT, ff] gate
-    float* h3;        // [L, BT, ff] up
-    float* act;       // [L, BT, ff] silu(gate)·up
+    float* h1;        // [blocks with an MLP, BT, ff] gate
+    float* h3;        // [blocks with an MLP, BT, ff] up
+    float* act;       // [blocks with an MLP, BT, ff] silu(gate)·up
     float* lnf;       // [BT, d]
     float* lnf_rstd;  // [BT]
     float* probs;     // [BT, Vp]
@@ -144,23 +194,17 @@ class Llama final : public Model {
   };
 
   Llama(const LlamaConfig& config, std::unique_ptr<Backend> own);
-  void Init();
+  void Init(std::vector<bool> mlp);
   void SizeArena();
   void CheckViews(int g, const std::vector<TensorRef>& v, const char* what) const;
   // The gain view t ([n]) as fp32: itself, or converted into gain scratch `slot` (0..2).
   const float* Gain(const TensorRef& t, int n, int slot);
   bool Bf16Attention(const std::vector<TensorRef>& w) const;
   kernels::RopeShape Shape() const;
-  void ForwardEmbedding(const std::vector<TensorRef>& w);
-  void ForwardBlock(int l, const std::vector<TensorRef>& w);
+  // Block l's dense MLP: Ln2(l) -> BlockOut(l); its backward leaves ∂/∂Ln2(l) in DLn2().
   void ForwardMlp(int l, const std::vector<TensorRef>& w);
-  void ForwardHead(const std::vector<TensorRef>& w);
-  void BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad, bool acc);
   void BackwardMlp(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                    bool acc);
-  void BackwardAttention(int l, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
-                         bool acc);
-  void BackwardEmbedding(const std::vector<TensorRef>& grad, bool acc);
   // dtmp = ∂/∂(the norm's output) → dres (+)= ∂/∂x, the gain's gradient into grad.
   void NormBackward(const float* x, const TensorRef& gain, const float* rstd, const TensorRef& grad,
                     bool acc, bool accumulate_dx);
@@ -170,6 +214,8 @@ class Llama final : public Model {
   LlamaConfig c_;
   BlockViews bv_;
   bool bf16_attention_ = false;  // c_.bf16_attention, where the backend has it
+  std::vector<int> mlp_slot_;    // block l's slot in h1 / h3 / act, -1 without an MLP
+  int mlp_blocks_ = 0;
   int B_ = 0, T_ = 0;
   BackendBuffer tokens_;   // [B·T] tokens, then [B·T] targets
   BackendBuffer rope_;     // cos [seq_len, dh/2], then sin

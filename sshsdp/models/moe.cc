@@ -25,16 +25,17 @@ using layers::IsFloatType;
 using layers::Normal;
 using layers::Single;
 
-GptConfig CheckedTrunk(const MoeConfig& c) {
-  c.Validate();
-  return c.trunk;
-}
-
 // Which blocks keep the trunk's dense MLP.
 std::vector<bool> DenseBlocks(const MoeConfig& c) {
   std::vector<bool> dense;
   for (int l = 0; l < c.trunk.n_layer; ++l) dense.push_back(!c.IsMoeLayer(l));
   return dense;
+}
+
+std::unique_ptr<Trunk> MakeTrunk(const MoeConfig& c, Backend& b) {
+  c.Validate();
+  if (c.llama) return std::make_unique<Llama>(*c.llama, b, DenseBlocks(c));
+  return std::make_unique<Gpt>(c.trunk, b, DenseBlocks(c));
 }
 
 }  // namespace
@@ -68,6 +69,32 @@ MoeConfig MoeConfig::Preset(std::string_view name) {
   return c;
 }
 
+MoeConfig MoeConfigOf(const LlamaConfig& c) {
+  MoeConfig m;
+  m.llama = c;
+  m.trunk.vocab = c.vocab, m.trunk.vocab_multiple = c.vocab_multiple, m.trunk.seq_len = c.seq_len;
+  m.trunk.d_model = c.d_model, m.trunk.n_layer = c.n_layer, m.trunk.n_head = c.n_head;
+  m.trunk.d_ff = c.d_ff;
+  m.n_expert = c.n_expert, m.top_k = c.top_k, m.d_expert = c.d_expert;
+  for (int l = 0; l < c.n_layer; ++l)
+    if (c.IsMoeLayer(l)) m.moe_layers.push_back(l);
+  m.gating = Gating::kSoftmax;
+  m.renormalize = c.norm_topk_prob;
+  m.expert_mlp = ExpertMlp::kSwiGLU;
+  m.aux_loss_weight = 0.0f;
+  m.Validate();
+  return m;
+}
+
+std::unique_ptr<Model> MakeLlamaFamilyModel(const LlamaConfig& c, Backend* backend,
+                                            bool expert_group) {
+  if (!c.IsMoe())
+    return backend ? std::make_unique<Llama>(c, *backend) : std::make_unique<Llama>(c);
+  MoeConfig m = MoeConfigOf(c);
+  m.expert_group = expert_group;  // MXFP8: the experts in groups of their own (moe.h)
+  return backend ? std::make_unique<MoeGpt>(m, *backend) : std::make_unique<MoeGpt>(m);
+}
+
 bool MoeConfig::IsMoeLayer(int l) const {
   if (!moe_layers.empty())
     return std::find(moe_layers.begin(), moe_layers.end(), l) != moe_layers.end();
@@ -75,10 +102,17 @@ bool MoeConfig::IsMoeLayer(int l) const {
 }
 
 void MoeConfig::Validate() const {
-  trunk.Validate();
-  SSHSDP_CHECK(trunk.packed_qkv, ConfigError,
-               "MoE config: the MoE GPT runs the packed QKV projection only "
-               "(trunk.packed_qkv = false, per-part QKV, is the dense GPT's veScale mode)");
+  if (llama) {
+    llama->Validate();
+    SSHSDP_CHECK(trunk.n_layer == llama->n_layer && trunk.d_model == llama->d_model &&
+                     trunk.vocab == llama->vocab,
+                 ConfigError, "MoE config: the trunk summary differs from the Llama config");
+  } else {
+    trunk.Validate();
+    SSHSDP_CHECK(trunk.packed_qkv, ConfigError,
+                 "MoE config: the MoE GPT runs the packed QKV projection only "
+                 "(trunk.packed_qkv = false, per-part QKV, is the dense GPT's veScale mode)");
+  }
   SSHSDP_CHECK(trunk.mx_gemm == DType::kF32, ConfigError,
                "MoE config: MXFP8 experts are dequantized for fp32 GEMMs (trunk.mx_gemm bf16 "
                "is the dense GPT's)");
@@ -117,12 +151,15 @@ MoeGpt::MoeGpt(const MoeConfig& config, std::unique_ptr<Backend> own) : MoeGpt(c
 MoeGpt::MoeGpt(const MoeConfig& config, Backend& backend)
     : b_(backend),
       c_(config),
-      trunk_(CheckedTrunk(config), backend, DenseBlocks(config)),
+      trunk_(MakeTrunk(config, backend)),
       arena_(backend),
       wgrad_scratch_(backend) {
-  c_.trunk = trunk_.config();  // d_ff resolved
+  if (!c_.llama) c_.trunk = static_cast<const Gpt&>(*trunk_).config();  // d_ff resolved
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
-  int next = 7;
+  slots_.router = trunk_->AttentionViews();
+  slots_.w1 = slots_.router + 1;
+  slots_.w2 = slots_.router + 2;
+  int next = slots_.router + 3;
   if (swiglu) slots_.w3 = next++;
   if (c_.shared_expert) {
     slots_.s1 = next++;
@@ -153,11 +190,11 @@ std::vector<RuntimeParamSpec> MoeGpt::GroupParams(int g) const {
   const GroupRole r = roles_[g];
   switch (r.role) {
     case Role::kEmbed:
-      return trunk_.GroupParams(0);
+      return trunk_->GroupParams(0);
     case Role::kHead:
-      return trunk_.GroupParams(c_.trunk.n_layer + 1);
+      return trunk_->GroupParams(c_.trunk.n_layer + 1);
     case Role::kDense:
-      return trunk_.GroupParams(r.layer + 1);
+      return trunk_->GroupParams(r.layer + 1);
     case Role::kMoe:
       return MoeBlockParams(r.layer);
     case Role::kAttnRouter: {
@@ -187,30 +224,38 @@ int MoeGpt::ExpertGroup(int l) const {
 }
 
 std::vector<RuntimeParamSpec> MoeGpt::MoeBlockParams(int l) const {
-  std::vector<RuntimeParamSpec> specs = trunk_.GroupParams(l + 1);
-  specs.resize(4);  // ln1.g, attn.qkv, attn.proj, ln2.g: the dense GPT's, unchanged
+  std::vector<RuntimeParamSpec> specs = trunk_->GroupParams(l + 1);
+  specs.resize(static_cast<size_t>(slots_.router));  // the trunk's attention half, unchanged
   const int64_t E = c_.n_expert, d = c_.trunk.d_model, f = c_.expert_ff(), fs = c_.shared_ff();
   const float std = 0.02f;
-  const float proj_std = std / std::sqrt(2.0f * c_.trunk.n_layer);  // as the dense GPT
-  const std::string p = fmt::format("blocks.{}.moe.", l);
-  RuntimeParamSpec router = Single(p + "router", {E, d}, UpdateKind::kMatrix, Normal(std));
+  // As the dense GPT; the Llama family initialises every matrix alike (transformers').
+  const float proj_std = c_.llama ? std : std / std::sqrt(2.0f * c_.trunk.n_layer);
+  const bool hf = c_.llama.has_value();
+  const std::string p = hf ? fmt::format("layers.{}.mlp.", l) : fmt::format("blocks.{}.moe.", l);
+  RuntimeParamSpec router =
+      Single(p + (hf ? "gate" : "router"), {E, d}, UpdateKind::kMatrix, Normal(std));
   router.parts[0].muon_eligible = false;  // AdamW by default (see moe.h)
   specs.push_back(std::move(router));
-  auto packed = [&](const char* kind, int64_t out, int64_t in, float init_std) {
-    RuntimeParamSpec s{p + kind, {E, out, in}, {}};
+  // The packed [E, out, in] weight; expert e's part "blocks.l.moe.w1.e3", or transformers'
+  // "layers.l.mlp.experts.3.gate_proj".
+  auto packed = [&](const char* kind, const char* hf_kind, int64_t out, int64_t in,
+                    float init_std) {
+    RuntimeParamSpec s{
+        p + (hf ? fmt::format("experts.{}", hf_kind) : std::string(kind)), {E, out, in}, {}};
     for (int64_t e = 0; e < E; ++e) {
-      s.parts.push_back(UpdatePart{fmt::format("{}{}.e{}", p, kind, e),
-                                   {out, in},
-                                   e * out * in,
-                                   UpdateKind::kMatrix,
-                                   Normal(init_std)});
+      s.parts.push_back(UpdatePart{
+          hf ? fmt::format("{}experts.{}.{}", p, e, hf_kind) : fmt::format("{}{}.e{}", p, kind, e),
+          {out, in},
+          e * out * in,
+          UpdateKind::kMatrix,
+          Normal(init_std)});
     }
     return s;
   };
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
-  specs.push_back(packed("w1", f, d, std));
-  specs.push_back(packed("w2", d, f, proj_std));
-  if (swiglu) specs.push_back(packed("w3", f, d, std));
+  specs.push_back(packed("w1", "gate_proj", f, d, std));
+  specs.push_back(packed("w2", "down_proj", d, f, proj_std));
+  if (swiglu) specs.push_back(packed("w3", "up_proj", f, d, std));
   if (c_.shared_expert) {
     specs.push_back(Single(p + "shared.w1", {fs, d}, UpdateKind::kMatrix, Normal(std)));
     specs.push_back(Single(p + "shared.w2", {d, fs}, UpdateKind::kMatrix, Normal(proj_std)));
@@ -220,7 +265,7 @@ std::vector<RuntimeParamSpec> MoeGpt::MoeBlockParams(int l) const {
 }
 
 void MoeGpt::SetBatch(const int32_t* tokens, const int32_t* targets, int B, int T) {
-  trunk_.SetBatch(tokens, targets, B, T);  // checks the batch
+  trunk_->SetBatch(tokens, targets, B, T);  // checks the batch
   if (B != B_ || T != T_) Allocate(B, T);
   for (BlockActs& A : blocks_) A.routed = false;
   order_.Reset(num_groups());
@@ -290,10 +335,11 @@ void MoeGpt::Allocate(int B, int T) {
 size_t MoeGpt::NumViews(int g) const {
   switch (roles_[g].role) {
     case Role::kEmbed:
+      return trunk_->GroupParams(0).size();
     case Role::kHead:
-      return 2;
+      return 2;  // a tied trunk's head: its norm and group 0's table
     case Role::kDense:
-      return 6;
+      return static_cast<size_t>(trunk_->DenseBlockViews());
     case Role::kMoe:
       return static_cast<size_t>(slots_.count);
     case Role::kAttnRouter:
@@ -325,7 +371,7 @@ void MoeGpt::CheckViews(int g, const std::vector<TensorRef>& v, const char* what
 double MoeGpt::CrossEntropy() const {
   SSHSDP_CHECK(order_.forward_done(), PlanError,
                "MoE GPT loss read before the last group's Forward");
-  return trunk_.Loss();
+  return trunk_->Loss();
 }
 
 double MoeGpt::AuxLoss() const {
@@ -342,12 +388,12 @@ double MoeGpt::Loss() const { return CrossEntropy() + AuxLoss(); }
 
 void MoeGpt::KeepLoss() {
   const double aux = AuxLoss();  // PlanError before the last group's Forward
-  trunk_.KeepLoss();
+  trunk_->KeepLoss();
   kept_aux_.push_back(aux);  // only once the trunk kept its half
 }
 
 std::vector<double> MoeGpt::TakeLosses() {
-  std::vector<double> out = trunk_.TakeLosses();
+  std::vector<double> out = trunk_->TakeLosses();
   const std::vector<double> aux = std::exchange(kept_aux_, {});
   SSHSDP_CHECK(out.size() == aux.size(), PlanError,
                "MoE GPT: {} kept cross-entropies against {} aux losses", out.size(), aux.size());
@@ -379,24 +425,23 @@ std::vector<int64_t> MoeGpt::ExpertTokens(int l) const {
 
 double MoeGpt::FlopsPerToken() const {
   const GptConfig& tc = c_.trunk;
-  const double d = tc.d_model, ff = tc.ff(), L = tc.n_layer, V = tc.padded_vocab();
+  const double d = tc.d_model;
   const double mats = c_.expert_mlp == ExpertMlp::kSwiGLU ? 3 : 2;
-  double n_active = V * d;  // LM head
+  double n_active = trunk_->HeadWeights();
   for (int l = 0; l < tc.n_layer; ++l) {
-    n_active += 4 * d * d;  // QKV + projection
+    n_active += trunk_->AttentionWeights();
     if (c_.IsMoeLayer(l)) {
       n_active += c_.n_expert * d + c_.top_k * mats * d * c_.expert_ff();
       if (c_.shared_expert) n_active += mats * d * c_.shared_ff();
     } else {
-      n_active += 2 * d * ff;
+      n_active += trunk_->DenseMlpWeights();
     }
   }
-  const double T = T_ > 0 ? T_ : tc.seq_len;
-  return 6.0 * n_active + 12.0 * L * d * T;
+  return 6.0 * n_active + trunk_->AttentionFlopsPerToken(T_ > 0 ? T_ : tc.seq_len);
 }
 
 int64_t MoeGpt::ActivationBytes() const {
-  int64_t bytes = trunk_.ActivationBytes() + arena_.bytes() + wgrad_scratch_.bytes();
+  int64_t bytes = trunk_->ActivationBytes() + arena_.bytes() + wgrad_scratch_.bytes();
   for (const auto& mx : mx_scratch_) bytes += mx->bytes();  // dequantized MXFP8 expert weights
   return bytes;
 }

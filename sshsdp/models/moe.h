@@ -73,6 +73,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -81,6 +82,7 @@
 #include "sshsdp/base/op_profile.h"
 #include "sshsdp/kernels/moe_kernels.h"
 #include "sshsdp/models/gpt.h"
+#include "sshsdp/models/llama.h"
 #include "sshsdp/params/model.h"
 
 namespace sshsdp {
@@ -95,6 +97,11 @@ ExpertMlp ParseExpertMlp(std::string_view s);
 
 struct MoeConfig {
   GptConfig trunk;  // vocab, seq_len, d_model, n_head, n_layer; trunk.d_ff = dense blocks' MLP
+  // Set: the trunk is this Llama-family model (Qwen3-MoE: RoPE, GQA, QK-norm, SwiGLU dense
+  // blocks), `trunk` its summary (vocab, seq_len, d_model, n_layer, d_ff); the MoE parameters
+  // take transformers' names (layers.N.mlp.gate, layers.N.mlp.experts.E.gate_proj / up_proj /
+  // down_proj).
+  std::optional<LlamaConfig> llama;
   int n_expert = 4;
   int top_k = 2;
   int d_expert = 0;  // hidden width of each expert; 0 means 2 * d_model
@@ -130,6 +137,17 @@ struct MoeConfig {
   void Validate() const;
 };
 
+// Qwen3-MoE: the MoE model of a Llama-family config with experts (LlamaConfig::IsMoe) —
+// softmax gating, top_k, renormalised when norm_topk_prob, SwiGLU experts of d_expert, the MoE
+// blocks LlamaConfig::IsMoeLayer names, no auxiliary loss (transformers adds its own only with
+// output_router_logits).
+MoeConfig MoeConfigOf(const LlamaConfig& c);
+
+// The model of a Llama-family config: Llama, or MoeGpt over it for qwen3_moe (expert_group:
+// the experts in runtime groups of their own, for MXFP8); on `backend` (null: its own CPU one).
+std::unique_ptr<Model> MakeLlamaFamilyModel(const LlamaConfig& c, Backend* backend = nullptr,
+                                            bool expert_group = false);
+
 class MoeGpt final : public Model {
  public:
   // On the model's own CPU backend.
@@ -151,7 +169,8 @@ class MoeGpt final : public Model {
   // losses are host values already (computed with the expert counts).
   void KeepLoss() override;
   std::vector<double> TakeLosses() override;
-  const float* Probs() const override { return trunk_.Probs(); }
+  const float* Probs() const override { return trunk_->Probs(); }
+  bool TiesFirstGroup() const override { return trunk_->TiesFirstGroup(); }
   int64_t ProbsStride() const override { return c_.trunk.padded_vocab(); }
   void Backward(int g, const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                 GradWrite mode) override;
@@ -165,7 +184,7 @@ class MoeGpt final : public Model {
   // permutation and combination as routing.
   void SetOpProfile(OpProfile* profile) override {
     profile_ = profile;
-    trunk_.SetOpProfile(profile);
+    trunk_->SetOpProfile(profile);
   }
   // MXFP8 expert weights: only with expert_group (see MoeConfig), and then only the expert
   // groups are MX (GroupConsumesMx); the router, attention, norm gains, dense blocks,
@@ -199,7 +218,8 @@ class MoeGpt final : public Model {
     double aux = 0.0;
     bool routed = false;  // routed in this batch's forward
   };
-  // Indices of an MoE block's runtime parameters (GroupParams order); -1 when absent.
+  // Indices of an MoE block's runtime parameters (GroupParams order): the trunk's attention
+  // half's, then these; -1 when absent.
   struct MoeSlots {
     int router = 4, w1 = 5, w2 = 6, w3 = -1, s1 = -1, s2 = -1, s3 = -1, count = 7;
   };
@@ -259,7 +279,9 @@ class MoeGpt final : public Model {
   std::unique_ptr<Backend> own_;  // the one-argument constructor's CPU backend
   Backend& b_;
   MoeConfig c_;
-  Gpt trunk_;  // embeddings, attention, dense blocks, head: the dense GPT's, on b_
+  // Embeddings, attention, dense blocks, head: the dense GPT's, or the Llama family's
+  // (MoeConfig::llama), on b_.
+  std::unique_ptr<Trunk> trunk_;
   MoeSlots slots_;
   std::vector<GroupRole> roles_;
   std::vector<int> first_group_;  // first runtime group of block l

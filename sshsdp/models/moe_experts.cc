@@ -99,8 +99,8 @@ void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
   const int64_t f = c_.expert_ff(), fs = c_.shared_ff();
-  const float* x = trunk_.Ln2(l);
-  float* out = trunk_.BlockOut(l);
+  const float* x = trunk_->Ln2(l);
+  float* out = trunk_->BlockOut(l);
   auto view = [&](int slot, int64_t rows, int64_t cols) {
     return ExpertView(wx[slot - slots_.w1], rows, cols, slot);
   };
@@ -142,7 +142,7 @@ void MoeGpt::ForwardExperts(int l, const TensorRef* wx) {
   Op(OpCategory::kRouting, [&] {  // combination: out[t] (+)= Σ_j gate_j · yp[row]
     b_.MoeCombine(A.yp, A.row, A.gate, out, N, k, d, /*accumulate=*/c_.shared_expert);
   });
-  Op(OpCategory::kElementwise, [&] { b_.Add(trunk_.ResMid(l), out, out, N * d); });
+  Op(OpCategory::kElementwise, [&] { b_.Add(trunk_->ResMid(l), out, out, N * d); });
 }
 
 void MoeGpt::BackwardRouted(int l, const TensorRef* wx, const TensorRef* gx, bool acc,
@@ -218,7 +218,7 @@ void MoeGpt::BackwardShared(int l, const TensorRef* wx, const TensorRef* gx, boo
   const BlockActs& A = blocks_[static_cast<size_t>(l)];
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model, fs = c_.shared_ff();
   const bool swiglu = c_.expert_mlp == ExpertMlp::kSwiGLU;
-  const float* x = trunk_.Ln2(l);
+  const float* x = trunk_->Ln2(l);
   const int x0 = slots_.w1;
   const TensorRef &gs1 = gx[slots_.s1 - x0], &gs2 = gx[slots_.s2 - x0];
   TensorRef s1;

@@ -15,21 +15,21 @@ void MoeGpt::Forward(int g, const std::vector<TensorRef>& w) {
   const GroupRole r = roles_[g];
   switch (r.role) {
     case Role::kEmbed:
-      trunk_.ForwardEmbedding(w);
+      trunk_->ForwardEmbedding(w);
       break;
     case Role::kHead:
-      trunk_.ForwardHead(w);
+      trunk_->ForwardHead(w);
       break;
     case Role::kDense:
-      trunk_.ForwardBlock(r.layer, w);
+      trunk_->ForwardBlock(r.layer, w);
       break;
     case Role::kMoe:
-      trunk_.ForwardAttention(r.layer, w);
+      trunk_->ForwardAttention(r.layer, w);
       ForwardRouter(r.layer, w[slots_.router]);
       ForwardExperts(r.layer, w.data() + slots_.w1);
       break;
     case Role::kAttnRouter:
-      trunk_.ForwardAttention(r.layer, w);
+      trunk_->ForwardAttention(r.layer, w);
       ForwardRouter(r.layer, w[slots_.router]);
       break;
     case Role::kExperts:
@@ -46,24 +46,24 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
   CheckViews(g, grad, "gradient");
   const bool acc = mode == GradWrite::kAccumulate;
   const GroupRole r = roles_[g];
-  float* dy = trunk_.DRes();   // ∂/∂(block output)
-  float* dln = trunk_.DLn2();  // ∂/∂ln2, which the trunk's attention half reads
+  float* dy = trunk_->DRes();   // ∂/∂(block output)
+  float* dln = trunk_->DLn2();  // ∂/∂ln2, which the trunk's attention half reads
   switch (r.role) {
     case Role::kHead:
-      trunk_.BackwardHead(w, grad, acc);
+      trunk_->BackwardHead(w, grad, acc);
       break;
     case Role::kEmbed:
-      trunk_.BackwardEmbedding(grad, acc);
+      trunk_->BackwardEmbedding(grad, acc);
       break;
     case Role::kDense:
-      trunk_.BackwardBlock(r.layer, w, grad, acc);
+      trunk_->BackwardBlock(r.layer, w, grad, acc);
       break;
     case Role::kMoe: {  // routed experts, router, shared expert, then the attention half
       const TensorRef *wx = w.data() + slots_.w1, *gx = grad.data() + slots_.w1;
       BackwardRouted(r.layer, wx, gx, acc, dy, dln);
       BackwardRouter(r.layer, w[slots_.router], grad[slots_.router], acc, dln);
       BackwardShared(r.layer, wx, gx, acc, dy, dln);
-      trunk_.BackwardAttention(r.layer, w, grad, acc);
+      trunk_->BackwardAttention(r.layer, w, grad, acc);
       break;
     }
     case Role::kExperts:  // ∂/∂ln2 from the experts; ∂/∂(block output) is left as is
@@ -72,7 +72,7 @@ void MoeGpt::Backward(int g, const std::vector<TensorRef>& w, const std::vector<
       break;
     case Role::kAttnRouter:
       BackwardRouter(r.layer, w[slots_.router], grad[slots_.router], acc, dln);
-      trunk_.BackwardAttention(r.layer, w, grad, acc);
+      trunk_->BackwardAttention(r.layer, w, grad, acc);
       break;
   }
   order_.EndBackward(g);

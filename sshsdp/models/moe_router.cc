@@ -27,7 +27,7 @@ void MoeGpt::ForwardRouter(int l, const TensorRef& router) {
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
   const kernels::MoeRouterOptions opt = RouterOptions();
-  const float* x = trunk_.Ln2(l);
+  const float* x = trunk_->Ln2(l);
 
   // 1. Router logits in fp32 (bf16 router weights are widened: routing decisions are made
   //    from fp32 logits, as MoE implementations do for stability), then top-k by logit (ties:
@@ -56,7 +56,7 @@ void MoeGpt::BackwardRouter(int l, const TensorRef& router, const TensorRef& gr,
   const BlockActs& A = blocks_[static_cast<size_t>(l)];
   const int64_t N = static_cast<int64_t>(B_) * T_, d = c_.trunk.d_model;
   const int E = c_.n_expert, k = c_.top_k;
-  const float* x = trunk_.Ln2(l);
+  const float* x = trunk_->Ln2(l);
 
   // 4. Router: ∂/∂score from the gates (through the renormalisation) and from the aux loss,
   //    then through softmax or σ to the logits dz.
