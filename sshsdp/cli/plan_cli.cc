@@ -267,7 +267,7 @@ int RunPlanCommand(const PlanOptions& o) {
                  "{} as --backend cpu",
                  t.backend);
     const RunPlan plan = PlanRun(*model, o.world_size, cfg);
-    const std::string what = fmt::format("{} {}", t.model, ModelDescription(t, gc));
+    const std::string what = fmt::format("{} {}", ModelName(t), ModelDescription(t, gc));
     if (o.json) {
       fmt::print("{}\n", PlanJson(plan, what).dump(1));
     } else {

@@ -43,12 +43,14 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--model", o.model,
                  "model preset: tiny | small | base (dense GPT), moe-tiny | moe-small (MoE GPT: "
                  "packed experts, each expert matrix its own update parameter; router and norms "
-                 "use AdamW), qwen3-tiny | qwen3-small | llama-tiny (the Llama family: RoPE, "
+                 "use AdamW), qwen3-tiny | qwen3-small | qwen3-moe-tiny | llama-tiny (the Llama "
+                 "family: RoPE, "
                  "GQA, SwiGLU, Qwen3's QK-norm)")
       ->capture_default_str();
-  app.add_option("--model-config", o.model_config,
-                 "a Hugging Face config.json (model_type llama or qwen3): that architecture, "
-                 "randomly initialised (instead of --model)");
+  app.add_option(
+      "--model-config", o.model_config,
+      "a Hugging Face config.json (model_type llama, qwen3 or qwen3_moe): that architecture, "
+      "randomly initialised (instead of --model)");
   app.add_option("--init-from-hf", o.init_from_hf,
                  "a Hugging Face model directory (config.json + model.safetensors or a sharded "
                  "index): its architecture and weights (instead of --model)");
