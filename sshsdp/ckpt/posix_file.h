@@ -48,6 +48,7 @@ class InFile {
   InFile& operator=(const InFile&) = delete;
 
   uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
   void ReadAt(void* dst, size_t bytes, uint64_t offset);
 
  private:

@@ -84,8 +84,8 @@ void WriteSafetensors(const std::string& path, const std::map<std::string, SafeT
   });
 }
 
-std::map<std::string, SafeTensor> ReadSafetensors(const std::string& path,
-                                                  std::map<std::string, std::string>* metadata) {
+std::vector<SafetensorsEntry> ReadSafetensorsIndex(const std::string& path,
+                                                   std::map<std::string, std::string>* metadata) {
   InFile f(path);  // IoError with the OS's reason; directories and FIFOs refused
   const uint64_t size = f.size();
   SSHSDP_CHECK(size >= 8, IoError, "{}: truncated: {} bytes, no safetensors header", path, size);
@@ -182,28 +182,40 @@ std::map<std::string, SafeTensor> ReadSafetensors(const std::string& path,
                "appended to the file)",
                path, at, data_size);
 
+  std::vector<SafetensorsEntry> out;
+  for (const Entry& e : entries)
+    out.push_back({e.name, e.dtype, e.shape, data_begin + e.begin, e.end - e.begin});
+  return out;
+}
+
+void ReadSafetensorsElements(InFile& f, const SafetensorsEntry& e, uint64_t begin, uint64_t count,
+                             float* out) {
+  const uint64_t es = e.dtype == "F32" ? 4 : 2;
+  SSHSDP_CHECK(begin + count <= e.bytes / es && begin + count >= begin, IoError,
+               "{}: elements [{}, {}) of tensor '{}' lie outside its {}", f.path(), begin,
+               begin + count, e.name, e.bytes / es);
+  const uint64_t at = e.offset + begin * es;
+  if (e.dtype == "F32") {
+    f.ReadAt(out, count * 4, at);
+    return;
+  }
+  std::vector<uint16_t> buf(count);
+  f.ReadAt(buf.data(), count * 2, at);
+  if (e.dtype == "BF16") {
+    Bf16ToFloat(reinterpret_cast<const bf16*>(buf.data()), out, count);
+    return;
+  }
+  for (uint64_t i = 0; i < count; ++i) out[i] = HalfToFloat(buf[i]);
+}
+
+std::map<std::string, SafeTensor> ReadSafetensors(const std::string& path,
+                                                  std::map<std::string, std::string>* metadata) {
+  const std::vector<SafetensorsEntry> index = ReadSafetensorsIndex(path, metadata);
+  InFile f(path);
   std::map<std::string, SafeTensor> out;
-  std::vector<char> buf;
-  for (const Entry& e : entries) {
-    SafeTensor t;
-    t.shape = e.shape;
-    t.data.resize(NumElements(t.shape));
-    const uint64_t bytes = e.end - e.begin;
-    if (e.dtype == "F32") {
-      f.ReadAt(t.data.data(), bytes, data_begin + e.begin);
-    } else {
-      buf.resize(bytes);
-      f.ReadAt(buf.data(), bytes, data_begin + e.begin);
-      if (e.dtype == "BF16") {
-        Bf16ToFloat(reinterpret_cast<const bf16*>(buf.data()), t.data.data(), t.data.size());
-      } else {
-        for (size_t i = 0; i < t.data.size(); ++i) {
-          uint16_t h;
-          std::memcpy(&h, buf.data() + 2 * i, 2);
-          t.data[i] = HalfToFloat(h);
-        }
-      }
-    }
+  for (const SafetensorsEntry& e : index) {
+    SafeTensor t{e.shape, std::vector<float>(NumElements(e.shape))};
+    ReadSafetensorsElements(f, e, 0, t.data.size(), t.data.data());
     out.emplace(e.name, std::move(t));
   }
   return out;

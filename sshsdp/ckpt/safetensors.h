@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "sshsdp/ckpt/posix_file.h"
+
 namespace sshsdp {
 
 struct SafeTensor {
@@ -27,6 +29,23 @@ struct SafeTensor {
 
 void WriteSafetensors(const std::string& path, const std::map<std::string, SafeTensor>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+// One tensor of a file: its dtype ("F32", "BF16", "F16"), shape, and the absolute byte offset
+// and size of its data.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+// The header of a file, checked as ReadSafetensors checks it, without reading any tensor's
+// data (a rank of a large model reads only the elements its shards need).
+std::vector<SafetensorsEntry> ReadSafetensorsIndex(
+    const std::string& path, std::map<std::string, std::string>* metadata = nullptr);
+// Elements [begin, begin + count) of e (row-major) as fp32, read from f (IoError outside it).
+void ReadSafetensorsElements(InFile& f, const SafetensorsEntry& e, uint64_t begin, uint64_t count,
+                             float* out);
 
 // Reads F32, BF16 and F16 tensors (as fp32, exactly). Throws IoError naming the file and what is
 // wrong (missing, truncated, bad header, unsupported dtype, offsets out of range or overlapping).

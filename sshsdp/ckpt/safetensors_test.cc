@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <sys/resource.h>
 #include <sys/stat.h>
 
@@ -158,6 +160,41 @@ TEST(Safetensors, MalformedHeadersAreRefused) {
   WriteRaw(p, "{}", 0, int64_t{1} << 40);
   ExpectRefused(p, "exceeds the file");
   std::filesystem::remove(p);
+}
+
+// Hugging Face checkpoints in fp16 (safetensors' F16) read exactly: normal, subnormal, zero,
+// infinite and NaN halves; and any element range of a tensor without the rest.
+TEST(Safetensors, F16ReadsExactlyAndInRanges) {
+  const std::string p = ::testing::TempDir() + "/f16.safetensors";
+  const uint16_t half[] = {0x3c00, 0xc000, 0x0001, 0x8000, 0x7c00, 0x7bff, 0x7e00, 0x3555};
+  const float want[] = {1.0f, -2.0f, 5.9604645e-08f, -0.0f, INFINITY, 65504.0f, NAN, 0.33325195f};
+  {
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    std::string h = R"({"h":{"dtype":"F16","shape":[2,4],"data_offsets":[0,16]}})";
+    while (h.size() % 8) h.push_back(' ');
+    const uint64_t n = h.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f.write(h.data(), static_cast<std::streamsize>(h.size()));
+    f.write(reinterpret_cast<const char*>(half), sizeof(half));
+  }
+  const auto t = ReadSafetensors(p).at("h").data;
+  for (int i = 0; i < 8; ++i) {
+    if (std::isnan(want[i])) {
+      EXPECT_TRUE(std::isnan(t[i])) << i;
+    } else {
+      EXPECT_EQ(t[i], want[i]) << i;
+      EXPECT_EQ(std::signbit(t[i]), std::signbit(want[i])) << i;
+    }
+  }
+  const std::vector<SafetensorsEntry> index = ReadSafetensorsIndex(p);
+  ASSERT_EQ(index.size(), 1u);
+  InFile f(p);
+  float part[3];
+  ReadSafetensorsElements(f, index[0], 5, 3, part);
+  EXPECT_EQ(part[0], 65504.0f);
+  EXPECT_TRUE(std::isnan(part[1]));
+  EXPECT_EQ(part[2], want[7]);
+  EXPECT_THROW(ReadSafetensorsElements(f, index[0], 6, 3, part), IoError);
 }
 
 TEST(Safetensors, NonRegularFilesAreRefused) {

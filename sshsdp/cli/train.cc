@@ -293,8 +293,11 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     std::map<std::string, std::vector<float>> init;
     if (!o.init_weights.empty())  // names and shapes must be this model's (ConfigError lists)
       init = ReadInitWeights(o.init_weights, ModelTensors(model));
-    else if (!o.init_from_hf.empty() && resume_dir.empty())  // a resume's weights are its own
-      init = ReadHfWeights(o.init_from_hf, MakeLlamaConfig(o, gc.vocab));
+    // A Hugging Face checkpoint: its headers checked here, on every rank alike; each rank reads
+    // only the elements its shards hold, below. A resume's weights are its own.
+    std::optional<HfWeights> hf;
+    if (!o.init_from_hf.empty() && resume_dir.empty())
+      hf.emplace(o.init_from_hf, MakeLlamaConfig(o, gc.vocab));
 
     auto world = MpiCommunicator::World(cfg.ranks_per_node ? cfg.ranks_per_node : world_size);
     const int W = world->size(), rank = world->rank();
@@ -388,6 +391,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
         for (const std::string& n : lr.notes) fmt::print("  note: {}\n", n);
         std::fflush(stdout);
       }
+    } else if (hf) {
+      engine.LoadMainWeights([&](const std::string& name, size_t begin, size_t n, float* out) {
+        hf->Read(name, begin, n, out);
+      });
     } else if (init.empty()) {
       engine.InitWeights(o.seed);
     } else {

@@ -254,6 +254,12 @@ class Engine {
   // Overwrites main weights from consolidated values (missing names: ConfigError), then
   // re-runs G and the outer all-gather (or defers it, as InitWeights). Collective.
   void LoadMainWeights(const std::map<std::string, std::vector<float>>& weights);
+  // The same from a reader of elements [begin, begin + count) of an update parameter: each rank
+  // asks only for what its ZeRO-1 shards hold (a large checkpoint read in pieces,
+  // hf/hf_weights.h). The reader's errors propagate (they should be the same on every rank).
+  using WeightReader =
+      std::function<void(const std::string& name, size_t begin, size_t count, float* out)>;
+  void LoadMainWeights(const WeightReader& read);
 
   // The persistent ZeRO-1 state of every runtime group, for checkpoints: fp32 arrays over
   // this rank's ZeRO-1 chunk of the group's flat layout, one per field ("main", "m", "v";

@@ -1,6 +1,7 @@
 // Engine state: main weights initialized, loaded and consolidated at ZeRO-1, weight
 // preparation G (cast / MXFP8 quantize into the retained Wᶻ³) with the outer all-gather, the
 // finiteness check and the checkpoint fields (see engine.h).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -44,11 +45,23 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
                    "weights for '{}' have {} elements, the model needs {} {}", u.name,
                    it->second.size(), NumElements(u.shape), ShapeString(u.shape));
     }
+  }
+  LoadMainWeights([&](const std::string& name, size_t begin, size_t count, float* out) {
+    const std::vector<float>& src = weights.at(name);
+    std::copy_n(src.data() + begin, count, out);
+  });
+}
+
+void Engine::LoadMainWeights(const WeightReader& read) {
+  std::vector<float> staged;
+  for (auto& gp : groups_) {
+    RuntimeGroup& g = *gp;
     for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
       const FragmentSpan s = SpanOf(g.pieces, f);
       if (s.length == 0) continue;  // dim-0 padding
-      const std::vector<float>& src = weights.at(g.layout.update[s.update].name);
-      cfg_.backend->CopyIn(g.main_z1 + s.shard_offset, src.data() + s.begin, s.length * 4);
+      staged.resize(s.length);
+      read(g.layout.update[s.update].name, s.begin, s.length, staged.data());
+      cfg_.backend->CopyIn(g.main_z1 + s.shard_offset, staged.data(), s.length * 4);
     }
     ZeroState(g);
   }

@@ -68,8 +68,10 @@ struct ScheduleReplay {
   uint64_t transient_peak = 0;
 };
 
+// tied: Model::TiesFirstGroup — group 0's weights held from its forward to its backward, its
+// gradient block from the last group's backward to its own.
 ScheduleReplay ReplaySchedule(const std::vector<std::unique_ptr<RuntimeGroup>>& groups,
-                              const EngineConfig& cfg, const EngineModes& modes) {
+                              const EngineConfig& cfg, const EngineModes& modes, bool tied) {
   MemoryAccount acct;
   ScheduleReplay out;
   {
@@ -101,15 +103,17 @@ ScheduleReplay ReplaySchedule(const std::vector<std::unique_ptr<RuntimeGroup>>& 
         for (int g = 0; g < n; ++g) {
           start(g);
           if (cfg.prefetch && g + 1 < n) start(g + 1);
-          if (cfg.reshard_after_forward && g + 1 < n) release(g);
+          if (cfg.reshard_after_forward && g + 1 < n && !(tied && g == 0)) release(g);
         }
         for (int g = n - 1; g >= 0; --g) {
           start(g);
           if (cfg.prefetch && g > 0) start(g - 1);
-          if (!modes.skip_rs) {
-            grad[g] = pool.Acquire(groups[g]->padded * DTypeSize(modes.grad_dtype));
-            if (first_step) out.reduce_scatters[g]++;
-          }
+          auto acquire_grad = [&](int a) {
+            grad[a] = pool.Acquire(groups[a]->padded * DTypeSize(modes.grad_dtype));
+            if (first_step) out.reduce_scatters[a]++;
+          };
+          if (!modes.skip_rs && !(tied && g == 0)) acquire_grad(g);
+          if (!modes.skip_rs && tied && g == n - 1) acquire_grad(0);  // the head writes it first
           release(g);
           if (g + 1 < n && grad[g + 1]) finish(g + 1);
         }
@@ -205,7 +209,7 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
     const uint64_t temps = on_device ? update.temporary_bytes() + mx_temps
                                      : std::max<uint64_t>(update.peak_temporary_bytes(), mx_temps);
     if (temps) mem["update_temporaries"] = temps;
-    const ScheduleReplay replay = ReplaySchedule(groups, cfg, modes);
+    const ScheduleReplay replay = ReplaySchedule(groups, cfg, modes, model.TiesFirstGroup());
     if (replay.transient_peak) mem["transient"] = replay.transient_peak;
     for (const auto& [cat, bytes] : mem) rp.peak += bytes;
 

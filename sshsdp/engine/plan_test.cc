@@ -22,6 +22,7 @@
 #include "sshsdp/engine/mx_weights.h"
 #include "sshsdp/engine/presets.h"
 #include "sshsdp/engine/testing/parity_harness.h"
+#include "sshsdp/models/llama.h"
 
 namespace sshsdp {
 namespace {
@@ -107,6 +108,13 @@ std::vector<PlanCase> Cases() {
   mixed.moe_every = 2;
   out.push_back({"moe and dense blocks fp32", testing::MoeOf(mixed),
                  [](const Layout& l) { return BaseConfig(l, 1, DType::kF32); }});
+  // Tied embeddings (a Qwen3): group 0 held from its forward to its backward, its gradient
+  // from the head's backward to its own.
+  LlamaConfig tied;
+  tied.vocab = 61, tied.seq_len = 16, tied.d_model = 24, tied.n_head = 3, tied.n_kv_head = 1;
+  tied.head_dim = 8, tied.d_ff = 40, tied.tied = true;
+  out.push_back({"tied qwen3 bf16 M=2", [tied] { return std::make_unique<Llama>(tied); },
+                 [](const Layout& l) { return BaseConfig(l, 2, DType::kBF16); }});
   return out;
 }
 

@@ -192,6 +192,33 @@ TEST(HfWeightsTest, ImportThenExportIsBitIdentical) {
   }
 }
 
+// Each rank reads only the elements its shards hold: any range of an update parameter — a head
+// inside the packed q_proj, an expert, a table across its last real row into the padding —
+// equals the same slice of the whole.
+TEST(HfWeightsTest, RangesEqualSlicesOfTheWhole) {
+  for (const char* name : {"qwen3_gqa", "qwen3_moe"}) {
+    const std::string dir = kData + "/" + name;
+    const LlamaConfig c = ReadHfConfig(dir);
+    const auto whole = ReadHfWeights(dir, c);
+    HfWeights w(dir, c);
+    for (const auto& [update, v] : whole) {
+      for (const auto& [begin, count] : std::vector<std::pair<size_t, size_t>>{
+               {0, v.size()}, {v.size() / 3, v.size() / 2}, {v.size() - 1, 1}}) {
+        std::vector<float> got(count, -1.0f);
+        w.Read(update, begin, count, got.data());
+        ASSERT_TRUE(std::equal(got.begin(), got.end(), v.begin() + static_cast<long>(begin)))
+            << name << " " << update << " [" << begin << ", " << begin + count << ")";
+      }
+    }
+    const size_t real = static_cast<size_t>(c.vocab) * c.d_model;
+    std::vector<float> edge(c.d_model * 2);
+    w.Read("embed_tokens", real - c.d_model, edge.size(), edge.data());  // last row, one padded
+    EXPECT_EQ(edge[edge.size() - 1], 0.0f);
+    EXPECT_NE(edge[0], 0.0f);
+    EXPECT_THROW(w.Read("no_such_parameter", 0, 1, edge.data()), ConfigError);
+  }
+}
+
 TEST(HfWeightsTest, RefusesMissingExtraAndMisshapedTensors) {
   const std::string dir = kData + "/qwen3_gqa";
   const LlamaConfig c = ReadHfConfig(dir);

@@ -91,41 +91,67 @@ std::vector<HfTensor> HfTensors(const LlamaConfig& c) {
   return out;
 }
 
-std::map<std::string, std::vector<float>> ReadHfWeights(const std::string& dir,
-                                                        const LlamaConfig& c) {
-  std::map<std::string, SafeTensor> file;
-  for (const std::string& path : WeightFiles(dir))
-    for (auto& [name, t] : ReadSafetensors(path)) {
-      SSHSDP_CHECK(!file.count(name), ConfigError, "{}: tensor '{}' is in two shards", dir, name);
-      file.emplace(name, std::move(t));
+HfWeights::HfWeights(const std::string& dir, const LlamaConfig& c)
+    : dir_(dir), paths_(WeightFiles(dir)) {
+  std::map<std::string, std::pair<size_t, SafetensorsEntry>> file;
+  for (size_t i = 0; i < paths_.size(); ++i)
+    for (SafetensorsEntry& e : ReadSafetensorsIndex(paths_[i])) {
+      SSHSDP_CHECK(!file.count(e.name), ConfigError, "{}: tensor '{}' is in two shards", dir,
+                   e.name);
+      std::string name = e.name;
+      file.emplace(std::move(name), std::pair{i, std::move(e)});
     }
   const std::vector<HfTensor> want = HfTensors(c);
   std::vector<TensorSpec> want_specs, have_specs;
   for (const HfTensor& t : want) want_specs.push_back({t.name, t.shape});
-  for (const auto& [name, t] : file) have_specs.push_back({name, t.shape});
+  for (const auto& [name, t] : file) have_specs.push_back({name, t.second.shape});
   const std::string mismatch = DescribeTensorMismatch(want_specs, have_specs, dir);
   SSHSDP_CHECK(mismatch.empty(), ConfigError, "{}", mismatch);
-
-  std::map<std::string, std::vector<float>> out;
-  const int64_t d = c.d_model;
   for (const HfTensor& t : want) {
-    const std::vector<float>& v = file.at(t.name).data;
-    const auto bad = std::find_if(v.begin(), v.end(), [](float x) { return !std::isfinite(x); });
-    SSHSDP_CHECK(bad == v.end(), ConfigError,
-                 "{}: tensor '{}' holds a non-finite value ({} at element {}); initial weights "
-                 "must be finite",
-                 dir, t.name, *bad, bad - v.begin());
-    if (t.table) {  // [vocab, d] into [padded, d], the padded rows zero
-      std::vector<float> table(static_cast<size_t>(int64_t{c.padded_vocab()} * d), 0.0f);
-      std::copy(v.begin(), v.end(), table.begin());
-      out[t.parts[0]] = std::move(table);
+    const auto& [index, entry] = file.at(t.name);
+    const uint64_t n = NumElements(t.shape);
+    if (t.table) {  // [vocab, d] of a [padded, d] table
+      sources_[t.parts[0]] = {index, entry, 0, n};
       continue;
     }
-    const size_t each = v.size() / t.parts.size();  // heads are equal row blocks
-    for (size_t i = 0; i < t.parts.size(); ++i)
-      out[t.parts[i]].assign(v.begin() + static_cast<std::ptrdiff_t>(i * each),
-                             v.begin() + static_cast<std::ptrdiff_t>((i + 1) * each));
+    const uint64_t each = n / t.parts.size();  // heads are equal row blocks
+    for (size_t p = 0; p < t.parts.size(); ++p)
+      sources_[t.parts[p]] = {index, entry, p * each, each};
   }
+  files_.resize(paths_.size());
+}
+
+void HfWeights::Read(const std::string& name, size_t begin, size_t count, float* out) {
+  const auto it = sources_.find(name);
+  SSHSDP_CHECK(it != sources_.end(), ConfigError, "{}: no tensor holds update parameter '{}'", dir_,
+               name);
+  const Source& s = it->second;
+  const size_t end = begin + count;
+  const size_t from_file = begin < s.valid ? std::min<size_t>(end, s.valid) - begin : 0;
+  if (from_file > 0) {
+    if (!files_[s.file]) files_[s.file] = std::make_unique<InFile>(paths_[s.file]);
+    ReadSafetensorsElements(*files_[s.file], s.entry, s.first + begin, from_file, out);
+    const float* bad =
+        std::find_if(out, out + from_file, [](float x) { return !std::isfinite(x); });
+    SSHSDP_CHECK(bad == out + from_file, ConfigError,
+                 "{}: tensor '{}' holds a non-finite value ({} at element {}); initial weights "
+                 "must be finite",
+                 dir_, s.entry.name, *bad, s.first + begin + static_cast<size_t>(bad - out));
+  }
+  std::fill(out + from_file, out + count, 0.0f);  // padded rows
+}
+
+std::map<std::string, std::vector<float>> ReadHfWeights(const std::string& dir,
+                                                        const LlamaConfig& c) {
+  HfWeights w(dir, c);
+  std::map<std::string, std::vector<float>> out;
+  const int64_t padded = int64_t{c.padded_vocab()} * c.d_model;
+  for (const HfTensor& t : HfTensors(c))
+    for (const std::string& part : t.parts) {
+      std::vector<float>& v = out[part];
+      v.resize(t.table ? static_cast<size_t>(padded) : NumElements(t.shape) / t.parts.size());
+      w.Read(part, 0, v.size(), v.data());
+    }
   return out;
 }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,9 +34,36 @@ struct HfTensor {
 // Every tensor of c's transformers model, in model order.
 std::vector<HfTensor> HfTensors(const LlamaConfig& c);
 
-// The update parameters of the model c describes, read from the safetensors of the Hugging
-// Face directory `dir` (model.safetensors, or the shards model.safetensors.index.json names):
-// update name -> fp32 values (F32, BF16 and F16 are read exactly; padded rows zero).
+// The weights of a Hugging Face directory opened for reading in pieces: the safetensors headers
+// of model.safetensors or the index's shards are read and checked against c when it is made —
+// ConfigError listing the first missing, extra or mis-shaped tensors, IoError for a file that
+// cannot be read — and Read gives any element range of an update parameter, reading only those
+// bytes, so each rank reads what its shards hold (Engine::LoadMainWeights with a reader).
+class HfWeights {
+ public:
+  HfWeights(const std::string& dir, const LlamaConfig& c);
+  // Elements [begin, begin + count) of update parameter `name` as fp32 (F32, BF16, F16 read
+  // exactly; a table's padded rows are zeros). ConfigError for a non-finite value, naming the
+  // tensor and element, or an unknown name.
+  void Read(const std::string& name, size_t begin, size_t count, float* out);
+
+ private:
+  // Where an update parameter's elements lie: `valid` elements from element `first` of a
+  // file's tensor, zeros after them (padded rows).
+  struct Source {
+    size_t file = 0;
+    SafetensorsEntry entry;
+    uint64_t first = 0, valid = 0;
+  };
+  std::string dir_;
+  std::vector<std::string> paths_;
+  std::vector<std::unique_ptr<InFile>> files_;  // opened on first use
+  std::map<std::string, Source> sources_;
+};
+
+// The update parameters of the model c describes, read whole from the safetensors of the
+// Hugging Face directory `dir` (model.safetensors, or the shards model.safetensors.index.json
+// names): update name -> fp32 values (F32, BF16 and F16 are read exactly; padded rows zero).
 // ConfigError listing the first missing, extra or mis-shaped tensors, or a non-finite value;
 // IoError for a file that cannot be read.
 std::map<std::string, std::vector<float>> ReadHfWeights(const std::string& dir,
