@@ -91,7 +91,7 @@ timeout 60 "$bin" "${tiny[@]}" --steps 3 --ckpt-dir "$tmp/final_ckpt" >/dev/null
   [ -f "$tmp/final_ckpt/step_00000003/manifest.json" ]
 check "--ckpt-dir without --save-every saves the final state" $?
 expect_error "an unknown command is named, with the commands" \
-  "unknown command 'frobnicate': use train, bench, plan, generate, ckpt or tokenize" "$bin" frobnicate
+  "unknown command 'frobnicate': use train, bench, plan, generate, ckpt, tokenize or export-hf" "$bin" frobnicate
 expect_error "--val-data naming a directory is named as --val-data" \
   "--val-data $tmp: is a directory" "$bin" "${tiny[@]}" --steps 1 --eval-every 1 --val-data "$tmp"
 timeout 60 "$bin" "${tiny[@]}" --steps 2 --trace "$tmp/late.json" --trace-steps 10:20 \

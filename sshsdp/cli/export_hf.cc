@@ -75,8 +75,8 @@ int RunExportHf(const ExportHfOptions& o) {
                  o.ckpt.empty() ? o.weights : o.ckpt, model.value("type", std::string("gpt")));
     const LlamaConfig c = LlamaFromModelJson(model);
     WriteHfCheckpoint(o.out, c, tensors, o.shard_mb << 20);
-    fmt::print("wrote {} ({} {} parameters as transformers' {})\n", o.out, tensors.size(),
-               c.model_type, c.model_type == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM");
+    fmt::print("wrote {} ({} update parameters as transformers' {})\n", o.out, tensors.size(),
+               HfConfigJson(c)["architectures"][0].get<std::string>());
     return 0;
   } catch (const Error& e) {
     fmt::print(stderr, "sshsdp export-hf: error: {}\n", e.what());

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -85,7 +86,7 @@ std::vector<int32_t> Generate(Model& model, DenseParams& weights, int vocab, int
     const int T = std::min<int>(static_cast<int>(seq.size()), seq_len);
     std::vector<int32_t> ctx(seq.end() - T, seq.end());
     model.SetBatch(ctx.data(), ctx.data(), 1, T);  // targets unused (any valid token)
-    for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, weights.Weights(g));
+    for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, weights.ModelWeights(g));
     const float* last = model.Probs() + static_cast<int64_t>(T - 1) * model.ProbsStride();
     seq.push_back(SampleToken(last, vocab, o.temperature, o.top_k, rng));
     if (o.on_token) o.on_token(seq.back());
@@ -125,11 +126,13 @@ int RunGenerate(const GenerateOptions& o) {
     nlohmann::json model_json;
     std::map<std::string, SafeTensor> tensors;
     std::string source;
+    std::string tokenizer = o.tokenizer;  // or the one --init-from-hf's directory had
     if (!o.ckpt.empty()) {
       const Manifest m = ReadManifest(ResolveCheckpoint(o.ckpt));
       VerifyCheckpointFiles(m);  // never sample from a damaged file
       model_json = m.meta.model;
       tensors = ReadConsolidated(m, "main");
+      if (tokenizer.empty()) tokenizer = m.meta.run.value("tokenizer", std::string());
       source = m.dir;
     } else {
       std::map<std::string, std::string> meta;
@@ -145,7 +148,14 @@ int RunGenerate(const GenerateOptions& o) {
                    "--save-weights` and `sshsdp ckpt export` have one)",
                    o.weights);
       source = o.weights;
+      if (const auto t = meta.find("tokenizer"); tokenizer.empty() && t != meta.end())
+        tokenizer = t->second;
     }
+    SSHSDP_CHECK(tokenizer.empty() || !o.tokenizer.empty() || std::filesystem::exists(tokenizer),
+                 ConfigError,
+                 "{} was trained from a Hugging Face directory whose tokenizer was {}, which is "
+                 "gone: pass --tokenizer FILE",
+                 source, tokenizer);
     std::unique_ptr<Model> model = ModelFromJson(model_json);
     const int vocab = model_json.at("vocab").get<int>();
     const int seq_len = model_json.at("seq_len").get<int>();
@@ -163,12 +173,12 @@ int RunGenerate(const GenerateOptions& o) {
     p.SyncWeights();
 
     std::optional<Tokenizer> tok;
-    if (!o.tokenizer.empty()) {
-      tok = Tokenizer::FromFile(o.tokenizer);
+    if (!tokenizer.empty()) {
+      tok = Tokenizer::FromFile(tokenizer);
       SSHSDP_CHECK(tok->vocab_size() <= vocab, ConfigError,
                    "--tokenizer {} has {} tokens, more than the model's vocabulary of {}: not "
                    "the tokenizer the model was trained with",
-                   o.tokenizer, tok->vocab_size(), vocab);
+                   tokenizer, tok->vocab_size(), vocab);
     }
     std::vector<int32_t> prompt;
     if (!o.prompt_tokens.empty()) {

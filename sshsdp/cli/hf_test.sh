@@ -124,6 +124,21 @@ PY
   check "$m: import -> export with no step is bit-identical" $?
 done
 
+# A Hugging Face directory with a tokenizer.json: the run remembers it, and generate --ckpt
+# encodes the prompt and prints text with nothing else (a vocabulary-800 Qwen3 exported, then
+# started from, with the tokenizer of the README's example).
+"$bin" train --model qwen3-tiny --vocab-size 800 --seq-len 32 --steps 1 \
+  --save-weights "$tmp/q800.safetensors" >/dev/null 2>&1 &&
+  "$bin" export-hf --weights "$tmp/q800.safetensors" --out "$tmp/q800" >/dev/null &&
+  cp "$root/sshsdp/text/testdata/gpt2_style.json" "$tmp/q800/tokenizer.json" &&
+  "$bin" train --init-from-hf "$tmp/q800" --seq-len 32 --steps 2 --ckpt-dir "$tmp/ck800" \
+    >/dev/null 2>&1 &&
+  "$bin" generate --ckpt "$tmp/ck800" --prompt "The quick" --tokens 8 >"$tmp/gen" 2>&1 &&
+  grep -q "^The quick" "$tmp/gen"
+rc=$?
+[ $rc -eq 0 ] || cat "$tmp/gen"
+check "a checkpoint from --init-from-hf remembers the directory's tokenizer for generate" $rc
+
 expect_error "a token outside the config's vocabulary" "big.bin" \
   "$bin" train --init-from-hf "$data/qwen3_gqa" --data "$tmp/big.bin" --seq-len 32 --steps 1
 expect_error "--layers with a config.json" "fixes the architecture" \

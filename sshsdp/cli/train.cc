@@ -220,6 +220,9 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     }
     SSHSDP_CHECK(o.resume.empty() || o.init_weights.empty(), ConfigError,
                  "--resume and --init-weights exclude each other: a checkpoint holds the weights");
+    SSHSDP_CHECK(o.init_weights.empty() || o.init_from_hf.empty(), ConfigError,
+                 "--init-weights and --init-from-hf exclude each other: each gives the initial "
+                 "weights (use --model-config with --init-weights for a config.json's shape)");
     // What a checkpoint must match.
     const nlohmann::json model_json = IsLlamaFamily(o)       ? LlamaRunJson(o, gc.vocab)
                                       : IsMoePreset(o.model) ? MoeModelJson(MakeMoeConfig(o, gc))
@@ -324,31 +327,34 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     }
     // What a checkpoint records about this run.
     auto num = [](float v) { return std::stod(fmt::format("{}", v)); };  // 0.9f -> 0.9
-    const nlohmann::json run_json = {{"preset", o.model},
-                                     {"seed", o.seed},
-                                     {"data", o.data},
-                                     {"batch_size", o.batch_size},
-                                     {"microbatches", o.microbatches},
-                                     {"seq_len", T},
-                                     {"weight_dtype", o.weight_dtype},
-                                     {"reduce", o.reduce},
-                                     {"optimizer", o.optimizer},
-                                     {"muon_unit", o.muon_unit},
-                                     {"muon_lr", num(o.muon_lr)},
-                                     {"muon_momentum", num(o.muon_momentum)},
-                                     {"muon_weight_decay", num(o.muon_weight_decay)},
-                                     {"lr", num(o.lr)},
-                                     {"warmup", o.warmup},
-                                     {"beta1", num(o.beta1)},
-                                     {"beta2", num(o.beta2)},
-                                     {"eps", num(o.eps)},
-                                     {"weight_decay", num(o.weight_decay)},
-                                     {"clip", num(o.clip)},
-                                     {"lr_schedule", o.lr_schedule},
-                                     {"lr_min", num(lr_min)},
-                                     {"steps", o.steps},
-                                     {"vocab", gc.vocab},
-                                     {"config", o.recorded_config}};
+    nlohmann::json run_json = {{"preset", o.model},
+                               {"seed", o.seed},
+                               {"data", o.data},
+                               {"batch_size", o.batch_size},
+                               {"microbatches", o.microbatches},
+                               {"seq_len", T},
+                               {"weight_dtype", o.weight_dtype},
+                               {"reduce", o.reduce},
+                               {"optimizer", o.optimizer},
+                               {"muon_unit", o.muon_unit},
+                               {"muon_lr", num(o.muon_lr)},
+                               {"muon_momentum", num(o.muon_momentum)},
+                               {"muon_weight_decay", num(o.muon_weight_decay)},
+                               {"lr", num(o.lr)},
+                               {"warmup", o.warmup},
+                               {"beta1", num(o.beta1)},
+                               {"beta2", num(o.beta2)},
+                               {"eps", num(o.eps)},
+                               {"weight_decay", num(o.weight_decay)},
+                               {"clip", num(o.clip)},
+                               {"lr_schedule", o.lr_schedule},
+                               {"lr_min", num(lr_min)},
+                               {"steps", o.steps},
+                               {"vocab", gc.vocab},
+                               {"config", o.recorded_config}};
+    // The tokenizer of --init-from-hf's directory, if it has one: generate uses it.
+    const std::string tokenizer = HfTokenizerPath(o.init_from_hf);
+    if (!tokenizer.empty()) run_json["tokenizer"] = tokenizer;
     const auto notes_of = [](nlohmann::json j) {  // the record itself is not a difference
       j.erase("config");
       return j;
@@ -691,7 +697,8 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
                           {"preset", o.model},
                           {"model", model_json.dump()},
                           {"steps", std::to_string(o.steps)},
-                          {"layout", engine.topology().ToString()}});
+                          {"layout", engine.topology().ToString()},
+                          {"tokenizer", tokenizer}});
         fmt::print("wrote {} ({} update parameters)\n", o.save_weights, t.size());
       }
     }

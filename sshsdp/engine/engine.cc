@@ -382,7 +382,8 @@ void Engine::SetUpDirectPath() {
   // the buffers their collectives touch are slots of registered roots, as many as the
   // schedule keeps live at once: two gathered layers (this one and the prefetched one) or all
   // of them without reshard_after_forward; two gradient buffers (this layer's and the one
-  // whose reduce-scatter is still running).
+  // whose reduce-scatter is still running); one more of each with tied embeddings (group 0's,
+  // held from its forward to its backward and from the head's backward to its own).
   DirectDeviceMemory* direct_device = on_device_ ? cfg_.direct_device : nullptr;
   auto to_direct = [direct_device](std::unique_ptr<Communicator>& c) {
     auto* mpi = dynamic_cast<MpiCommunicator*>(c.get());

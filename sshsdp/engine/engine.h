@@ -256,7 +256,9 @@ class Engine {
   void LoadMainWeights(const std::map<std::string, std::vector<float>>& weights);
   // The same from a reader of elements [begin, begin + count) of an update parameter: each rank
   // asks only for what its ZeRO-1 shards hold (a large checkpoint read in pieces,
-  // hf/hf_weights.h). The reader's errors propagate (they should be the same on every rank).
+  // hf/hf_weights.h). A reader that throws on some ranks only makes every rank throw, agreed
+  // over the world before any weight is gathered (its error on its rank, "other ranks could
+  // not read" on the others).
   using WeightReader =
       std::function<void(const std::string& name, size_t begin, size_t count, float* out)>;
   void LoadMainWeights(const WeightReader& read);

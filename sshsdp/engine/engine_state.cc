@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <exception>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/engine/engine.h"
@@ -54,17 +55,31 @@ void Engine::LoadMainWeights(const std::map<std::string, std::vector<float>>& we
 
 void Engine::LoadMainWeights(const WeightReader& read) {
   std::vector<float> staged;
-  for (auto& gp : groups_) {
-    RuntimeGroup& g = *gp;
-    for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
-      const FragmentSpan s = SpanOf(g.pieces, f);
-      if (s.length == 0) continue;  // dim-0 padding
-      staged.resize(s.length);
-      read(g.layout.update[s.update].name, s.begin, s.length, staged.data());
-      cfg_.backend->CopyIn(g.main_z1 + s.shard_offset, staged.data(), s.length * 4);
+  std::exception_ptr failed;  // a read that threw on this rank
+  try {
+    for (auto& gp : groups_) {
+      RuntimeGroup& g = *gp;
+      for (const Fragment& f : g.chain->Fragments(Shard::kZero1)) {
+        const FragmentSpan s = SpanOf(g.pieces, f);
+        if (s.length == 0) continue;  // dim-0 padding
+        staged.resize(s.length);
+        read(g.layout.update[s.update].name, s.begin, s.length, staged.data());
+        cfg_.backend->CopyIn(g.main_z1 + s.shard_offset, staged.data(), s.length * 4);
+      }
+      ZeroState(g);
     }
-    ZeroState(g);
+  } catch (...) {
+    failed = std::current_exception();
   }
+  // Each rank reads only its shards, so a bad value may be seen by some ranks only: all of them
+  // learn of it here, before any weight is gathered, and every rank throws.
+  float bad = failed ? 1.0f : 0.0f;
+  world_.AllReduce(&bad, 1, DType::kF32);
+  if (failed) std::rethrow_exception(failed);
+  SSHSDP_CHECK(bad == 0.0f, ConfigError,
+               "{} other rank(s) could not read their part of the initial weights (their error "
+               "names the tensor); nothing was loaded",
+               bad);
   step_ = 0;
   PrepareAndGatherWeights();
 }

@@ -102,12 +102,15 @@ LlamaConfig LlamaConfigFromHf(const nlohmann::json& j, const std::string& source
   c.d_model = Need<int>(j, "hidden_size", source);
   c.n_layer = Need<int>(j, "num_hidden_layers", source);
   c.n_head = Need<int>(j, "num_attention_heads", source);
-  c.n_kv_head = Get<int>(j, "num_key_value_heads", c.n_head, source);
+  // A key left out takes transformers' default for that model_type (Qwen3Config,
+  // Qwen3MoeConfig, LlamaConfig), so that both build the same model from the same file.
+  const bool llama = c.model_type == "llama", moe = c.model_type == "qwen3_moe";
+  c.n_kv_head = Get<int>(j, "num_key_value_heads", llama ? c.n_head : moe ? 4 : 32, source);
   c.d_ff = Need<int>(j, "intermediate_size", source);
   SSHSDP_CHECK(c.n_head > 0, ConfigError, "{}: num_attention_heads {} must be positive", source,
                c.n_head);
-  c.head_dim = Get<int>(j, "head_dim", c.d_model / c.n_head, source);
-  c.seq_len = Get<int>(j, "max_position_embeddings", 2048, source);
+  c.head_dim = Get<int>(j, "head_dim", llama || moe ? c.d_model / c.n_head : 128, source);
+  c.seq_len = Get<int>(j, "max_position_embeddings", llama ? 2048 : 32768, source);
   c.rope_theta = RopeTheta(j, source);
   c.norm_eps = static_cast<float>(Get<double>(j, "rms_norm_eps", 1e-6, source));
   c.qk_norm = c.model_type != "llama";
@@ -180,6 +183,14 @@ nlohmann::json HfConfigJson(const LlamaConfig& c) {
     j["mlp_bias"] = false;
   }
   return j;
+}
+
+std::string HfTokenizerPath(const std::string& dir) {
+  if (dir.empty()) return {};
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::path(dir) / "tokenizer.json";
+  if (!std::filesystem::is_regular_file(p, ec)) return {};
+  return std::filesystem::absolute(p, ec).string();
 }
 
 nlohmann::json LlamaModelJson(const LlamaConfig& c) {

@@ -25,6 +25,10 @@ LlamaConfig ReadHfConfig(const std::string& dir_or_file);
 // rope_theta, rms_norm_eps, tie_word_embeddings, torch_dtype float32).
 nlohmann::json HfConfigJson(const LlamaConfig& c);
 
+// The absolute path of dir/tokenizer.json when dir (a Hugging Face model directory) has one,
+// else "" (also for dir ""): what a run started from dir records for `sshsdp generate`.
+std::string HfTokenizerPath(const std::string& dir);
+
 // sshsdp's model description of a Llama-family model (a checkpoint's or weights file's
 // "model" JSON, cli/model_config.h): {"type": "llama-family", "hf": HfConfigJson, "vocab",
 // "seq_len", "padded_vocab"}; and back (ConfigError naming the key).

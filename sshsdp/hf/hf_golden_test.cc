@@ -152,6 +152,21 @@ TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
   refused("num_key_value_heads", 3, "does not divide");
   refused("head_dim", 15, "head_dim 15 is odd");
   refused("hidden_size", "48", "'hidden_size' is \"48\"");
+  // Keys left out take transformers' defaults of the model_type.
+  nlohmann::json bare = base;
+  bare.erase("head_dim");
+  bare.erase("num_key_value_heads");
+  bare["num_attention_heads"] = 32;
+  const LlamaConfig q = LlamaConfigFromHf(bare, "c");
+  EXPECT_EQ(q.head_dim, 128);  // Qwen3Config's, not hidden / heads
+  EXPECT_EQ(q.n_kv_head, 32);
+  EXPECT_EQ(q.seq_len, 32768);
+  bare["model_type"] = "llama";
+  bare["num_attention_heads"] = 4;
+  const LlamaConfig l = LlamaConfigFromHf(bare, "c");
+  EXPECT_EQ(l.head_dim, 12);  // hidden / heads, as LlamaConfig computes it
+  EXPECT_EQ(l.n_kv_head, 4);  // the query heads'
+  EXPECT_EQ(l.seq_len, 2048);
   EXPECT_TRUE(ReadHfConfig(kData + "/qwen3_tied").tied);
   EXPECT_THROW(ReadHfConfig(kData + "/no_such_model"), IoError);
 }

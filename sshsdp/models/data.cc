@@ -218,15 +218,21 @@ void TokenFile::Validate() {
                  "token file '{}': an llm.c header written big-endian (magic {} byte-swapped); "
                  "llm.c files are little-endian: re-create it on a little-endian machine",
                  path, magic);
-  const bool wide = header[0] == kLlmcMagic32;
+  // uint32 tokens: llm.c's Llama 3 header (20240801, version 7), or version 2 of the GPT-2
+  // magic (what other tools write for vocabularies beyond 65,536).
+  const bool wide =
+      header[0] == kLlmcMagic32 || (header[0] == kLlmcMagic && header[1] == kLlmcVersionWide);
   if (header[0] == kLlmcMagic || wide) {
-    const int32_t version = wide ? kLlmcVersion32 : kLlmcVersion;
+    const int32_t version = header[0] == kLlmcMagic32 ? kLlmcVersion32
+                            : wide                    ? kLlmcVersionWide
+                                                      : kLlmcVersion;
     SSHSDP_CHECK(size >= header_bytes, IoError,
                  "token file '{}': llm.c magic {} but only {} bytes (header is {} bytes)", path,
                  header[0], size, header_bytes);
     SSHSDP_CHECK(header[1] == version, IoError,
-                 "token file '{}': llm.c version {} unsupported (expected {} with magic {})", path,
-                 header[1], version, header[0]);
+                 "token file '{}': llm.c version {} unsupported (expected {} with magic {}{})",
+                 path, header[1], version, header[0],
+                 header[0] == kLlmcMagic ? ", or 2 for uint32 tokens" : "");
     width_ = wide ? 4 : 2;
     SSHSDP_CHECK((size - header_bytes) % width_ == 0, IoError,
                  "token file '{}': {} bytes after the header are not whole uint32 tokens", path,

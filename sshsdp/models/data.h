@@ -20,7 +20,8 @@
 //
 // TokenFile reads uint16 tokens in either raw nanoGPT format (a flat uint16 array) or
 // llm.c's format (256 int32 header: magic 20240520, version 1, token count; then uint16
-// tokens). Anything malformed throws IoError naming the file and the problem.
+// tokens), or uint32 tokens after magic 20240801 version 7 (llm.c's Llama 3 files) or magic
+// 20240520 version 2. Anything malformed throws IoError naming the file and the problem.
 #pragma once
 
 #include <cstdint>
@@ -121,6 +122,7 @@ void WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens
 inline constexpr int kGpt2Vocab = 50257;
 inline constexpr int32_t kLlmcMagic = 20240520;  // uint16 tokens (GPT-2)
 inline constexpr int32_t kLlmcVersion = 1;
+inline constexpr int32_t kLlmcVersionWide = 2;     // the same magic, uint32 tokens
 inline constexpr int32_t kLlmcMagic32 = 20240801;  // uint32 tokens (Llama 3)
 inline constexpr int32_t kLlmcVersion32 = 7;
 inline constexpr int kLlmcHeaderInts = 256;

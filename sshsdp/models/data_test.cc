@@ -177,6 +177,32 @@ TEST_F(TokenFileTest, ReadsUint32Files) {
   ExpectIoError(path, /*vocab=*/65536, 8, "outside the vocabulary");
 }
 
+// uint32 tokens under the GPT-2 magic with version 2 read as under llm.c's Llama 3 header; a
+// version neither 1 nor 2 is refused naming both.
+TEST_F(TokenFileTest, ReadsVersionTwoOfTheGpt2Magic) {
+  for (const int32_t version : {kLlmcVersionWide, 3}) {
+    std::vector<int32_t> header(kLlmcHeaderInts, 0);
+    header[0] = kLlmcMagic, header[1] = version, header[2] = 40;
+    std::vector<char> bytes(reinterpret_cast<const char*>(header.data()),
+                            reinterpret_cast<const char*>(header.data()) + kLlmcHeaderInts * 4);
+    for (uint32_t t = 0; t < 40; ++t) {
+      const uint32_t v = 70000 + t;
+      bytes.insert(bytes.end(), reinterpret_cast<const char*>(&v),
+                   reinterpret_cast<const char*>(&v) + 4);
+    }
+    const std::string path = Path("v2.bin");
+    WriteBytes(path, bytes);
+    if (version == 3) {
+      ExpectIoError(path, 0, 8, "or 2 for uint32 tokens");
+      continue;
+    }
+    TokenFile f(path, /*vocab=*/0, 8, 3);
+    EXPECT_EQ(f.token_bytes(), 4);
+    EXPECT_EQ(f.num_tokens(), 40);
+    EXPECT_EQ(f.max_token(), 70039);
+  }
+}
+
 // An llm.c file written big-endian is named as such (it would otherwise read as raw tokens).
 TEST_F(TokenFileTest, BigEndianHeaderIsNamed) {
   std::vector<int32_t> header(kLlmcHeaderInts, 0);
@@ -236,11 +262,11 @@ TEST_F(TokenFileTest, MalformedFilesThrowIoErrorNamingTheFile) {
   WriteTokenFile(version, tokens, true);
   {
     std::fstream f(version, std::ios::binary | std::ios::in | std::ios::out);
-    int32_t v = 2;
+    int32_t v = 5;  // 1: uint16, 2: uint32
     f.seekp(4);
     f.write(reinterpret_cast<const char*>(&v), 4);
   }
-  ExpectIoError(version, 256, 8, "version 2");
+  ExpectIoError(version, 256, 8, "version 5");
   // Truncated header.
   std::string shortheader = Path("short.bin");
   std::vector<char> bytes(40, 0);

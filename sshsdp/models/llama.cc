@@ -85,8 +85,10 @@ void LlamaConfig::Validate() const {
   SSHSDP_CHECK(n_head % n_kv_head == 0, ConfigError,
                "Llama config: num_key_value_heads {} does not divide num_attention_heads {}",
                n_kv_head, n_head);
-  SSHSDP_CHECK(head_dim % 2 == 0, ConfigError,
-               "Llama config: head_dim {} is odd (RoPE rotates pairs of dimensions)", head_dim);
+  SSHSDP_CHECK(head_dim % 2 == 0 && head_dim <= 1024, ConfigError,
+               "Llama config: head_dim {} is odd or above 1,024 (RoPE rotates pairs of "
+               "dimensions; sshsdp's RoPE kernel takes heads up to 1,024 wide)",
+               head_dim);
   SSHSDP_CHECK(vocab <= (1 << 24), ConfigError,
                "Llama config: vocab {} is larger than 16,777,216 tokens", vocab);
   SSHSDP_CHECK(rope_theta > 0 && norm_eps > 0, ConfigError,
@@ -358,6 +360,10 @@ void Llama::ForwardBlock(int l, const std::vector<TensorRef>& w) {
 
 void Llama::BackwardBlock(int l, const std::vector<TensorRef>& w,
                           const std::vector<TensorRef>& grad, bool acc) {
+  SSHSDP_CHECK(mlp_slot_[static_cast<size_t>(l)] >= 0, PlanError,
+               "Llama block {} has no dense MLP (a trunk's block): the model built on the trunk "
+               "runs it",
+               l);
   BackwardMlp(l, w, grad, acc);
   BackwardAttention(l, w, grad, acc);
 }

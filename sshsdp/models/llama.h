@@ -89,7 +89,8 @@ struct LlamaConfig {
   bool IsMoeLayer(int l) const;
   int64_t qkv_rows() const { return int64_t{n_head + 2 * n_kv_head} * head_dim; }
   // ConfigError naming the field unless every size is positive, n_kv_head divides n_head,
-  // head_dim is even, model_type is llama or qwen3.
+  // head_dim is even and at most 1,024, model_type is llama, qwen3 or qwen3_moe (with experts
+  // exactly then).
   void Validate() const;
 };
 

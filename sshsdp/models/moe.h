@@ -1,10 +1,10 @@
-// Reference Mixture-of-Experts GPT with a manual forward and backward, written against
-// runtime-parameter views (model.h) like the dense GPT (gpt.h), whose trunk it is: a Gpt on
-// the same backend computes the token + position embeddings, every block's pre-norm causal
-// attention over one packed QKV parameter, the dense blocks' MLPs, the final RMSNorm and the
-// untied LM head. In the blocks selected by `moe_every` / `moe_layers` the MLP is a mixture
-// of experts, computed here with backend ops (backend/backend.h: the CPU backend's are
-// kernels/moe_kernels.h's) in the backend's memory:
+// Reference Mixture-of-Experts model with a manual forward and backward, written against
+// runtime-parameter views (model.h) over a trunk (trunk.h) on the same backend: the dense GPT
+// (gpt.h; the moe-* presets) or the Llama family (llama.h; Qwen3-MoE, MoeConfig::llama). The
+// trunk computes the embeddings, every block's pre-norm causal attention over one packed QKV
+// parameter, the dense blocks' MLPs, the final RMSNorm and the LM head. In the blocks selected by
+// `moe_every` / `moe_layers` the MLP is a mixture of experts, computed here with backend ops
+// (backend/backend.h: the CPU backend's are kernels/moe_kernels.h's) in the backend's memory:
 //
 //   x = RMSNorm(h);  z = x·W_rᵀ (router logits, fp32)  →  top-k experts per token by logit
 //   (ties: lower expert index first)  →  gate weights from softmax(z) or σ(z), optionally
