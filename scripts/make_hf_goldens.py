@@ -6,8 +6,9 @@ Builds tiny random Qwen3 / Qwen3-MoE / Llama models offline (`*Config(...)` ->
 heads, tied and untied, a dense block among MoE blocks, norm_topk_prob on and off),
 saves each with `save_pretrained` into sshsdp/hf/testdata/<name>/ and records, for one batch
 of tokens and targets, the logits, the mean cross-entropy and every parameter's gradient in
-golden.safetensors (names: tokens, targets, logits, loss, grad.<HF name>). The C++ tests
-(sshsdp/hf/hf_golden_test.cc) hold sshsdp to them.
+golden.safetensors (names: tokens, targets, logits, loss, grad.<HF name>, and adamw_losses:
+the loss before each of 3 AdamW steps and after them). The C++ tests (sshsdp/hf/
+hf_golden_test.cc, llama_parity_test.cc) hold sshsdp to them.
 
 Run by developers, never by CI (torch is a multi-GB download):
     python3 -m venv ~/.cache/sshsdp/fsdp2-peer
@@ -54,6 +55,33 @@ def models():
         tie_word_embeddings=False, mlp_bias=False, **common)
 
 
+def adamw_losses(model, tokens, targets, V):
+    """The loss before each of 3 full-batch AdamW steps and after the last: lr 1e-3, betas (0.9,
+    0.95), eps 1e-8, weight decay 0.1 on matrices and tables and none on norm gains (sshsdp's
+    rule), no clipping. Run after the gradient above was recorded, on a copy. At lr 1e-2 the
+    MoE trajectory is ill-conditioned (transformers' own eager and sdpa attention end 7.7e-4
+    apart after 3 steps, a gate near a top-k tie); at 1e-3 they agree to 1e-6."""
+    import copy
+    m = copy.deepcopy(model)
+    m.zero_grad(set_to_none=True)
+    decay = [p for p in m.parameters() if p.dim() >= 2]
+    keep = [p for p in m.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": keep, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    losses = []
+    for step in range(4):
+        logits = m(input_ids=tokens).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+        losses.append(loss.item())
+        if step == 3:
+            break
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return torch.tensor(losses, dtype=torch.float64).float()
+
+
 def saved_names(name, t, config):
     """(name, tensor) pairs of a parameter as save_pretrained writes it: transformers 5 keeps a
     Qwen3-MoE block's experts fused at run time (experts.gate_up_proj [E, 2f, d] with gate rows
@@ -97,9 +125,10 @@ def main():
         loss.backward()
         out = os.path.join(OUT, name)
         model.save_pretrained(out)
+        adamw = adamw_losses(model, tokens, targets, V)
         g = {"tokens": tokens.float(), "targets": targets.float(),
              "logits": logits.detach().reshape(B * T, V).contiguous(),
-             "loss": loss.detach().reshape(1)}
+             "loss": loss.detach().reshape(1), "adamw_losses": adamw}
         for n, p in model.named_parameters():
             for saved, grad in saved_names(n, p.grad.detach(), model.config):
                 g["grad." + saved] = grad.contiguous()

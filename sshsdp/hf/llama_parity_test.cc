@@ -8,11 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
+#include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/hf/hf_config.h"
+#include "sshsdp/hf/hf_weights.h"
 #include "sshsdp/models/llama.h"
 #include "sshsdp/models/moe.h"
 
@@ -59,6 +64,45 @@ TEST_P(LlamaParityTest, EveryLayoutMatchesOneRank) {
     RunCase(lc, l, DType::kBF16, UnitRule::kAdamW);
     RunCase(lc, l, DType::kF32, UnitRule::kHead);
   }
+}
+
+// Three full-batch AdamW steps from transformers' weights give transformers' losses
+// (scripts/make_hf_goldens.py: lr 1e-3, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on
+// matrices and tables, no clipping), at 1 rank and with the batch's two sequences on 2 ranks.
+TEST_P(LlamaParityTest, AdamWStepsMatchTransformers) {
+  const int W = WorldSize(), B = 2, T = 12;
+  if (B % W != 0) GTEST_SKIP() << "the golden batch of 2 sequences does not split over " << W;
+  const std::string dir = std::string(SSHSDP_HF_TESTDATA) + "/" + GetParam();
+  const LlamaConfig lc = ReadHfConfig(dir);
+  const auto golden = ReadSafetensors(dir + "/golden.safetensors");
+  const std::vector<float>& want = golden.at("adamw_losses").data;
+  auto world = MpiCommunicator::World(W);
+  std::unique_ptr<Model> model = MakeLlamaFamilyModel(lc);
+  EngineConfig cfg;
+  cfg.sw = cfg.sg = cfg.so = W;
+  cfg.batch_size = B / W;
+  cfg.seq_len = T;
+  cfg.weight_dtype = DType::kF32;
+  cfg.adamw = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  cfg.clip_norm = 0.0f;
+  Engine eng(*model, *world, cfg);
+  eng.LoadMainWeights(ReadHfWeights(dir, lc));
+  const int rank = world->rank();
+  const BatchFn batch = [&](int, int32_t* tokens, int32_t* targets) {
+    for (int i = 0; i < cfg.batch_size * T; ++i) {
+      const size_t at = static_cast<size_t>(rank * cfg.batch_size * T + i);
+      tokens[i] = static_cast<int32_t>(golden.at("tokens").data[at]);
+      targets[i] = static_cast<int32_t>(golden.at("targets").data[at]);
+    }
+  };
+  std::vector<double> got;
+  for (int s = 0; s < 3; ++s) got.push_back(eng.Step(batch).loss);
+  got.push_back(eng.Evaluate(batch, 1));
+  for (size_t i = 0; i < got.size(); ++i)
+    EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << GetParam() << " loss " << i << " of 4";
+  if (rank == 0 && std::getenv("SSHSDP_TEST_VERBOSE"))
+    std::printf("%s W=%d: %.7f %.7f %.7f %.7f (transformers %.7f %.7f %.7f %.7f)\n", GetParam(), W,
+                got[0], got[1], got[2], got[3], want[0], want[1], want[2], want[3]);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaParityTest,
