@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/safetensors.h"
@@ -31,6 +32,7 @@
 #include "sshsdp/comm/mpi_runtime.h"
 #include "sshsdp/comm/watchdog.h"
 #include "sshsdp/engine/presets.h"
+#include "sshsdp/hf/hf_config.h"
 #include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/attention.h"
 #include "sshsdp/kernels/matmul.h"
@@ -43,8 +45,32 @@ namespace sshsdp {
 
 namespace {
 
-// The dense GPT trunk of the model (the MoE presets' trunk for moe-*), with overrides.
+// The Llama-family model of --model-config or a qwen3-* / llama-* preset (with overrides),
+// else none.
+std::optional<LlamaConfig> BenchLlama(const BenchOptions& o) {
+  if (o.model_config.empty() && !LlamaConfig::IsPreset(o.model)) return std::nullopt;
+  LlamaConfig c =
+      o.model_config.empty() ? LlamaConfig::Preset(o.model) : ReadHfConfig(o.model_config);
+  SSHSDP_CHECK(o.model_config.empty() || (o.layers == 0 && o.d_model == 0 && o.heads == 0),
+               ConfigError, "--layers/--d-model/--heads change a preset; {} fixes the architecture",
+               o.model_config);
+  if (o.layers) c.n_layer = o.layers;
+  if (o.d_model) c.d_model = o.d_model;
+  if (o.heads) c.n_head = c.n_kv_head = o.heads;
+  if (o.seq_len) c.seq_len = std::max(c.seq_len, o.seq_len);
+  c.bf16_attention = Bf16Attention(o.attention_dtype);
+  c.Validate();
+  return c;
+}
+
+// The dense GPT trunk of the model (the MoE presets' trunk for moe-*; a summary of a
+// Llama-family model), with overrides.
 GptConfig MakeConfig(const BenchOptions& o) {
+  if (const auto llama = BenchLlama(o)) {
+    GptConfig c = LlamaSummary(*llama);
+    c.seq_len = llama->seq_len;
+    return c;
+  }
   GptConfig c = PresetTrunk(o.model);
   if (o.layers) c.n_layer = o.layers;
   if (o.d_model) c.d_model = o.d_model;
@@ -59,6 +85,10 @@ GptConfig MakeConfig(const BenchOptions& o) {
 // parameter, per-head parts of a packed runtime tensor, or per-part runtime parameters and
 // GEMMs (dense GPT only; the MoE model keeps a packed QKV, fused or per head).
 std::unique_ptr<Model> MakeModel(const BenchOptions& o, const GptConfig& trunk, QkvModel qkv) {
+  if (auto llama = BenchLlama(o)) {  // packed QKV, fused or per head (as the MoE model)
+    llama->fused_qkv = qkv == QkvModel::kFused;
+    return MakeLlamaFamilyModel(*llama, nullptr, o.weight_dtype == "mxfp8");
+  }
   GptConfig t = trunk;
   t.packed_qkv = qkv != QkvModel::kPerPart || IsMoePreset(o.model);
   t.fused_qkv = qkv == QkvModel::kFused;
@@ -143,7 +173,9 @@ nlohmann::json RowJson(const Row& r, int64_t tokens_per_mb) {
 
 // The model of workload.json (bench/peers/peer_models.py builds it): sshsdp's model JSON,
 // plus the MoE load-balancing loss weight, a training setting the model JSON leaves out.
-nlohmann::json PeerModelJson(const std::string& model, const GptConfig& gc) {
+nlohmann::json PeerModelJson(const BenchOptions& o, const GptConfig& gc) {
+  const std::string& model = o.model;
+  if (const auto llama = BenchLlama(o)) return LlamaModelJson(*llama);  // no PyTorch peer builds it
   if (!IsMoePreset(model)) return GptModelJson(gc);
   MoeConfig c = MoeConfig::Preset(model);
   c.trunk = gc;
@@ -262,10 +294,13 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           "{} microbatches | {} warm-up + {} timed steps per configuration (median of the "
           "timed, slowest rank) | optimizer {}\nGEMM: {} | {} | CPU ISA {} | attention {} | "
           "threads {}\n",
-          IsMoePreset(o.model) ? o.model : "GPT", gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab,
-          probe->NumParams() / 1e6, check.ToString(), o.weight_dtype, o.microbatches, o.warmup,
-          o.steps, muon ? "muon per " + o.muon_unit : o.optimizer, gemm_peak.path,
-          gemm_peak.ToString(), kernels::CpuIsaName(),
+          BenchLlama(o)          ? (o.model_config.empty() ? o.model : o.model_config)
+          : IsMoePreset(o.model) ? o.model
+                                 : "GPT",
+          gc.d_model, gc.n_layer, gc.n_head, T, gc.vocab, probe->NumParams() / 1e6,
+          check.ToString(), o.weight_dtype, o.microbatches, o.warmup, o.steps,
+          muon ? "muon per " + o.muon_unit : o.optimizer, gemm_peak.path, gemm_peak.ToString(),
+          kernels::CpuIsaName(),
           kernels::AttentionPathDescription(
               RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype)),
           threads.description);
@@ -584,7 +619,7 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
           out.back()["gemm_peak_pinned"] = gemm_peak.pinned;
         }
         if (!peer_dir.empty()) {
-          nlohmann::json wl = {{"model", PeerModelJson(o.model, gc)},
+          nlohmann::json wl = {{"model", PeerModelJson(o, gc)},
                                {"T", T},
                                {"batch_size", B},
                                {"microbatches", o.microbatches},

@@ -9,7 +9,11 @@
 namespace sshsdp {
 
 void AddBenchOptions(CLI::App& app, BenchOptions& o) {
-  app.add_option("--model", o.model, "model preset: tiny | small | base | moe-tiny | moe-small")
+  app.add_option("--model", o.model,
+                 "model preset: tiny | small | base | moe-tiny | moe-small | qwen3-tiny | "
+                 "qwen3-small | qwen3-moe-tiny | llama-tiny");
+  app.add_option("--model-config", o.model_config,
+                 "a Hugging Face config.json (llama, qwen3, qwen3_moe) instead of --model")
       ->capture_default_str();
   app.add_option("--layers", o.layers, "override the preset's number of blocks");
   app.add_option("--d-model", o.d_model, "override the preset's width");

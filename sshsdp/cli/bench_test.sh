@@ -19,6 +19,25 @@ rc=$?
 [ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/out" | tail -20
 check "bench runs every preset on a 2-workload sweep" $rc
 grep -q "1 warm-up + 2 timed steps" "$tmp/out"; check "bench states warm-up and timed steps" $?
+
+# The Llama family from a Hugging Face config.json (a Qwen3-MoE): every preset and baseline
+# switch runs it, with first-step losses that agree.
+root=$(cd "$(dirname "$0")/../.." && pwd)
+timeout 120 "${mpirun[@]}" -np 2 "$bin" bench --model-config \
+  "$root/sshsdp/hf/testdata/qwen3_moe/config.json" --seq-len 16 --microbatches 1 --warmup 1 \
+  --steps 1 --batch-size 1 --json "$tmp/hf.json" >"$tmp/out" 2>&1
+rc=$?
+[ $rc -eq 0 ] || sed 's/^/  | /' "$tmp/out" | tail -20
+check "bench runs every preset on a Qwen3-MoE config.json" $rc
+python3 - "$tmp/hf.json" <<'PY'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert {r["config"] for r in rows} >= {"sshsdp", "fsdp2", "megatron-fsdp", "vescale-fsdp"}, \
+    [r["config"] for r in rows]
+first = [r["losses"][0] for r in rows]
+assert max(first) - min(first) <= 1e-5 * max(first), first
+PY
+check "every preset's first loss on the Qwen3-MoE agrees" $?
 python3 - "$tmp/bench.json" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))

@@ -61,18 +61,14 @@ LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab) {
   return c;
 }
 
-namespace {
-
 // What the header and the memory estimates read of a Llama-family model.
-GptConfig SummaryOf(const LlamaConfig& c) {
+GptConfig LlamaSummary(const LlamaConfig& c) {
   GptConfig g;
   g.vocab = c.vocab, g.vocab_multiple = c.vocab_multiple, g.d_model = c.d_model;
   g.n_layer = c.n_layer, g.n_head = c.n_head, g.d_ff = c.d_ff;
   g.seq_len = std::min(c.seq_len, 1024);
   return g;
 }
-
-}  // namespace
 
 // The MoE configuration of an MoE preset: its trunk with the GPT overrides, then the MoE
 // flags. ConfigError for MoE flags on a dense preset.
@@ -174,7 +170,7 @@ bool RunsBf16Attention(const std::string& model, const std::string& weight_dtype
 
 GptConfig MakeGptConfig(const TrainOptions& o, int vocab) {
   if (IsLlamaFamily(o)) {
-    const GptConfig c = SummaryOf(MakeLlamaConfig(o, vocab));
+    const GptConfig c = LlamaSummary(MakeLlamaConfig(o, vocab));
     MakeMoeConfig(o, c);  // MoE flags refused by name
     return c;
   }

@@ -32,6 +32,9 @@ LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab);
 std::string ModelName(const TrainOptions& o);
 // The model JSON of a Llama-family run (LlamaModelJson; "expert_group" with MXFP8 experts).
 nlohmann::json LlamaRunJson(const TrainOptions& o, int vocab);
+// The GptConfig summary of a Llama-family model (width, depth, query heads, vocabulary, the
+// default sequence length: its positions, at most 1,024) that headers and estimates read.
+GptConfig LlamaSummary(const LlamaConfig& c);
 // The vocabulary the model fixes (a config.json's), or 0 when the data decides (presets).
 int ModelVocab(const TrainOptions& o);
 // The preset's trunk with --layers/--d-model/--heads/--seq-len applied and `vocab` tokens

@@ -50,6 +50,9 @@ std::vector<std::string> WeightFiles(const std::string& dir) {
 }  // namespace
 
 std::vector<HfTensor> HfTensors(const LlamaConfig& c) {
+  SSHSDP_CHECK(!c.fused_qkv, ConfigError,
+               "a Llama-family model with one fused QKV update parameter (sshsdp bench's "
+               "baselines) has no Hugging Face layout: use per-head parameters");
   const int64_t d = c.d_model, dh = c.head_dim, ff = c.d_ff;
   std::vector<HfTensor> out;
   out.push_back({"model.embed_tokens.weight", {c.vocab, d}, {"embed_tokens"}, true});

@@ -163,8 +163,10 @@ std::vector<RuntimeParamSpec> Llama::GroupParams(int g) const {
   std::vector<RuntimeParamSpec> out;
   out.push_back(Single(p + "input_layernorm", {d}, UpdateKind::kVector, kOnes));
   RuntimeParamSpec qkv{p + "self_attn.qkv", {c_.qkv_rows(), d}, {}};
+  if (c_.fused_qkv) qkv.parts.push_back({qkv.name, qkv.shape, 0, UpdateKind::kMatrix, w});
   int64_t offset = 0;
   for (const char* which : {"q", "k", "v"}) {
+    if (c_.fused_qkv) break;
     const int heads = which[0] == 'q' ? c_.n_head : c_.n_kv_head;
     for (int h = 0; h < heads; ++h) {
       qkv.parts.push_back(UpdatePart{fmt::format("{}self_attn.{}_proj.h{}", p, which, h),

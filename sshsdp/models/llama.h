@@ -58,6 +58,10 @@ struct LlamaConfig {
   float norm_eps = 1e-6f;
   bool qk_norm = true;  // Qwen3's per-head RMSNorm of Q and K before RoPE
   bool tied = true;     // tie_word_embeddings: the LM head is the embedding table
+  // The packed QKV as ONE update part "layers.N.self_attn.qkv" — the model an AdamW user writes,
+  // what the baseline presets of `sshsdp bench` run (presets.h) — instead of one per head. Not
+  // a transformers architecture: hf/ refuses it.
+  bool fused_qkv = false;
   // Qwen3-MoE (n_expert > 0): the MLP of block l is a mixture of n_expert SwiGLU experts of
   // width d_expert, top_k per token from softmax(router), renormalised when norm_topk_prob,
   // unless l is in mlp_only_layers or (l + 1) is not a multiple of sparse_step (transformers'
