@@ -139,6 +139,16 @@ rc=$?
 [ $rc -eq 0 ] || cat "$tmp/gen"
 check "a checkpoint from --init-from-hf remembers the directory's tokenizer for generate" $rc
 
+# A resume needs nothing of the Hugging Face directory it started from: moved away, the
+# checkpoint's own description of the model builds it.
+cp -r "$data/qwen3_gqa" "$tmp/moved" &&
+  "$bin" train --init-from-hf "$tmp/moved" --seq-len 32 --steps 2 --ckpt-dir "$tmp/ckm" \
+    >/dev/null 2>&1 && rm -rf "$tmp/moved" &&
+  "$bin" train --resume "$tmp/ckm" --steps 4 >"$tmp/out" 2>&1 && grep -q "step     4/4" "$tmp/out"
+rc=$?
+[ $rc -eq 0 ] || tail -5 "$tmp/out"
+check "a resume runs after its --init-from-hf directory is gone" $rc
+
 expect_error "a token outside the config's vocabulary" "big.bin" \
   "$bin" train --init-from-hf "$data/qwen3_gqa" --data "$tmp/big.bin" --seq-len 32 --steps 1
 expect_error "--layers with a config.json" "fixes the architecture" \

@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
                    "the options restored from " + resumed +
                        (from_config.empty() ? "" : " and --config " + cmd->train.config)))
           return rc;
+        cmd->train.resumed_model = m.meta.model;
         // The progress note names the restored options that are not at their defaults.
         for (const std::string& a : restored) {
           const size_t eq = a.find('=');

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/hf/hf_config.h"
@@ -39,7 +40,11 @@ LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab) {
                "--init-from-hf holds its config.json");
   const std::string hf = o.init_from_hf.empty() ? o.model_config : o.init_from_hf;
   LlamaConfig c;
-  if (!hf.empty()) {
+  const bool gone = !hf.empty() && !std::filesystem::exists(hf) &&
+                    o.resumed_model.value("type", std::string()) == "llama-family";
+  if (gone) {  // a resume whose Hugging Face directory moved: the checkpoint describes the model
+    c = LlamaFromModelJson(o.resumed_model);
+  } else if (!hf.empty()) {
     c = ReadHfConfig(hf);
     SSHSDP_CHECK(o.layers == 0 && o.d_model == 0 && o.heads == 0, ConfigError,
                  "--layers/--d-model/--heads change a preset; {} fixes the architecture (edit "

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,9 @@ struct TrainOptions {
   bool ranks_per_node_given = true;   // false: no --ranks-per-node (a resume adopts the saved one)
   std::string recorded_config;        // the options as a --config file (run_config.h)
   std::vector<std::string> restored;  // options a --resume took from the checkpoint
+  // The resumed checkpoint's model description: a Llama-family run resumes from it when its
+  // --init-from-hf / --model-config path is gone.
+  nlohmann::json resumed_model;
 };
 
 // train_options.cc.
