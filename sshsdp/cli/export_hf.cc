@@ -11,6 +11,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/safetensors.h"
+#include "sshsdp/cli/model_config.h"
 #include "sshsdp/cli/run_config.h"
 #include "sshsdp/hf/hf_config.h"
 #include "sshsdp/hf/hf_weights.h"
@@ -27,35 +28,10 @@ void AddExportHfOptions(CLI::App& app, ExportHfOptions& o) {
       ->capture_default_str();
 }
 
-namespace {
-
-// The model description and update-parameter tensors of the input.
-nlohmann::json ReadInput(const ExportHfOptions& o, std::map<std::string, SafeTensor>* tensors) {
-  if (!o.ckpt.empty()) {
-    const Manifest m = ReadManifest(ResolveCheckpoint(o.ckpt));
-    VerifyCheckpointFiles(m);
-    *tensors = ReadConsolidated(m, "main");
-    return m.meta.model;
-  }
-  std::map<std::string, std::string> meta;
-  *tensors = ReadSafetensors(o.weights, &meta);
-  const auto it = meta.find("model");
-  SSHSDP_CHECK(it != meta.end(), ConfigError,
-               "{}: no model description in its metadata (a file of train --save-weights or ckpt "
-               "export has one)",
-               o.weights);
-  const nlohmann::json j = nlohmann::json::parse(it->second, nullptr, false);
-  SSHSDP_CHECK(j.is_object(), ConfigError, "{}: its model description is not a JSON object",
-               o.weights);
-  return j;
-}
-
-}  // namespace
-
 int RunExportHf(const ExportHfOptions& o) {
   try {
     SSHSDP_CHECK(o.ckpt.empty() != o.weights.empty(), ConfigError,
-                 "export-hf takes one input: --ckpt DIR or --weights FILE");
+                 "export-hf takes one input: --ckpt DIR or --weights FILE");  // before any read
     SSHSDP_CHECK(o.shard_mb >= 1, ConfigError, "--shard-mb must be >= 1, got {}", o.shard_mb);
     // Nothing of the input may be replaced: the output directory lies outside the checkpoint
     // tree, and its model.safetensors is not the weights file.
@@ -67,8 +43,9 @@ int RunExportHf(const ExportHfOptions& o) {
                  o.out, o.weights);
     SSHSDP_CHECK(!std::filesystem::exists(o.out) || std::filesystem::is_directory(o.out),
                  ConfigError, "--out {} is a file; export-hf writes a directory", o.out);
-    std::map<std::string, SafeTensor> tensors;
-    const nlohmann::json model = ReadInput(o, &tensors);
+    const TrainedWeights in = ReadTrainedWeights(o.ckpt, o.weights, "export-hf");
+    const nlohmann::json& model = in.model;
+    const std::map<std::string, SafeTensor>& tensors = in.tensors;
     SSHSDP_CHECK(model.value("type", std::string()) == "llama-family", ConfigError,
                  "{}: holds a {} model; export-hf writes the Llama family (qwen3-*, llama-*, "
                  "--model-config, --init-from-hf), whose architecture transformers has",

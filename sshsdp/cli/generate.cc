@@ -119,38 +119,14 @@ std::vector<int32_t> ParseTokenList(const std::string& s) {
 
 int RunGenerate(const GenerateOptions& o) {
   try {
-    SSHSDP_CHECK(o.ckpt.empty() != o.weights.empty(), ConfigError,
-                 "generate needs exactly one of --ckpt DIR and --weights FILE");
     SSHSDP_CHECK(o.prompt.empty() || o.prompt_tokens.empty(), ConfigError,
                  "--prompt and --prompt-tokens exclude each other");
-    nlohmann::json model_json;
-    std::map<std::string, SafeTensor> tensors;
-    std::string source;
-    std::string tokenizer = o.tokenizer;  // or the one --init-from-hf's directory had
-    if (!o.ckpt.empty()) {
-      const Manifest m = ReadManifest(ResolveCheckpoint(o.ckpt));
-      VerifyCheckpointFiles(m);  // never sample from a damaged file
-      model_json = m.meta.model;
-      tensors = ReadConsolidated(m, "main");
-      if (tokenizer.empty()) tokenizer = m.meta.run.value("tokenizer", std::string());
-      source = m.dir;
-    } else {
-      std::map<std::string, std::string> meta;
-      tensors = ReadSafetensors(o.weights, &meta);
-      const auto it = meta.find("model");
-      bool parsed = false;
-      if (it != meta.end()) {
-        model_json = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-        parsed = model_json.is_object();
-      }
-      SSHSDP_CHECK(parsed, ConfigError,
-                   "{}: no model description in its metadata (files from `sshsdp train "
-                   "--save-weights` and `sshsdp ckpt export` have one)",
-                   o.weights);
-      source = o.weights;
-      if (const auto t = meta.find("tokenizer"); tokenizer.empty() && t != meta.end())
-        tokenizer = t->second;
-    }
+    TrainedWeights in = ReadTrainedWeights(o.ckpt, o.weights, "generate");
+    const nlohmann::json& model_json = in.model;
+    const std::map<std::string, SafeTensor>& tensors = in.tensors;
+    const std::string& source = in.source;
+    // Or the one the Hugging Face directory of --init-from-hf had.
+    const std::string tokenizer = o.tokenizer.empty() ? in.tokenizer : o.tokenizer;
     SSHSDP_CHECK(tokenizer.empty() || !o.tokenizer.empty() || std::filesystem::exists(tokenizer),
                  ConfigError,
                  "{} was trained from a Hugging Face directory whose tokenizer was {}, which is "

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/hf/hf_config.h"
 
 namespace sshsdp {
@@ -14,6 +15,33 @@ bool IsMoePreset(const std::string& name) { return name.rfind("moe-", 0) == 0; }
 
 bool IsLlamaFamily(const TrainOptions& o) {
   return LlamaConfig::IsPreset(o.model) || !o.model_config.empty() || !o.init_from_hf.empty();
+}
+
+TrainedWeights ReadTrainedWeights(const std::string& ckpt, const std::string& weights,
+                                  const char* command) {
+  SSHSDP_CHECK(ckpt.empty() != weights.empty(), ConfigError,
+               "{} needs exactly one of --ckpt DIR and --weights FILE", command);
+  TrainedWeights out;
+  if (!ckpt.empty()) {
+    const Manifest m = ReadManifest(ResolveCheckpoint(ckpt));
+    VerifyCheckpointFiles(m);  // never read a damaged file
+    out.model = m.meta.model;
+    out.tensors = ReadConsolidated(m, "main");
+    out.source = m.dir;
+    out.tokenizer = m.meta.run.value("tokenizer", std::string());
+    return out;
+  }
+  std::map<std::string, std::string> meta;
+  out.tensors = ReadSafetensors(weights, &meta);
+  out.source = weights;
+  if (const auto it = meta.find("model"); it != meta.end())
+    out.model = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
+  SSHSDP_CHECK(out.model.is_object(), ConfigError,
+               "{}: no model description in its metadata (files from `sshsdp train "
+               "--save-weights` and `sshsdp ckpt export` have one)",
+               weights);
+  if (const auto it = meta.find("tokenizer"); it != meta.end()) out.tokenizer = it->second;
+  return out;
 }
 
 nlohmann::json LlamaRunJson(const TrainOptions& o, int vocab) {

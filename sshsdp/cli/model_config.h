@@ -9,10 +9,12 @@
 //   std::unique_ptr<Model> same = ModelFromJson(j);   // the same architecture
 #pragma once
 
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/cli/train.h"
 #include "sshsdp/models/gpt.h"
 #include "sshsdp/models/llama.h"
@@ -64,6 +66,21 @@ GptConfig PresetTrunk(const std::string& model);
 std::unique_ptr<Model> MakeModel(const GptConfig& trunk, const MoeConfig* moe);
 // "GPT" or the MoE summary of the progress header.
 std::string ModelDescription(const TrainOptions& o, const GptConfig& trunk);
+
+// The trained weights of a checkpoint (its latest under a root; every file verified first) or
+// of a weights file (train --save-weights, ckpt export): the fp32 main weights by update
+// name, the model description, where they came from, and the tokenizer.json a run started
+// from a Hugging Face directory recorded ("" if none). Exactly one of ckpt and weights is
+// given (ConfigError naming `command` otherwise); ConfigError for a file without a model
+// description, IoError for a damaged one.
+struct TrainedWeights {
+  nlohmann::json model;
+  std::map<std::string, SafeTensor> tensors;
+  std::string source;
+  std::string tokenizer;
+};
+TrainedWeights ReadTrainedWeights(const std::string& ckpt, const std::string& weights,
+                                  const char* command);
 
 // Architecture keys of a GPT / MoE GPT: a checkpoint loads only into an equal config.
 nlohmann::json GptModelJson(const GptConfig& c);

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 
+#include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/comm/mpi_communicator.h"
 #include "sshsdp/engine/testing/parity_harness.h"
@@ -103,6 +104,39 @@ TEST_P(LlamaParityTest, AdamWStepsMatchTransformers) {
   if (rank == 0 && std::getenv("SSHSDP_TEST_VERBOSE"))
     std::printf("%s W=%d: %.7f %.7f %.7f %.7f (transformers %.7f %.7f %.7f %.7f)\n", GetParam(), W,
                 got[0], got[1], got[2], got[3], want[0], want[1], want[2], want[3]);
+}
+
+// Each rank reads only its shards' elements, so a bad value may reach some ranks only: a reader
+// that throws on rank 0 alone makes every rank throw before any weight is gathered, rank 0 with
+// its own error and the others naming it, and nobody hangs.
+TEST(LoadMainWeightsTest, AReaderFailingOnOneRankStopsEveryRank) {
+  const int W = WorldSize();
+  if (W < 2) GTEST_SKIP() << "needs two ranks";
+  auto world = MpiCommunicator::World(W);
+  LlamaConfig lc = LlamaConfig::Preset("qwen3-tiny");
+  Llama model(lc);
+  EngineConfig cfg;
+  cfg.sw = cfg.sg = cfg.so = W;
+  cfg.batch_size = 1;
+  cfg.seq_len = 8;
+  Engine eng(model, *world, cfg);
+  const int rank = world->rank();
+  try {
+    eng.LoadMainWeights([&](const std::string& name, size_t, size_t count, float* out) {
+      SSHSDP_CHECK(rank != 0, ConfigError, "bad value in {}", name);
+      std::fill_n(out, count, 0.5f);
+    });
+    ADD_FAILURE() << "rank " << rank << " loaded";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(rank == 0 ? "bad value in" : "1 other rank(s) could not read"),
+              std::string::npos)
+        << msg;
+  }
+  // The ranks are still in step: a collective after the failure completes.
+  float one = 1.0f;
+  world->AllReduce(&one, 1, DType::kF32);
+  EXPECT_EQ(one, static_cast<float>(W));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaParityTest,

@@ -163,22 +163,20 @@ std::vector<TensorRef> DenseParams::Grads(int g) {
   return r;
 }
 
+std::vector<TensorRef> DenseParams::WithTied(int g, std::vector<TensorRef> own,
+                                             std::vector<TensorRef> (DenseParams::*views)(int)) {
+  if (!tied_ || g != num_groups() - 1) return own;
+  const std::vector<TensorRef> first = (this->*views)(0);
+  own.insert(own.end(), first.begin(), first.end());
+  return own;
+}
+
 std::vector<TensorRef> DenseParams::ModelWeights(int g) {
-  std::vector<TensorRef> r = Weights(g);
-  if (tied_ && g == num_groups() - 1) {
-    const std::vector<TensorRef> first = Weights(0);
-    r.insert(r.end(), first.begin(), first.end());
-  }
-  return r;
+  return WithTied(g, Weights(g), &DenseParams::Weights);
 }
 
 std::vector<TensorRef> DenseParams::ModelGrads(int g) {
-  std::vector<TensorRef> r = Grads(g);
-  if (tied_ && g == num_groups() - 1) {
-    const std::vector<TensorRef> first = Grads(0);
-    r.insert(r.end(), first.begin(), first.end());
-  }
-  return r;
+  return WithTied(g, Grads(g), &DenseParams::Grads);
 }
 
 GradWrite DenseParams::ModeOf(int g, GradWrite mode) const {

@@ -202,6 +202,9 @@ class DenseParams {
   void SyncWeights();
 
  private:
+  // own, followed by group 0's views when g is the last group of a tied model.
+  std::vector<TensorRef> WithTied(int g, std::vector<TensorRef> own,
+                                  std::vector<TensorRef> (DenseParams::*views)(int));
   bool tied_ = false;
   DType weight_dtype_, grad_dtype_;
   std::vector<std::vector<RuntimeParamSpec>> specs_;
