@@ -35,6 +35,7 @@
 #include "sshsdp/hf/hf_config.h"
 #include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/attention.h"
+#include "sshsdp/kernels/gemm_provider.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/models/data.h"
@@ -251,8 +252,9 @@ int RunBench(int argc, char** argv, const BenchOptions& o) {
                  o.gemm_peak);
     ValidateEngineConfig(base);  // hyperparameter ranges, before any collective
     SetCommTimeout(o.comm_timeout);
-    // A bad SSHSDP_BF16_GEMM, SSHSDP_BF16_GEMM_KERNEL or SSHSDP_BF16_ATTENTION_PRODUCTS fails here,
-    // before any collective (bf16 weights only).
+    // A bad or unloadable SSHSDP_GEMM fails here, before any collective; a bad SSHSDP_BF16_GEMM,
+    // SSHSDP_BF16_GEMM_KERNEL or SSHSDP_BF16_ATTENTION_PRODUCTS too (bf16 weights only).
+    kernels::ActiveGemmProvider();
     if (base.weight_dtype == DType::kBF16) {
       kernels::ActiveBf16GemmPath();
       kernels::ActiveBf16GemmKernel();

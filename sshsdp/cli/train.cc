@@ -40,6 +40,7 @@
 #include "sshsdp/hf/hf_weights.h"
 #include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/attention.h"
+#include "sshsdp/kernels/gemm_provider.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/models/data.h"
@@ -180,9 +181,10 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     SSHSDP_CHECK(std::isfinite(o.gemm_peak) && o.gemm_peak >= 0, ConfigError,
                  "--gemm-peak must be a GFLOP/s figure per rank >= 0 (0: measure), got {}",
                  o.gemm_peak);
-    // bf16 GEMMs and the bf16 attention run for bf16 weights and the bf16 parts of mxfp8
-    // runs: a bad SSHSDP_BF16_GEMM, SSHSDP_BF16_GEMM_KERNEL or SSHSDP_BF16_ATTENTION_PRODUCTS fails
-    // here, before any collective.
+    // A bad or unloadable SSHSDP_GEMM fails here, before any collective; so do, where bf16
+    // GEMMs and the bf16 attention run (bf16 weights, the bf16 parts of mxfp8 runs), a bad
+    // SSHSDP_BF16_GEMM, SSHSDP_BF16_GEMM_KERNEL or SSHSDP_BF16_ATTENTION_PRODUCTS.
+    kernels::ActiveGemmProvider();
     if (o.weight_dtype != "fp32") {
       kernels::ActiveBf16GemmPath();
       kernels::ActiveBf16GemmKernel();

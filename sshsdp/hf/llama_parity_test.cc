@@ -51,6 +51,10 @@ void RunCase(const LlamaConfig& lc, const Layout& l, DType wdt, UnitRule unit) {
   // The AdamW parameters of a Muon run (embeddings, norms, router) hold AdamW's fp32 bound:
   // measured 6.8e-6 on embed_tokens at W = 3 (rare tokens' small gradients over eps).
   if (muon) c.tol.weight = std::max(c.tol.weight, testing::AdamWTolerances(wdt).weight);
+  // bf16: the tied embed_tokens sums two bf16-rounded gradients whose roundings differ between
+  // layouts; at W = 3, step 2 measured 1.4e-4 with oneDNN's fp32 products, 3.8e-4 with MKL's
+  // and BLIS's (SSHSDP_GEMM), whose summation orders differ.
+  if (wdt == DType::kBF16 && lc.tied) c.tol.weight = std::max(c.tol.weight, 5e-4);
   testing::ParityRun run(c);
   run.Run();
 }

@@ -58,9 +58,9 @@ void CausalAttentionBackward(const float* dout, const float* qkv, const float* o
                              const float* lse, float* dqkv, float* scratch, int B, int T, int H,
                              int dh, int block = kAttentionQueryBlock);
 
-// What attention runs in this process, for progress headers: "fp32 (oneDNN)" when !bf16, else
-// "bf16 (AMX kernel)", "bf16 (AVX512-BF16 kernel)" or "bf16 widened (fp32 oneDNN on rounded
-// operands)".
+// What attention runs in this process, for progress headers: "fp32 (oneDNN)" when !bf16 (MKL
+// or BLIS on those GEMM providers), else "bf16 (AMX kernel)", "bf16 (AVX512-BF16 kernel)" or
+// "bf16 widened (fp32 oneDNN on rounded operands)".
 std::string AttentionPathDescription(bool bf16);
 
 // True where the bf16 attention runs its AVX512-BF16 kernel: the CPU has AVX512-BF16 and

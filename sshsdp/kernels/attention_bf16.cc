@@ -39,6 +39,7 @@
 #include "sshsdp/kernels/attention_internal.h"
 #include "sshsdp/kernels/bf16_avx512.h"
 #include "sshsdp/kernels/env_choice.h"
+#include "sshsdp/kernels/gemm_provider.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/kernels/parallel.h"
 #include "sshsdp/kernels/vec_math.h"
@@ -520,8 +521,15 @@ bool NativeBf16AttentionActive() {
 }
 
 std::string AttentionPathDescription(bool bf16) {
-  if (!bf16) return "fp32 (oneDNN)";
-  if (!NativeBf16AttentionActive()) return "bf16 widened (fp32 oneDNN on rounded operands)";
+  // The fp32 products run on the GEMM provider: "oneDNN", "MKL", "BLIS".
+  const GemmProvider p = ActiveGemmProvider();
+  const char* fp32 = p == GemmProvider::kOneDnn ? "oneDNN"
+                     : p == GemmProvider::kMkl  ? "MKL"
+                                                : "BLIS";
+  if (!bf16) return fmt::format("fp32 ({})", fp32);
+  if (!NativeBf16AttentionActive()) {
+    return fmt::format("bf16 widened (fp32 {} on rounded operands)", fp32);
+  }
   return ActiveBf16AttentionProducts() == Bf16AttentionProducts::kAmx ? "bf16 (AMX kernel)"
                                                                       : "bf16 (AVX512-BF16 kernel)";
 }

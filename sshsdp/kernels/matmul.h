@@ -1,4 +1,6 @@
-// GEMMs for linear layers and for the optimizer, on the CPU through oneDNN's matmul primitive.
+// GEMMs for linear layers and for the optimizer, on the CPU: fp32 products on the active
+// provider (oneDNN, MKL or BLIS, chosen per CPU kind: gemm_provider.h), bf16 products on
+// oneDNN's matmul primitive or sshsdp's AMX kernel.
 //
 // Linear layers follow nn.Linear: the weight W is [out, in] row-major, activations X are
 // [M, in] row-major, Y = X·Wᵀ. Weights may be fp32 or bf16 (runtime precision). For bf16
@@ -28,9 +30,10 @@
 //   fmt::print("{}\n", GemmPathDescription(DType::kBF16));  // "bf16 widened to fp32 (...)"
 //   double peak = MeasureGemmPeak(DType::kBF16);   // FLOP/s of the active path
 //
-// Primitives are cached by (shape, transposes, dtypes, mode); one oneDNN engine and stream
-// serve the whole process and calls are serialized by a mutex (oneDNN's shared scratchpad
-// is not safe for concurrent execution), so any thread may call these functions.
+// oneDNN primitives are cached by (shape, transposes, dtypes, mode); one oneDNN engine and
+// stream serve the whole process and calls are serialized by a mutex (oneDNN's shared
+// scratchpad is not safe for concurrent execution), so any thread may call these functions.
+// The implementation is split by job: gemm_internal.h lists the files.
 #pragma once
 
 #include <cstdint>
@@ -64,10 +67,10 @@ struct GridStrides {
   int64_t outer = 0, inner = 0;
 };
 
-// fp32 products over an [outer, inner] grid in one oneDNN call, each operand a strided view:
-// for o < outer, i < inner, C[o,i] (=|+=) alpha · op(A[o,i]) · op(B[o,i]), where X[o,i]
-// starts at x + o·sx.outer + i·sx.inner and has row stride ldx (stored as in GemmStrided).
-// Attention's per-(batch, head) products on packed QKV rows are one such call:
+// fp32 products over an [outer, inner] grid in one call (oneDNN; a loop of sgemm on MKL and BLIS),
+// each operand a strided view: for o < outer, i < inner, C[o,i] (=|+=) alpha · op(A[o,i]) ·
+// op(B[o,i]), where X[o,i] starts at x + o·sx.outer + i·sx.inner and has row stride ldx (stored as
+// in GemmStrided). Attention's per-(batch, head) products on packed QKV rows are one such call:
 //   GemmBatchedStrided(false, true, B, H, T, T, dh, q, 3 * d, {T * 3 * d, dh},
 //                      k, 3 * d, {T * 3 * d, dh}, s, T, {H * T * T, T * T}, false, scale);
 // Any count may be 0; k == 0 writes zeros (overwrite) or leaves C as it is (accumulate).
@@ -100,9 +103,9 @@ void LinearBackwardData(LinearInput dy, const void* w, DType w_dtype, float* dx,
 // dw[n,k] (=|+=) dyᵀ · x, dy [m,n], x [m,k]. compute_dtype is the runtime weight's dtype:
 // for bf16 fp32 operands are rounded to bf16 first, as in the other two products. dw is
 // fp32 or bf16 (a bf16 runtime-gradient buffer). On the fp32 GEMM paths (fp32, or bf16
-// widened) a dy whose rows are a multiple of 2 KiB (n = 512, 1024, ...) is first copied
-// (widened) into rows 16 floats longer (kernel scratch): oneDNN runs the transposed product
-// about twice as fast that way on AVX2.
+// widened) with oneDNN as provider a dy whose rows are a multiple of 2 KiB (n = 512, 1024,
+// ...) is first copied (widened) into rows 16 floats longer (kernel scratch): oneDNN runs the
+// transposed product about twice as fast that way on AVX2.
 void LinearBackwardWeight(LinearInput dy, LinearInput x, DType compute_dtype, void* dw,
                           DType dw_dtype, int64_t m, int64_t n, int64_t k, bool accumulate);
 
@@ -145,7 +148,7 @@ void SetBf16GemmPath(Bf16GemmPath path);
 std::string CpuIsaName();
 
 // One line naming the GEMM path products with `dtype` operands take, for progress headers
-// and benchmark reports: "fp32 (oneDNN brg:avx2)", "bf16 native (oneDNN
+// and benchmark reports: "fp32 (oneDNN brg:avx2)", "fp32 (MKL 2025.3 (path))", "bf16 native (oneDNN
 // brg:avx512_core_amx_bf16)", "bf16 widened to fp32 (CPU ISA avx2 has no bf16 matmul in
 // oneDNN; fp32 brg:avx2)".
 std::string GemmPathDescription(DType dtype);
@@ -171,9 +174,10 @@ class GemmPeakProbe {
 // oneDNN is given (OMP_NUM_THREADS). bf16 takes the active path.
 double MeasureGemmPeak(DType dtype, int64_t size = 1024, int reps = 5);
 
-// Short description of the oneDNN implementation chosen for Gemm with these arguments,
-// e.g. "brg:avx512_core_amx_bf16" (for reports and benchmarks). On the widened path a bf16
-// product reports the fp32 implementation it runs on.
+// Short description of the implementation chosen for Gemm with these arguments, e.g.
+// "brg:avx512_core_amx_bf16" for oneDNN or "MKL 2025.3 (path)" for an fp32 product on another
+// provider (for reports and benchmarks). On the widened path a bf16 product reports the fp32
+// implementation it runs on.
 std::string GemmImplementation(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
                                DType ab_dtype, DType c_dtype);
 
