@@ -30,7 +30,10 @@ void AddLayoutDegreeOptions(CLI::App& app, int* sw, int* sg, int* so) {
       ->check(IntegerAtLeast(1));
 }
 
-void AddTrainOptions(CLI::App& app, TrainOptions& o) {
+namespace {
+
+// The --config file and --dump-config.
+void AddRunFileOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--config", o.config,
                  "read options from this TOML file (keys: option names without the dashes, "
                  "e.g. model = \"small\", batch-size = 8, optionally under [train]); flags on "
@@ -40,6 +43,10 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_flag("--dump-config", o.dump_config,
                "print the effective options as a --config file and exit (no training)")
       ->configurable(false);
+}
+
+// The model: preset, Hugging Face config or checkpoint, sizes, MoE.
+void AddModelOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--model", o.model,
                  "model preset: tiny | small | base (dense GPT), moe-tiny | moe-small (MoE GPT: "
                  "packed experts, each expert matrix its own update parameter; router and norms "
@@ -77,6 +84,10 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--d-expert", o.d_expert,
                  "MoE presets: hidden width of each expert (moe-tiny 128, moe-small 256; 0: the "
                  "preset's)");
+}
+
+// The layout and the batch.
+void AddBatchOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--seq-len", o.seq_len,
                  "tokens per sample, at most the preset's context (tiny 64, small 128, base 256, "
                  "moe-tiny 64, moe-small 128; 0: the preset's)");
@@ -87,6 +98,10 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "samples per microbatch per rank")
       ->capture_default_str();
+}
+
+// Steps, learning-rate schedule, AdamW and Muon.
+void AddOptimizerOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
   app.add_option("--warmup", o.warmup, "linear learning-rate warm-up steps")->capture_default_str();
   app.add_option("--lr-schedule", o.lr_schedule,
@@ -140,6 +155,10 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
       ->capture_default_str();
   app.add_option("--muon-ns-steps", o.muon_ns_steps, "Newton-Schulz iterations (quintic)")
       ->capture_default_str();
+}
+
+// Runtime weight dtype, MXFP8, gradient reduction, seeds.
+void AddPrecisionOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--weight-dtype", o.weight_dtype,
                  "runtime weight dtype: bf16 | fp32 | mxfp8 (E4M3 + UE8M0 32x32 blocks for "
                  "transformer blocks; embedding and LM head stay bf16; MoE presets: the expert "
@@ -174,6 +193,10 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--seed", o.seed, "seed of initial weights and synthetic data")
       ->capture_default_str()
       ->check(IntegerAtLeast(0));
+}
+
+// Data, validation, outputs and checkpoints.
+void AddDataOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--data", o.data,
                  "'synthetic' (built-in Markov source over bytes with a known optimal loss) or a "
                  "uint16 token file (nanoGPT .bin or llm.c format)")
@@ -227,6 +250,10 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
                  "resume from a checkpoint root (its latest complete checkpoint) or step "
                  "directory, at this run's layout (without --sw/--sg/--so: the saved degrees, "
                  "on the saved --ranks-per-node unless it is given); --steps counts from 0");
+}
+
+// Watchdog, test-only faults, communication switches.
+void AddRuntimeOptions(CLI::App& app, TrainOptions& o) {
   app.add_option("--comm-timeout", o.comm_timeout,
                  "seconds a blocking wait (collective, exchange, barrier, direct-path poll) may "
                  "last before the watchdog names what it waited for and ends the job (0: never)")
@@ -268,6 +295,18 @@ void AddTrainOptions(CLI::App& app, TrainOptions& o) {
          "reduce-scatter / all-gather, HSDP all-reduce) over NCCL with it, else staged "
          "through host memory over MPI")
       ->capture_default_str();
+}
+
+}  // namespace
+
+void AddTrainOptions(CLI::App& app, TrainOptions& o) {
+  AddRunFileOptions(app, o);
+  AddModelOptions(app, o);
+  AddBatchOptions(app, o);
+  AddOptimizerOptions(app, o);
+  AddPrecisionOptions(app, o);
+  AddDataOptions(app, o);
+  AddRuntimeOptions(app, o);
 }
 
 EngineConfig EngineConfigOf(const TrainOptions& o, int world_size, int seq_len) {

@@ -5,6 +5,7 @@
 // held to: log-probabilities within 1e-5 (relative, plus 1e-5 absolute), the loss within 1e-6
 // relative, every gradient within 1e-4 of its tensor's largest entry.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,12 @@ namespace sshsdp {
 namespace {
 
 const std::string kData = SSHSDP_HF_TESTDATA;
+
+// A scratch path of this process: ctest runs this binary's entries (one per GEMM provider) at
+// the same time.
+std::string Scratch(const std::string& name) {
+  return fmt::format("{}/{}{}_", ::testing::TempDir(), name, ::getpid());
+}
 
 // Update name -> values of every runtime parameter's parts, from per-runtime buffers.
 template <class Get>
@@ -193,7 +200,7 @@ TEST(HfWeightsTest, ImportThenExportIsBitIdentical) {
     std::map<std::string, SafeTensor> update;
     for (auto& [n, v] : ReadHfWeights(dir, c)) update[n] = {{}, std::move(v)};
     for (int64_t shard : {int64_t{5} << 30, int64_t{20000}}) {  // one file, and shards
-      const std::string out = ::testing::TempDir() + "/hf_export_" + name;
+      const std::string out = Scratch("hf_export_") + name;
       std::filesystem::remove_all(out);
       WriteHfCheckpoint(out, c, update, shard);
       EXPECT_EQ(std::filesystem::exists(out + "/model.safetensors.index.json"), shard < 1e6);
@@ -238,7 +245,7 @@ TEST(HfWeightsTest, RefusesMissingExtraAndMisshapedTensors) {
   const std::string dir = kData + "/qwen3_gqa";
   const LlamaConfig c = ReadHfConfig(dir);
   auto tensors = ReadSafetensors(dir + "/model.safetensors");
-  const std::string out = ::testing::TempDir() + "/hf_bad";
+  const std::string out = Scratch("hf_bad");
   std::filesystem::create_directories(out);
   auto expect = [&](std::map<std::string, SafeTensor> t, const char* says) {
     WriteSafetensors(out + "/model.safetensors", t);
