@@ -26,6 +26,24 @@ using ckpt_internal::Try;
 
 namespace {
 
+// A save lists the update parameters in the model's order, each with its runtime group: the
+// same names in another order, or in another group, mean an edited manifest (two same-shape
+// tensors' names swapped would load each one's values into the other). Refused by name.
+void CheckModelOrder(const Manifest& m, const std::vector<UpdateParam>& params) {
+  for (size_t i = 0; i < params.size() && i < m.tensors.size(); ++i) {
+    const CheckpointTensor& t = m.tensors[i];
+    SSHSDP_CHECK(t.name == params[i].name, IoError,
+                 "{}: tensor {} is '{}' in the manifest but '{}' in the model's order (a save "
+                 "lists them in model order): the manifest was edited; use an unedited "
+                 "checkpoint",
+                 m.ManifestPath(), i, t.name, params[i].name);
+    SSHSDP_CHECK(t.group == params[i].group, IoError,
+                 "{}: tensor '{}' is in runtime group {} in the manifest but {} in the model: the "
+                 "manifest was edited; use an unedited checkpoint",
+                 m.ManifestPath(), t.name, t.group, params[i].group);
+  }
+}
+
 std::string JsonValue(const json& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
 }  // namespace
@@ -63,6 +81,7 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
         for (const CheckpointTensor& t : m.tensors) have.push_back({t.name, t.shape});
         const std::string mismatch = DescribeTensorMismatch(want, have, m.ManifestPath());
         SSHSDP_CHECK(mismatch.empty(), ConfigError, "{}", mismatch);
+        CheckModelOrder(m, engine.UpdateParams());
         // The same fields (m, v) mean different states under AdamW and Muon: a parameter must be
         // resumed by the optimizer that saved it.
         std::map<std::string, std::string> saved_optimizer;

@@ -354,6 +354,20 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
     std::ifstream(later) >> k;
     k["step"] = 5;  // a genuinely different (re-sealed) manifest on rank 1's path
     std::ofstream(later) << SealManifest(nlohmann::ordered_json(k));
+    // Two same-shape tensors of one group with their names swapped, the manifest re-sealed:
+    // every offset still lies inside its record, so only the model's order tells.
+    const std::string swapped = copy("swapped") + "/" + kManifestFile;
+    json w;
+    std::ifstream(swapped) >> w;
+    json& ts = w["tensors"];
+    size_t a = ts.size(), b = ts.size();
+    for (size_t i = 0; i < ts.size(); ++i) {
+      if (ts[i]["name"] == "blocks.0.attn.q.h0") a = i;
+      if (ts[i]["name"] == "blocks.0.attn.q.h1") b = i;
+    }
+    EXPECT_LT(std::max(a, b), ts.size()) << "the test model has no heads h0 and h1";
+    if (std::max(a, b) < ts.size()) std::swap(ts[a]["name"], ts[b]["name"]);
+    std::ofstream(swapped) << SealManifest(nlohmann::ordered_json(w));
   }
   world_->Barrier();
   struct Case {
@@ -366,6 +380,10 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
       {dir + "/trunc", "io", {"rank_00001.safetensors", "truncated"}, gc},
       {dir + "/missing", "io", {"rank_00003.safetensors", "missing"}, gc},
       {dir + "/newer", "io", {"manifest.json", "newer than this build"}, gc},
+      {dir + "/swapped",
+       "io",
+       {"manifest.json", "'blocks.0.attn.q.h1' in the manifest but 'blocks.0.attn.q.h0'"},
+       gc},
       {good,
        "config",
        {"manifest.json", "d_model 24 (checkpoint) vs 30 (this run)"},
