@@ -43,6 +43,10 @@ std::optional<LlamaConfig> BenchLlama(const BenchOptions& o) {
   if (o.model_config.empty() && !LlamaConfig::IsPreset(o.model)) return std::nullopt;
   LlamaConfig c =
       o.model_config.empty() ? LlamaConfig::Preset(o.model) : ReadHfConfig(o.model_config);
+  SSHSDP_CHECK(o.model_config.empty() || o.model == BenchOptions{}.model, ConfigError,
+               "--model {} and --model-config both name the architecture; leave --model out (the "
+               "config.json gives it)",
+               o.model);
   SSHSDP_CHECK(o.model_config.empty() || (o.layers == 0 && o.d_model == 0 && o.heads == 0),
                ConfigError, "--layers/--d-model/--heads change a preset; {} fixes the architecture",
                o.model_config);

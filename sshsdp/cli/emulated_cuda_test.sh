@@ -49,4 +49,9 @@ done
 grep -q "GEMM on backend cuda:0 (CUDA emulated on the CPU" "$tmp/measured.out" &&
   grep -qE "tok/s" "$tmp/measured.out" && grep -qE "MFU" "$tmp/measured.out"
 check "the device's GEMM peak is measured; the progress line reports tokens/s and MFU" $?
+# A model using an op the backend lacks is refused naming the op and the way out.
+"$bin" train --model qwen3-tiny --backend cuda --steps 1 >"$tmp/rope.out" 2>&1
+[ $? -ne 0 ] && grep -q "Llama-family model on backend cuda:0.*it has no RoPE.*use --backend cpu" \
+  "$tmp/rope.out"
+check "the Llama family on a backend without RoPE is refused by name" $?
 finish_checks

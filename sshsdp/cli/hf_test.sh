@@ -153,6 +153,12 @@ expect_error "a token outside the config's vocabulary" "big.bin" \
   "$bin" train --init-from-hf "$data/qwen3_gqa" --data "$tmp/big.bin" --seq-len 32 --steps 1
 expect_error "--layers with a config.json" "fixes the architecture" \
   "$bin" train --model-config "$data/qwen3_gqa/config.json" --layers 3 --steps 1
+expect_error "--model with a config.json" "both name the architecture" \
+  "$bin" train --model small --model-config "$data/qwen3_gqa/config.json" --steps 1
+expect_error "--model with an HF directory" "--init-from-hf both name the architecture" \
+  "$bin" train --model qwen3-tiny --init-from-hf "$data/qwen3_gqa" --steps 1
+expect_error "bench --model with a config.json" "both name the architecture" \
+  "$bin" bench --model base --model-config "$data/qwen3_gqa/config.json" --steps 1
 expect_error "export-hf with two inputs" "one input" \
   "$bin" export-hf --ckpt "$tmp/ck" --weights "$tmp/w0.safetensors" --out "$tmp/x"
 "$bin" train --model tiny --steps 1 --save-weights "$tmp/gpt.safetensors" >/dev/null 2>&1

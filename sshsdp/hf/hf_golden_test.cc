@@ -270,5 +270,16 @@ TEST(HfWeightsTest, RefusesMissingExtraAndMisshapedTensors) {
   expect(nan, "non-finite");
 }
 
+TEST(HfWeightsTest, AFusedQkvModelHasNoHuggingFaceLayout) {
+  LlamaConfig c = ReadHfConfig(kData + "/qwen3_gqa");
+  c.fused_qkv = true;  // sshsdp bench's baselines: one [q+k+v, d] update parameter
+  try {
+    HfTensors(c);
+    FAIL() << "a fused QKV model was given Hugging Face names";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use per-head parameters"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace sshsdp
