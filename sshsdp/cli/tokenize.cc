@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "sshsdp/base/error.h"
@@ -103,27 +104,6 @@ bool IsValidation(size_t i, double fraction) {
   return static_cast<double>((x ^ (x >> 31)) >> 11) * 0x1.0p-53 < fraction;
 }
 
-// Writes tokens under a temporary name in the target's directory and renames it over the
-// target: a crash leaves no half-written file under the final name.
-void WriteAtomically(const std::string& path, const std::vector<uint32_t>& tokens, bool wide) {
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  try {
-    if (wide) {
-      WriteTokenFile(tmp, tokens);
-    } else {
-      WriteTokenFile(tmp, std::vector<uint16_t>(tokens.begin(), tokens.end()), /*llmc=*/true);
-    }
-  } catch (...) {
-    std::remove(tmp.c_str());
-    throw;
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) std::remove(tmp.c_str());
-  SSHSDP_CHECK(!ec, IoError, "--out {}: cannot rename the written file into place: {}", path,
-               ec.message());
-}
-
 int Threads(int asked) {
   if (asked > 0) return asked;
   cpu_set_t set;
@@ -150,7 +130,76 @@ void CheckOutputs(const TokenizeOptions& o) {
   }
   SSHSDP_CHECK(o.val_out.empty() || o.out != o.val_out, ConfigError,
                "--out and --val-out name the same file");
+  for (const std::string& in : o.inputs)  // every input, before any is read
+    SSHSDP_CHECK(fs::is_regular_file(in, ec), IoError, "--input {}: not a readable regular file{}",
+                 in, fs::is_directory(in, ec) ? " (a directory: name its files)" : "");
 }
+
+// The documents of one input file.
+std::vector<Document> ReadDocuments(const std::string& in, const TokenizeOptions& o) {
+  std::vector<Document> docs;
+  if (in.ends_with(".jsonl")) {
+    ReadJsonl(in, o.text_key, &docs);
+  } else {
+    ReadText(in, o.document_per_file, &docs);
+  }
+  return docs;
+}
+
+// The token files being written and what went where.
+struct Outputs {
+  Outputs(const TokenizeOptions& o, bool wide) : train(o.out, wide) {
+    if (!o.val_out.empty()) val.emplace(o.val_out, wide);
+  }
+  TokenFileWriter train;
+  std::optional<TokenFileWriter> val;
+  int64_t docs = 0, val_docs = 0;
+};
+
+// Encodes `docs` in batches on `threads` threads into the outputs, each document followed by
+// the end-of-text token; the progress line after each batch.
+class Encoder {
+ public:
+  Encoder(const Tokenizer& tok, uint32_t eot, const TokenizeOptions& o, int64_t total_bytes)
+      : tok_(tok), eot_(eot), o_(o), total_bytes_(total_bytes), start_(Clock::now()) {}
+
+  void Encode(std::vector<Document>& docs, Outputs* out) {
+    constexpr size_t kBatch = 1024;
+    for (size_t b0 = 0; b0 < docs.size(); b0 += kBatch) {
+      const size_t b1 = std::min(docs.size(), b0 + kBatch);
+      std::vector<std::string> texts;
+      for (size_t i = b0; i < b1; ++i) texts.push_back(std::move(docs[i].text));
+      for (const std::string& t : texts) done_bytes_ += static_cast<int64_t>(t.size());
+      const auto ids = tok_.EncodeBatch(texts, Threads(o_.threads));
+      for (const std::vector<int32_t>& d : ids) {
+        const bool to_val =
+            out->val && IsValidation(static_cast<size_t>(out->docs), o_.val_fraction);
+        TokenFileWriter& w = to_val ? *out->val : out->train;
+        w.Append(reinterpret_cast<const uint32_t*>(d.data()), d.size());
+        w.Append(&eot_, 1);
+        out->val_docs += to_val;
+        ++out->docs;
+        tokens_ += static_cast<int64_t>(d.size()) + 1;
+      }
+      fmt::print(stderr, "\r  {:5.1f} % | {:.1f} MB/s | {:.0f} tokens/s   ",
+                 100.0 * done_bytes_ / std::max<int64_t>(total_bytes_, 1),
+                 done_bytes_ / 1e6 / Seconds(), tokens_ / Seconds());
+    }
+  }
+
+  int64_t tokens() const { return tokens_; }
+  double Seconds() const {
+    return std::max(std::chrono::duration<double>(Clock::now() - start_).count(), 1e-9);
+  }
+
+ private:
+  const Tokenizer& tok_;
+  const uint32_t eot_;
+  const TokenizeOptions& o_;
+  const int64_t total_bytes_;
+  const Clock::time_point start_;
+  int64_t done_bytes_ = 0, tokens_ = 0;
+};
 
 }  // namespace
 
@@ -184,60 +233,33 @@ int RunTokenize(const TokenizeOptions& o) {
                  "{}: no end-of-text token (<|endoftext|>, <|end_of_text|> or a special added "
                  "token) to separate documents with",
                  o.tokenizer);
-    std::vector<Document> docs;
+    int64_t total_bytes = 0;
+    for (const std::string& in : o.inputs) total_bytes += static_cast<int64_t>(fs::file_size(in));
+    const bool wide = tok.vocab_size() > 65536;
+    fmt::print(stderr, "sshsdp tokenize: {} | {:.1f} MB in {} file(s) | {} threads\n",
+               tok.Describe(), total_bytes / 1e6, o.inputs.size(), Threads(o.threads));
+    // One input file in memory at a time; the tokens stream to temporary files that become
+    // --out / --val-out only when everything succeeded.
+    Outputs out(o, wide);
+    Encoder enc(tok, static_cast<uint32_t>(*eot), o, total_bytes);
     for (const std::string& in : o.inputs) {
-      if (in.ends_with(".jsonl")) {
-        ReadJsonl(in, o.text_key, &docs);
-      } else {
-        ReadText(in, o.document_per_file, &docs);
-      }
+      std::vector<Document> docs = ReadDocuments(in, o);
+      enc.Encode(docs, &out);
     }
-    SSHSDP_CHECK(!docs.empty(), IoError, "--input: no documents (the files hold no text)");
-    int64_t total_bytes = 0, done_bytes = 0, n_tokens = 0;
-    for (const Document& d : docs) total_bytes += static_cast<int64_t>(d.text.size());
-    const int threads = Threads(o.threads);
-    fmt::print(stderr,
-               "sshsdp tokenize: {} | {} documents, {:.1f} MB from {} file(s) | {} threads\n",
-               tok.Describe(), docs.size(), total_bytes / 1e6, o.inputs.size(), threads);
-
-    std::vector<uint32_t> train, val;
-    int64_t n_val = 0;
-    const auto start = Clock::now();
-    const size_t batch = 1024;
-    for (size_t b0 = 0; b0 < docs.size(); b0 += batch) {
-      const size_t b1 = std::min(docs.size(), b0 + batch);
-      std::vector<std::string> texts;
-      for (size_t i = b0; i < b1; ++i) texts.push_back(std::move(docs[i].text));
-      for (const std::string& t : texts) done_bytes += static_cast<int64_t>(t.size());
-      const auto ids = tok.EncodeBatch(texts, threads);
-      for (size_t i = b0; i < b1; ++i) {
-        const bool to_val = o.val_fraction > 0 && IsValidation(i, o.val_fraction);
-        std::vector<uint32_t>& dst = to_val ? val : train;
-        n_val += to_val;
-        dst.insert(dst.end(), ids[i - b0].begin(), ids[i - b0].end());
-        dst.push_back(static_cast<uint32_t>(*eot));
-        n_tokens += static_cast<int64_t>(ids[i - b0].size()) + 1;
-      }
-      const double s = std::chrono::duration<double>(Clock::now() - start).count();
-      fmt::print(stderr, "\r  {:5.1f} % | {:.1f} MB/s | {:.0f} tokens/s   ",
-                 100.0 * done_bytes / total_bytes, done_bytes / 1e6 / std::max(s, 1e-9),
-                 n_tokens / std::max(s, 1e-9));
-    }
-    SSHSDP_CHECK(o.val_out.empty() || (n_val > 0 && n_val < static_cast<int64_t>(docs.size())),
-                 ConfigError,
+    fmt::print(stderr, "\n");
+    SSHSDP_CHECK(out.docs > 0, IoError, "--input: no documents (the files hold no text)");
+    SSHSDP_CHECK(!out.val || (out.val_docs > 0 && out.val_docs < out.docs), ConfigError,
                  "--val-fraction {} sent {} of the {} documents to validation: each file needs at "
                  "least one; change --val-fraction (nothing was written)",
-                 o.val_fraction, n_val, docs.size());
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const bool wide = tok.vocab_size() > 65536;
-    WriteAtomically(o.out, train, wide);
-    if (!o.val_out.empty()) WriteAtomically(o.val_out, val, wide);
-    fmt::print(stderr, "\n");
+                 o.val_fraction, out.val_docs, out.docs);
+    const double seconds = enc.Seconds();
+    out.train.Commit();
+    if (out.val) out.val->Commit();
     fmt::print(
         "sshsdp tokenize: {} documents ({} to validation), {} tokens ({} train, {} "
         "validation), {:.2f} bytes per token, {:.1f} MB/s, {} tokens -> {}{}\n",
-        docs.size(), n_val, n_tokens, train.size(), val.size(),
-        static_cast<double>(total_bytes) / n_tokens, total_bytes / 1e6 / seconds,
+        out.docs, out.val_docs, enc.tokens(), out.train.count(), out.val ? out.val->count() : 0,
+        static_cast<double>(total_bytes) / enc.tokens(), total_bytes / 1e6 / seconds,
         wide ? "uint32" : "uint16", o.out, o.val_out.empty() ? "" : ", " + o.val_out);
     fmt::print("train on it with --vocab-size {} (the tokenizer's vocabulary)\n", tok.vocab_size());
     return 0;

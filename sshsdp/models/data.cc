@@ -10,7 +10,9 @@
 #include <bit>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
@@ -340,6 +342,51 @@ void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens
 
 void WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens) {
   WriteTokens(path, tokens.data(), tokens.size(), 4, kLlmcMagic32, kLlmcVersion32);
+}
+
+TokenFileWriter::TokenFileWriter(std::string path, bool wide)
+    : path_(std::move(path)), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())), wide_(wide) {
+  out_.open(tmp_, std::ios::binary | std::ios::trunc);
+  SSHSDP_CHECK(out_.good(), IoError, "token file '{}': cannot create {} ({})", path_, tmp_,
+               std::strerror(errno));
+  const std::vector<int32_t> header(kLlmcHeaderInts, 0);  // the count is written by Commit
+  out_.write(reinterpret_cast<const char*>(header.data()), kLlmcHeaderInts * 4);
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (committed_) return;
+  out_.close();
+  std::remove(tmp_.c_str());
+}
+
+void TokenFileWriter::Append(const uint32_t* tokens, size_t n) {
+  if (wide_) {
+    out_.write(reinterpret_cast<const char*>(tokens), static_cast<std::streamsize>(n * 4));
+  } else {
+    narrow_.assign(tokens, tokens + n);
+    out_.write(reinterpret_cast<const char*>(narrow_.data()), static_cast<std::streamsize>(n * 2));
+  }
+  count_ += static_cast<int64_t>(n);
+  SSHSDP_CHECK(out_.good(), IoError, "token file '{}': write failed (disk full?): {}", tmp_,
+               std::strerror(errno));
+}
+
+void TokenFileWriter::Commit() {
+  SSHSDP_CHECK(count_ <= 0x7FFFFFFF, IoError,
+               "token file '{}': {} tokens do not fit llm.c's int32 count; split the input", path_,
+               count_);
+  const int32_t header[3] = {wide_ ? kLlmcMagic32 : kLlmcMagic,
+                             wide_ ? kLlmcVersion32 : kLlmcVersion, static_cast<int32_t>(count_)};
+  out_.seekp(0);
+  out_.write(reinterpret_cast<const char*>(header), sizeof(header));
+  out_.close();
+  SSHSDP_CHECK(out_.good(), IoError, "token file '{}': write failed (disk full?): {}", tmp_,
+               std::strerror(errno));
+  std::error_code ec;
+  std::filesystem::rename(tmp_, path_, ec);
+  SSHSDP_CHECK(!ec, IoError, "token file '{}': cannot rename {} into place: {}", path_, tmp_,
+               ec.message());
+  committed_ = true;
 }
 
 }  // namespace sshsdp

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,35 @@ class TokenFile final : public TokenSource {
 void WriteTokenFile(const std::string& path, const std::vector<uint16_t>& tokens, bool llmc);
 // An llm.c file of uint32 tokens (llm.c's Llama 3 format: vocabularies beyond 65,536).
 void WriteTokenFile(const std::string& path, const std::vector<uint32_t>& tokens);
+
+// Streams an llm.c token file of any length without holding it: tokens go to `path`.tmp.<pid>
+// as they come, Commit() writes the header's count, flushes and renames the file over `path`;
+// a writer destroyed without Commit (an error on the way) removes its temporary, so nothing
+// half-written is ever left under `path`. uint32 tokens when `wide` (vocabularies beyond
+// 65,536), else uint16.
+//
+//   TokenFileWriter w("train.bin", /*wide=*/false);
+//   w.Append(ids.data(), ids.size());   // as often as needed
+//   w.Commit();                         // IoError naming the file when it cannot be written
+class TokenFileWriter {
+ public:
+  TokenFileWriter(std::string path, bool wide);
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+
+  void Append(const uint32_t* tokens, size_t n);
+  int64_t count() const { return count_; }
+  void Commit();
+
+ private:
+  std::string path_, tmp_;
+  bool wide_;
+  std::ofstream out_;
+  std::vector<uint16_t> narrow_;  // Append's uint16 copy
+  int64_t count_ = 0;
+  bool committed_ = false;
+};
 
 inline constexpr int kGpt2Vocab = 50257;
 inline constexpr int32_t kLlmcMagic = 20240520;  // uint16 tokens (GPT-2)

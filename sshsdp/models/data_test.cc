@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <vector>
 
@@ -175,6 +176,42 @@ TEST_F(TokenFileTest, ReadsUint32Files) {
     EXPECT_EQ(static_cast<uint32_t>(tgt[t]), at[t + 1]);
   }
   ExpectIoError(path, /*vocab=*/65536, 8, "outside the vocabulary");
+}
+
+std::vector<char> FileBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The streaming writer writes, in pieces, the bytes WriteTokenFile writes at once; without
+// Commit it leaves neither the file nor its temporary.
+TEST_F(TokenFileTest, StreamingWriterEqualsTheWholeFileAndLeavesNothingUncommitted) {
+  std::vector<uint32_t> tokens(1000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 37 % 50000);
+  for (bool wide : {false, true}) {
+    const std::string whole = Path(wide ? "w32.bin" : "w16.bin");
+    if (wide) {
+      WriteTokenFile(whole, tokens);
+    } else {
+      WriteTokenFile(whole, std::vector<uint16_t>(tokens.begin(), tokens.end()), /*llmc=*/true);
+    }
+    const std::string streamed = Path(wide ? "s32.bin" : "s16.bin");
+    {
+      TokenFileWriter w(streamed, wide);
+      for (size_t at = 0; at < tokens.size(); at += 333)
+        w.Append(tokens.data() + at, std::min<size_t>(333, tokens.size() - at));
+      EXPECT_EQ(w.count(), 1000);
+      EXPECT_FALSE(std::filesystem::exists(streamed));  // only the temporary until Commit
+      w.Commit();
+    }
+    EXPECT_EQ(FileBytes(streamed), FileBytes(whole)) << (wide ? "uint32" : "uint16");
+  }
+  {
+    TokenFileWriter w(Path("abandoned.bin"), false);
+    w.Append(tokens.data(), 10);
+  }
+  for (const auto& e : std::filesystem::directory_iterator(dir_))
+    EXPECT_EQ(e.path().filename().string().find("abandoned"), std::string::npos) << e.path();
 }
 
 // uint32 tokens under the GPT-2 magic with version 2 read as under llm.c's Llama 3 header; a
