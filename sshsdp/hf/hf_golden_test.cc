@@ -18,8 +18,10 @@
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/hf/hf_config.h"
 #include "sshsdp/hf/hf_weights.h"
+#include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/llama.h"
 #include "sshsdp/models/moe.h"
+#include "sshsdp/models/testing/grad_check.h"
 
 namespace sshsdp {
 namespace {
@@ -134,6 +136,35 @@ TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Models, HfGoldenTest,
                          ::testing::Values("qwen3_gqa", "qwen3_tied", "qwen3_moe", "qwen3_moe_raw",
                                            "llama_mqa"));
+
+// With bf16 weights an operand two products read is rounded once for both (the gradients
+// each layer's backward multiplies twice, RMSNorm's output that gate and up read, the LM
+// head's gradient written in bf16 by the loss), so what the products still round themselves is
+// each single-use input: ln1 (qkv), the attention output (o), the SwiGLU output (down) and the
+// final norm (head), once forward and once for the weight gradient. fp32 weights round
+// nothing. The losses are bit-identical either way (LinearInput's contract, matmul_test).
+TEST(HfLlamaBf16, SharedLinearOperandsAreRoundedOnce) {
+  for (const char* name : {"qwen3_gqa", "qwen3_tied", "llama_mqa"}) {
+    LlamaConfig c = ReadHfConfig(kData + "/" + name);
+    const std::unique_ptr<Model> owner = MakeLlamaFamilyModel(c);
+    Model& m = *owner;
+    const testing::Batch b = testing::RandomBatch(2, 8, c.vocab, 3);
+    const int64_t BT = 2 * 8, d = c.d_model, qd = c.q_dim(), ff = c.d_ff;
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(::testing::Message() << name << " " << DTypeName(dt));
+      DenseParams p(m, dt, dt);
+      testing::RandomizeWeights(p, 5);
+      const int64_t before = kernels::LinearRoundedElements();
+      m.SetBatch(b.tokens.data(), b.targets.data(), b.B, b.T);
+      for (int g = 0; g < m.num_groups(); ++g) m.Forward(g, p.ModelWeights(g));
+      for (int g = m.num_groups() - 1; g >= 0; --g)
+        m.Backward(g, p.ModelWeights(g), p.ModelGrads(g), p.ModeOf(g, GradWrite::kOverwrite));
+      const int64_t want =
+          dt == DType::kBF16 ? c.n_layer * BT * (2 * d + 2 * qd + 2 * ff) + 2 * BT * d : 0;
+      EXPECT_EQ(kernels::LinearRoundedElements() - before, want);
+    }
+  }
+}
 
 TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
   nlohmann::json base = nlohmann::json::parse(R"({"model_type": "qwen3", "vocab_size": 97,

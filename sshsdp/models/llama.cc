@@ -112,6 +112,7 @@ Llama::Llama(const LlamaConfig& config, Backend& backend, std::vector<bool> mlp)
       gains_(b_),
       dgains_(b_),
       scratch_(b_),
+      round16_{BackendBuffer(b_), BackendBuffer(b_)},
       arena_(b_),
       losses_(b_) {
   Init(std::move(mlp));
@@ -287,6 +288,13 @@ bool Llama::Bf16Attention(const std::vector<TensorRef>& w) const {
   return bf16_attention_ && w[static_cast<size_t>(bv_.qkv)].dtype == DType::kBF16;
 }
 
+kernels::LinearInput Llama::Shared(const float* x, int64_t n, const TensorRef& w, int slot) {
+  if (w.dtype != DType::kBF16) return x;
+  bf16* y = round16_[slot].Reserve<bf16>(n);
+  b_.CastF32ToBf16(x, y, n);
+  return kernels::LinearInput(static_cast<const bf16*>(y));
+}
+
 kernels::RopeShape Llama::Shape() const { return {B_, T_, c_.n_head, c_.n_kv_head, c_.head_dim}; }
 
 void Llama::Forward(int g, const std::vector<TensorRef>& w) {
@@ -380,6 +388,10 @@ void Llama::ForwardAttention(int l, const std::vector<TensorRef>& w) {
   float* atty = acts_.atty + l * BT * qd;
   float* res_mid = acts_.res_mid + l * BT * d;
   const BlockViews& v = bv_;
+  if (w[v.qkv].dtype == DType::kBF16 || w[v.o].dtype == DType::kBF16) {  // Shared, before backward
+    round16_[0].Reserve<bf16>(BT * std::max({int64_t{c_.d_ff}, c_.qkv_rows(), d}));
+    round16_[1].Reserve<bf16>(BT * d);
+  }
   {
     OpScope s(profile_, OpCategory::kNorm);
     b_.RmsNormForward(x, Gain(w[v.ln1], c_.d_model, 0), ln1, acts_.ln1_rstd + l * BT, BT,
@@ -431,8 +443,11 @@ void Llama::ForwardMlp(int l, const std::vector<TensorRef>& w) {
   float* out = acts_.residual + (l + 1) * BT * d;
   {
     OpScope s(profile_, OpCategory::kGemm);
-    b_.LinearForward(ln2, View(w[bv_.gate]), h1, BT, ff, d);
-    b_.LinearForward(ln2, View(w[bv_.up]), h3, BT, ff, d);
+    const kernels::LinearInput x = w[bv_.gate].dtype == w[bv_.up].dtype
+                                       ? Shared(ln2, BT * d, w[bv_.gate], 1)
+                                       : kernels::LinearInput(ln2);
+    b_.LinearForward(x, View(w[bv_.gate]), h1, BT, ff, d);
+    b_.LinearForward(x, View(w[bv_.up]), h3, BT, ff, d);
   }
   {
     OpScope s(profile_, OpCategory::kActivation);
@@ -477,17 +492,24 @@ void Llama::NormBackward(const float* x, const TensorRef& gain, const float* rst
 void Llama::BackwardHead(const std::vector<TensorRef>& w, const std::vector<TensorRef>& grad,
                          bool acc) {
   const int64_t BT = static_cast<int64_t>(B_) * T_, d = c_.d_model, V = c_.padded_vocab();
+  kernels::LinearInput dlogits = acts_.dlogits;
   {
     OpScope s(profile_, OpCategory::kLoss);
     const float scale = static_cast<float>(1.0 / static_cast<double>(BT));
-    b_.SoftmaxCrossEntropyBackward(acts_.probs, tokens_.data<int32_t>() + BT, acts_.dlogits, BT, V,
-                                   scale);
+    const int32_t* targets = tokens_.data<int32_t>() + BT;
+    if (w[1].dtype == DType::kBF16) {  // rounded once for both products, into its own slot
+      bf16* d16 = reinterpret_cast<bf16*>(acts_.dlogits);
+      b_.SoftmaxCrossEntropyBackwardBf16(acts_.probs, targets, d16, BT, V, scale);
+      dlogits = kernels::LinearInput(static_cast<const bf16*>(d16));
+    } else {
+      b_.SoftmaxCrossEntropyBackward(acts_.probs, targets, acts_.dlogits, BT, V, scale);
+    }
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    b_.LinearBackwardWeight(acts_.dlogits, acts_.lnf, kernels::LinearComputeDType(w[1].dtype),
+    b_.LinearBackwardWeight(dlogits, acts_.lnf, kernels::LinearComputeDType(w[1].dtype),
                             grad[1].data, grad[1].dtype, BT, V, d, acc);
-    b_.LinearBackwardData(acts_.dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
+    b_.LinearBackwardData(dlogits, View(w[1]), acts_.dtmp, BT, V, d, false);
   }
   NormBackward(acts_.residual + c_.n_layer * BT * d, w[0], acts_.lnf_rstd, grad[0], acc,
                /*accumulate_dx=*/false);
@@ -508,10 +530,12 @@ void Llama::BackwardMlp(int l, const std::vector<TensorRef>& w, const std::vecto
                             grad[static_cast<size_t>(i)].data, grad[static_cast<size_t>(i)].dtype,
                             BT, n, k, acc);
   };
+  // Each gradient rounded once for its two products (Shared), ln2 once for gate's and up's.
   {
     OpScope s(profile_, OpCategory::kGemm);
-    dw(acts_.dres, act, v.down, d, ff);
-    b_.LinearBackwardData(acts_.dres, View(w[v.down]), acts_.dh1, BT, d, ff, false);
+    const kernels::LinearInput dy = Shared(acts_.dres, BT * d, w[v.down], 0);
+    dw(dy, act, v.down, d, ff);
+    b_.LinearBackwardData(dy, View(w[v.down]), acts_.dh1, BT, d, ff, false);
   }
   {
     OpScope s(profile_, OpCategory::kActivation);
@@ -519,10 +543,15 @@ void Llama::BackwardMlp(int l, const std::vector<TensorRef>& w, const std::vecto
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    dw(acts_.dh1, ln2, v.gate, ff, d);
-    dw(acts_.dh3, ln2, v.up, ff, d);
-    b_.LinearBackwardData(acts_.dh1, View(w[v.gate]), acts_.dtmp, BT, ff, d, false);
-    b_.LinearBackwardData(acts_.dh3, View(w[v.up]), acts_.dtmp, BT, ff, d, true);
+    const kernels::LinearInput x = w[v.gate].dtype == w[v.up].dtype
+                                       ? Shared(ln2, BT * d, w[v.gate], 1)
+                                       : kernels::LinearInput(ln2);
+    kernels::LinearInput dy = Shared(acts_.dh1, BT * ff, w[v.gate], 0);
+    dw(dy, x, v.gate, ff, d);
+    b_.LinearBackwardData(dy, View(w[v.gate]), acts_.dtmp, BT, ff, d, false);
+    dy = Shared(acts_.dh3, BT * ff, w[v.up], 0);
+    dw(dy, x, v.up, ff, d);
+    b_.LinearBackwardData(dy, View(w[v.up]), acts_.dtmp, BT, ff, d, true);
   }
 }
 
@@ -542,9 +571,10 @@ void Llama::BackwardAttention(int l, const std::vector<TensorRef>& w,
                true);
   {
     OpScope s(profile_, OpCategory::kGemm);
-    b_.LinearBackwardWeight(acts_.dres, atty, kernels::LinearComputeDType(w[v.o].dtype),
-                            grad[v.o].data, grad[v.o].dtype, BT, d, qd, acc);
-    b_.LinearBackwardData(acts_.dres, View(w[v.o]), acts_.dtmp, BT, d, qd, false);
+    const kernels::LinearInput dy = Shared(acts_.dres, BT * d, w[v.o], 0);
+    b_.LinearBackwardWeight(dy, atty, kernels::LinearComputeDType(w[v.o].dtype), grad[v.o].data,
+                            grad[v.o].dtype, BT, d, qd, acc);
+    b_.LinearBackwardData(dy, View(w[v.o]), acts_.dtmp, BT, d, qd, false);
   }
   {
     OpScope s(profile_, OpCategory::kAttention);
@@ -573,9 +603,10 @@ void Llama::BackwardAttention(int l, const std::vector<TensorRef>& w,
   }
   {
     OpScope s(profile_, OpCategory::kGemm);
-    b_.LinearBackwardWeight(acts_.draw, ln1, kernels::LinearComputeDType(w[v.qkv].dtype),
-                            grad[v.qkv].data, grad[v.qkv].dtype, BT, rw, d, acc);
-    b_.LinearBackwardData(acts_.draw, View(w[v.qkv]), acts_.dtmp, BT, rw, d, false);
+    const kernels::LinearInput dy = Shared(acts_.draw, BT * rw, w[v.qkv], 0);
+    b_.LinearBackwardWeight(dy, ln1, kernels::LinearComputeDType(w[v.qkv].dtype), grad[v.qkv].data,
+                            grad[v.qkv].dtype, BT, rw, d, acc);
+    b_.LinearBackwardData(dy, View(w[v.qkv]), acts_.dtmp, BT, rw, d, false);
   }
   NormBackward(acts_.residual + l * BT * d, w[v.ln1], acts_.ln1_rstd + l * BT, grad[v.ln1], acc,
                true);
@@ -597,7 +628,8 @@ double Llama::FlopsPerToken() const {
 }
 
 int64_t Llama::ActivationBytes() const {
-  return arena_.bytes() + scratch_.bytes() + gains_.bytes() + dgains_.bytes() + rope_.bytes();
+  return arena_.bytes() + scratch_.bytes() + gains_.bytes() + dgains_.bytes() + rope_.bytes() +
+         round16_[0].bytes() + round16_[1].bytes();
 }
 
 }  // namespace sshsdp

@@ -205,6 +205,10 @@ class Llama final : public Trunk {
   // The gain view t ([n]) as fp32: itself, or converted into gain scratch `slot` (0..2).
   const float* Gain(const TensorRef& t, int n, int slot);
   bool Bf16Attention(const std::vector<TensorRef>& w) const;
+  // A linear operand that two products read, rounded once when `w` is a plain bf16 weight: a
+  // bf16 copy in round16_[slot] (0: gradients, 1: inputs; the products then round nothing),
+  // else x itself (each product rounds what its weight needs).
+  kernels::LinearInput Shared(const float* x, int64_t n, const TensorRef& w, int slot);
   kernels::RopeShape Shape() const;
   // Block l's dense MLP: Ln2(l) -> BlockOut(l); its backward leaves ∂/∂Ln2(l) in DLn2().
   void ForwardMlp(int l, const std::vector<TensorRef>& w);
@@ -222,11 +226,12 @@ class Llama final : public Trunk {
   std::vector<int> mlp_slot_;    // block l's slot in h1 / h3 / act, -1 without an MLP
   int mlp_blocks_ = 0;
   int B_ = 0, T_ = 0;
-  BackendBuffer tokens_;   // [B·T] tokens, then [B·T] targets
-  BackendBuffer rope_;     // cos [seq_len, dh/2], then sin
-  BackendBuffer gains_;    // 3 slots of max(d, dh) floats (Gain)
-  BackendBuffer dgains_;   // [d] RMSNorm's gain gradient, then 2·[dh] QK-norm's
-  BackendBuffer scratch_;  // bf16 embedding gradients' fp32 sums; bf16 attention's scratch
+  BackendBuffer tokens_;      // [B·T] tokens, then [B·T] targets
+  BackendBuffer rope_;        // cos [seq_len, dh/2], then sin
+  BackendBuffer gains_;       // 3 slots of max(d, dh) floats (Gain)
+  BackendBuffer dgains_;      // [d] RMSNorm's gain gradient, then 2·[dh] QK-norm's
+  BackendBuffer scratch_;     // bf16 embedding gradients' fp32 sums; bf16 attention's scratch
+  BackendBuffer round16_[2];  // Shared's bf16 copies, sized by the forward
   BackendBuffer arena_;
   Acts acts_{};
   LossRing losses_;
