@@ -126,6 +126,10 @@ def transform(text, mpirun, build):
 
 
 def main():
+    if len(sys.argv) < 3 or sys.argv[1].startswith("-") or not os.path.isfile(
+            os.path.join(sys.argv[1], "bin", "sshsdp")):
+        sys.exit(__doc__.split("\n\n")[1] + "\n(BUILD_DIR: a build directory holding bin/sshsdp; "
+                 "MPIRUN: the mpirun command, e.g. mpirun --oversubscribe)")
     build, mpirun = os.path.abspath(sys.argv[1]), " ".join(sys.argv[2:])
     fails = 0
     with tempfile.TemporaryDirectory() as tmp:
