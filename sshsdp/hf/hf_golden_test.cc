@@ -68,6 +68,17 @@ double MaxAbs(const std::vector<float>& v) {
 
 class HfGoldenTest : public ::testing::TestWithParam<const char*> {};
 
+// Bounds of a bf16 run against transformers' fp32 goldens (Bf16RunStaysNearTransformersFp32),
+// ~3x the worst measured: relative loss, absolute log-probability, gradient relative to the
+// tensor's largest entry. Dense models measured 1.6e-4, 0.024 and 0.039. An MoE model's bf16
+// rounding flips near-tied top-k choices, so whole experts' gradients differ (0.08 to 0.69
+// measured): its gradients are printed, not bounded; its loss (1.1e-3) and log-probabilities
+// (0.17) are.
+struct Bf16Bounds {
+  double loss, log_prob, grad;
+};
+constexpr Bf16Bounds kBf16DenseBounds{5e-4, 0.08, 0.12}, kBf16MoeBounds{4e-3, 0.5, 0};
+
 TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
   const std::string dir = kData + "/" + GetParam();
   const LlamaConfig c = ReadHfConfig(dir);
@@ -131,6 +142,70 @@ TEST_P(HfGoldenTest, LogitsLossAndGradientsMatchTransformers) {
   EXPECT_EQ(compared, static_cast<int>(HfTensors(c).size()));
   std::printf("%s: %d gradients, worst %.3g of the tensor's largest entry\n", GetParam(), compared,
               worst_grad);
+}
+
+// What a user's bf16 run computes (bf16 runtime weights rounded from transformers' fp32 ones,
+// bf16 linear layers and bf16 attention where the CPU has it) stays within a bound of
+// transformers' fp32 model: the loss, every log-probability and every gradient. The bounds are
+// ~3x what was measured (printed), so a bf16 path computing something else — a scale, a mask,
+// a head mapping — fails here, while fp32 is held to 1e-5 above. MoE gradients: see the bounds.
+TEST_P(HfGoldenTest, Bf16RunStaysNearTransformersFp32) {
+  const std::string dir = kData + "/" + GetParam();
+  LlamaConfig c = ReadHfConfig(dir);
+  c.bf16_attention = true;
+  auto golden = ReadSafetensors(dir + "/golden.safetensors");
+  const std::unique_ptr<Model> owner = MakeLlamaFamilyModel(c);
+  Model& model = *owner;
+  DenseParams p(model, DType::kBF16, DType::kF32);
+  Load(p, ReadHfWeights(dir, c));
+  const int B = 2, T = 12, V = c.vocab;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; ++i) {
+    tokens[i] = static_cast<int32_t>(golden.at("tokens").data[i]);
+    targets[i] = static_cast<int32_t>(golden.at("targets").data[i]);
+  }
+  model.SetBatch(tokens.data(), targets.data(), B, T);
+  for (int g = 0; g < model.num_groups(); ++g) model.Forward(g, p.ModelWeights(g));
+  const double loss = model.Loss(), want_loss = golden.at("loss").data[0];
+  const std::vector<float>& logits = golden.at("logits").data;
+  double worst_lp = 0;
+  for (int r = 0; r < B * T; ++r) {
+    double mx = -1e30, sum = 0;
+    for (int v = 0; v < V; ++v) mx = std::max(mx, double{logits[r * V + v]});
+    for (int v = 0; v < V; ++v) sum += std::exp(logits[r * V + v] - mx);
+    for (int v = 0; v < V; ++v) {
+      const double want = logits[r * V + v] - mx - std::log(sum);
+      const double got = std::log(double{model.Probs()[r * model.ProbsStride() + v]});
+      worst_lp = std::max(worst_lp, std::abs(got - want));
+    }
+  }
+  for (int g = model.num_groups() - 1; g >= 0; --g)
+    model.Backward(g, p.ModelWeights(g), p.ModelGrads(g), p.ModeOf(g, GradWrite::kOverwrite));
+  const auto grads = ByUpdateName(p, [&](int g, int i) { return p.GradAsFloat(g, i); });
+  double worst_grad = 0;
+  for (const HfTensor& t : HfTensors(c)) {
+    const std::vector<float>& want = golden.at("grad." + t.name).data;
+    std::vector<float> got;
+    for (const std::string& part : t.parts) {
+      const std::vector<float>& v = grads.at(part).data;
+      got.insert(got.end(), v.begin(), v.begin() + (t.table ? want.size() : v.size()));
+    }
+    ASSERT_EQ(got.size(), want.size()) << t.name;
+    double err = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      err = std::max(err, std::abs(double{got[i]} - want[i]));
+    worst_grad = std::max(worst_grad, err / MaxAbs(want));
+  }
+  std::printf(
+      "%s bf16: loss %.6f vs %.6f (%.2e relative); log-probabilities within %.3g; "
+      "gradients within %.3g of each tensor's largest entry\n",
+      GetParam(), loss, want_loss, std::abs(loss - want_loss) / want_loss, worst_lp, worst_grad);
+  const Bf16Bounds& b = c.IsMoe() ? kBf16MoeBounds : kBf16DenseBounds;
+  EXPECT_LE(std::abs(loss - want_loss), b.loss * want_loss) << GetParam();
+  EXPECT_LE(worst_lp, b.log_prob) << GetParam();
+  if (!c.IsMoe()) {
+    EXPECT_LE(worst_grad, b.grad) << GetParam();
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfGoldenTest,
