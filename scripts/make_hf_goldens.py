@@ -3,7 +3,8 @@
 
 Builds tiny random Qwen3 / Qwen3-MoE / Llama models offline (`*Config(...)` ->
 `*ForCausalLM(config)`, eager attention, fp32; odd sizes, GQA and MQA, head_dim != hidden /
-heads, tied and untied, a dense block among MoE blocks, norm_topk_prob on and off),
+heads, tied and untied, a dense block among MoE blocks, norm_topk_prob on and off, the
+pooled load-balancing loss of output_router_logits),
 saves each with `save_pretrained` into sshsdp/hf/testdata/<name>/ and records, for one batch
 of tokens and targets, the logits, the mean cross-entropy and every parameter's gradient in
 golden.safetensors (names: tokens, targets, logits, loss, grad.<HF name>, and adamw_losses:
@@ -53,6 +54,21 @@ def models():
         vocab_size=89, hidden_size=40, intermediate_size=72, num_attention_heads=4,
         num_key_value_heads=1, head_dim=10, rope_theta=500000.0, rms_norm_eps=1e-5,
         tie_word_embeddings=False, mlp_bias=False, **common)
+    # transformers' load-balancing loss, pooled over the MoE blocks (output_router_logits; the
+    # dense middle block has no router), with a coefficient large enough to show in gradients.
+    yield "qwen3_moe_aux", transformers.Qwen3MoeForCausalLM, transformers.Qwen3MoeConfig(
+        mlp_only_layers=[1], norm_topk_prob=True, output_router_logits=True,
+        router_aux_loss_coef=0.05, **moe)
+
+
+def training_loss(model, tokens, targets, V):
+    """(logits, loss): the mean cross-entropy, plus router_aux_loss_coef times the pooled
+    load-balancing loss where the config asks for it (output_router_logits)."""
+    out = model(input_ids=tokens)
+    loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, V), targets.reshape(-1))
+    if getattr(model.config, "output_router_logits", False):
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    return out.logits, loss
 
 
 def adamw_losses(model, tokens, targets, V):
@@ -71,8 +87,7 @@ def adamw_losses(model, tokens, targets, V):
                             lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
     losses = []
     for step in range(4):
-        logits = m(input_ids=tokens).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+        _, loss = training_loss(m, tokens, targets, V)
         losses.append(loss.item())
         if step == 3:
             break
@@ -120,8 +135,7 @@ def main():
         V = config.vocab_size
         tokens = torch.randint(0, V, (B, T))
         targets = torch.randint(0, V, (B, T))
-        logits = model(input_ids=tokens).logits
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, V), targets.reshape(-1))
+        logits, loss = training_loss(model, tokens, targets, V)
         loss.backward()
         out = os.path.join(OUT, name)
         model.save_pretrained(out)

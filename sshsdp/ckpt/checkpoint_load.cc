@@ -34,12 +34,12 @@ void CheckModelOrder(const Manifest& m, const std::vector<UpdateParam>& params) 
     const CheckpointTensor& t = m.tensors[i];
     SSHSDP_CHECK(t.name == params[i].name, IoError,
                  "{}: tensor {} is '{}' in the manifest but '{}' in the model's order (a save "
-                 "lists them in model order): the manifest was edited; use an unedited "
-                 "checkpoint",
+                 "lists them in model order): the manifest was edited, or saved by a build that "
+                 "ordered this model differently; use an unedited checkpoint of this build",
                  m.ManifestPath(), i, t.name, params[i].name);
     SSHSDP_CHECK(t.group == params[i].group, IoError,
                  "{}: tensor '{}' is in runtime group {} in the manifest but {} in the model: the "
-                 "manifest was edited; use an unedited checkpoint",
+                 "manifest was edited, or saved by a build that grouped this model differently",
                  m.ManifestPath(), t.name, t.group, params[i].group);
   }
 }

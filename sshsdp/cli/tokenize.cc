@@ -30,10 +30,15 @@ struct Document {
   std::string where;  // file:line of its first line
 };
 
-std::string ReadWhole(const std::string& path) {
+void CheckInputFile(const std::string& path) {
   std::error_code ec;
-  SSHSDP_CHECK(fs::is_regular_file(path, ec), IoError, "--input {}: not a readable regular file{}",
-               path, fs::is_directory(path, ec) ? " (a directory: name its files)" : "");
+  SSHSDP_CHECK(fs::is_regular_file(path, ec) && ::access(path.c_str(), R_OK) == 0, IoError,
+               "--input {}: not a readable regular file{}", path,
+               fs::is_directory(path, ec) ? " (a directory: name its files)" : "");
+}
+
+std::string ReadWhole(const std::string& path) {
+  CheckInputFile(path);
   std::ifstream in(path, std::ios::binary);
   SSHSDP_CHECK(in.good(), IoError, "--input {}: cannot read it", path);
   std::stringstream ss;
@@ -128,11 +133,10 @@ void CheckOutputs(const TokenizeOptions& o) {
       SSHSDP_CHECK(!fs::exists(in, ec) || !fs::exists(out, ec) || !fs::equivalent(in, out, ec),
                    ConfigError, "{} is both an input and an output: choose another --out", out);
   }
-  SSHSDP_CHECK(o.val_out.empty() || o.out != o.val_out, ConfigError,
-               "--out and --val-out name the same file");
-  for (const std::string& in : o.inputs)  // every input, before any is read
-    SSHSDP_CHECK(fs::is_regular_file(in, ec), IoError, "--input {}: not a readable regular file{}",
-                 in, fs::is_directory(in, ec) ? " (a directory: name its files)" : "");
+  SSHSDP_CHECK(
+      o.val_out.empty() || fs::weakly_canonical(o.out, ec) != fs::weakly_canonical(o.val_out, ec),
+      ConfigError, "--out and --val-out name the same file");
+  for (const std::string& in : o.inputs) CheckInputFile(in);  // every input, before any is read
 }
 
 // The documents of one input file.
@@ -163,13 +167,16 @@ class Encoder {
   Encoder(const Tokenizer& tok, uint32_t eot, const TokenizeOptions& o, int64_t total_bytes)
       : tok_(tok), eot_(eot), o_(o), total_bytes_(total_bytes), start_(Clock::now()) {}
 
-  void Encode(std::vector<Document>& docs, Outputs* out) {
+  // The documents of one input file of `file_bytes` bytes.
+  void Encode(std::vector<Document>& docs, int64_t file_bytes, Outputs* out) {
     constexpr size_t kBatch = 1024;
+    int64_t text_bytes = 0, encoded = 0;
+    for (const Document& d : docs) text_bytes += static_cast<int64_t>(d.text.size());
     for (size_t b0 = 0; b0 < docs.size(); b0 += kBatch) {
       const size_t b1 = std::min(docs.size(), b0 + kBatch);
       std::vector<std::string> texts;
       for (size_t i = b0; i < b1; ++i) texts.push_back(std::move(docs[i].text));
-      for (const std::string& t : texts) done_bytes_ += static_cast<int64_t>(t.size());
+      for (const std::string& t : texts) encoded += static_cast<int64_t>(t.size());
       const auto ids = tok_.EncodeBatch(texts, Threads(o_.threads));
       for (const std::vector<int32_t>& d : ids) {
         const bool to_val =
@@ -181,11 +188,19 @@ class Encoder {
         ++out->docs;
         tokens_ += static_cast<int64_t>(d.size()) + 1;
       }
+      // Progress in file bytes: the files done, and this one's share of its text encoded.
+      const double done = static_cast<double>(files_done_) + static_cast<double>(file_bytes) *
+                                                                 encoded /
+                                                                 std::max<int64_t>(text_bytes, 1);
       fmt::print(stderr, "\r  {:5.1f} % | {:.1f} MB/s | {:.0f} tokens/s   ",
-                 100.0 * done_bytes_ / std::max<int64_t>(total_bytes_, 1),
-                 done_bytes_ / 1e6 / Seconds(), tokens_ / Seconds());
+                 100.0 * done / std::max<int64_t>(total_bytes_, 1), done / 1e6 / Seconds(),
+                 tokens_ / Seconds());
     }
+    files_done_ += file_bytes;
+    text_bytes_ += text_bytes;
   }
+
+  int64_t text_bytes() const { return text_bytes_; }
 
   int64_t tokens() const { return tokens_; }
   double Seconds() const {
@@ -198,7 +213,7 @@ class Encoder {
   const TokenizeOptions& o_;
   const int64_t total_bytes_;
   const Clock::time_point start_;
-  int64_t done_bytes_ = 0, tokens_ = 0;
+  int64_t files_done_ = 0, text_bytes_ = 0, tokens_ = 0;
 };
 
 }  // namespace
@@ -244,7 +259,7 @@ int RunTokenize(const TokenizeOptions& o) {
     Encoder enc(tok, static_cast<uint32_t>(*eot), o, total_bytes);
     for (const std::string& in : o.inputs) {
       std::vector<Document> docs = ReadDocuments(in, o);
-      enc.Encode(docs, &out);
+      enc.Encode(docs, static_cast<int64_t>(fs::file_size(in)), &out);
     }
     fmt::print(stderr, "\n");
     SSHSDP_CHECK(out.docs > 0, IoError, "--input: no documents (the files hold no text)");
@@ -259,7 +274,7 @@ int RunTokenize(const TokenizeOptions& o) {
         "sshsdp tokenize: {} documents ({} to validation), {} tokens ({} train, {} "
         "validation), {:.2f} bytes per token, {:.1f} MB/s, {} tokens -> {}{}\n",
         out.docs, out.val_docs, enc.tokens(), out.train.count(), out.val ? out.val->count() : 0,
-        static_cast<double>(total_bytes) / enc.tokens(), total_bytes / 1e6 / seconds,
+        static_cast<double>(enc.text_bytes()) / enc.tokens(), total_bytes / 1e6 / seconds,
         wide ? "uint32" : "uint16", o.out, o.val_out.empty() ? "" : ", " + o.val_out);
     fmt::print("train on it with --vocab-size {} (the tokenizer's vocabulary)\n", tok.vocab_size());
     return 0;

@@ -18,6 +18,7 @@
 #include "sshsdp/ckpt/safetensors.h"
 #include "sshsdp/hf/hf_config.h"
 #include "sshsdp/hf/hf_weights.h"
+#include "sshsdp/kernels/gemm_provider.h"
 #include "sshsdp/kernels/matmul.h"
 #include "sshsdp/models/llama.h"
 #include "sshsdp/models/moe.h"
@@ -208,9 +209,16 @@ TEST_P(HfGoldenTest, Bf16RunStaysNearTransformersFp32) {
   }
 }
 
+// hf_golden_test_mkl / _blis run the models on the provider they force.
+TEST(HfGoldenProvider, ForcedProviderIsTheActiveOne) {
+  const char* forced = std::getenv("SSHSDP_GEMM");
+  if (!forced || !*forced) GTEST_SKIP() << "SSHSDP_GEMM not set";
+  EXPECT_EQ(kernels::GemmProviderName(kernels::ActiveGemmProvider()), std::string_view(forced));
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, HfGoldenTest,
                          ::testing::Values("qwen3_gqa", "qwen3_tied", "qwen3_moe", "qwen3_moe_raw",
-                                           "llama_mqa"));
+                                           "qwen3_moe_aux", "llama_mqa"));
 
 // With bf16 weights an operand two products read is rounded once for both (the gradients
 // each layer's backward multiplies twice, RMSNorm's output that gate and up read, the LM

@@ -19,6 +19,7 @@
 #include "sshsdp/engine/testing/parity_harness.h"
 #include "sshsdp/hf/hf_config.h"
 #include "sshsdp/hf/hf_weights.h"
+#include "sshsdp/kernels/gemm_provider.h"
 #include "sshsdp/models/llama.h"
 #include "sshsdp/models/moe.h"
 
@@ -54,7 +55,9 @@ void RunCase(const LlamaConfig& lc, const Layout& l, DType wdt, UnitRule unit) {
   // bf16: the tied embed_tokens sums two bf16-rounded gradients whose roundings differ between
   // layouts; at W = 3, step 2 measured 1.4e-4 with oneDNN's fp32 products, 3.8e-4 with MKL's
   // and BLIS's (SSHSDP_GEMM), whose summation orders differ.
-  if (wdt == DType::kBF16 && lc.tied) c.tol.weight = std::max(c.tol.weight, 5e-4);
+  if (wdt == DType::kBF16 && lc.tied &&
+      kernels::ActiveGemmProvider() != kernels::GemmProvider::kOneDnn)
+    c.tol.weight = std::max(c.tol.weight, 5e-4);
   testing::ParityRun run(c);
   run.Run();
 }
@@ -79,6 +82,9 @@ TEST_P(LlamaParityTest, AdamWStepsMatchTransformers) {
   if (B % W != 0) GTEST_SKIP() << "the golden batch of 2 sequences does not split over " << W;
   const std::string dir = std::string(SSHSDP_HF_TESTDATA) + "/" + GetParam();
   const LlamaConfig lc = ReadHfConfig(dir);
+  // The load-balancing loss is a product of means over the tokens a rank sees (as under FSDP2
+  // with transformers' model): split over ranks it is not the whole batch's.
+  if (lc.output_router_logits && W > 1) GTEST_SKIP() << "the load-balancing loss is per rank";
   const auto golden = ReadSafetensors(dir + "/golden.safetensors");
   const std::vector<float>& want = golden.at("adamw_losses").data;
   auto world = MpiCommunicator::World(W);
@@ -144,7 +150,8 @@ TEST(LoadMainWeightsTest, AReaderFailingOnOneRankStopsEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, LlamaParityTest,
-                         ::testing::Values("qwen3_gqa", "qwen3_tied", "qwen3_moe", "llama_mqa"));
+                         ::testing::Values("qwen3_gqa", "qwen3_tied", "qwen3_moe", "qwen3_moe_aux",
+                                           "llama_mqa"));
 
 }  // namespace
 }  // namespace sshsdp

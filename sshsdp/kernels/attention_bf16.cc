@@ -521,11 +521,7 @@ bool NativeBf16AttentionActive() {
 }
 
 std::string AttentionPathDescription(bool bf16) {
-  // The fp32 products run on the GEMM provider: "oneDNN", "MKL", "BLIS".
-  const GemmProvider p = ActiveGemmProvider();
-  const char* fp32 = p == GemmProvider::kOneDnn ? "oneDNN"
-                     : p == GemmProvider::kMkl  ? "MKL"
-                                                : "BLIS";
+  const std::string_view fp32 = GemmProviderLabel(ActiveGemmProvider());  // the fp32 products'
   if (!bf16) return fmt::format("fp32 ({})", fp32);
   if (!NativeBf16AttentionActive()) {
     return fmt::format("bf16 widened (fp32 {} on rounded operands)", fp32);

@@ -175,8 +175,11 @@ TEST_F(GemmPathTest, ProbeChoiceAndExpectedPath) {
   EXPECT_NE(desc.find(saved_ == Bf16GemmPath::kNative ? "bf16 native" : "bf16 widened to fp32"),
             std::string::npos)
       << desc;
-  if (ActiveGemmProvider() == GemmProvider::kOneDnn) {
-    EXPECT_NE(GemmPathDescription(DType::kF32).find("fp32 (oneDNN "), std::string::npos);
+  EXPECT_NE(GemmPathDescription(DType::kF32)
+                .find(fmt::format("fp32 ({} ", GemmProviderLabel(ActiveGemmProvider()))),
+            std::string::npos);
+  if (const char* forced = std::getenv("SSHSDP_GEMM"); forced && *forced) {
+    EXPECT_EQ(GemmProviderName(ActiveGemmProvider()), std::string_view(forced));
   }
   EXPECT_FALSE(CpuIsaName().empty());
 }

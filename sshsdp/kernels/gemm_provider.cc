@@ -68,11 +68,15 @@ BlasLibrary LoadMkl() {
   auto set_layer = Symbol<int (*)(int)>(h, "MKL_Set_Threading_Layer", lib);
   auto set_interface = Symbol<int (*)(int)>(h, "MKL_Set_Interface_Layer", lib);
   auto version = Symbol<void (*)(char*, int)>(h, "MKL_Get_Version_String", lib);
+  auto cbwr = Symbol<int (*)(int)>(h, "MKL_CBWR_Set", lib);
   auto set_threads = Symbol<void (*)(int)>(h, "MKL_Set_Num_Threads", lib);
   lib.sgemm = Symbol<CblasSgemm>(h, "cblas_sgemm", lib);
   if (!lib.error.empty()) return lib;
   set_interface(0);  // MKL_INTERFACE_LP64: 32-bit integers
   set_layer(3);      // MKL_THREADING_GNU: libgomp
+  // Conditional numerical reproducibility, strict: the same bits for the same inputs whatever
+  // the operands' memory alignment (sshsdp's resume and evaluation are bit-exact).
+  cbwr(2 | 0x10000);  // MKL_CBWR_AUTO | MKL_CBWR_STRICT
   // "Intel(R) oneAPI Math Kernel Library Version 2025.3-Product Build ..." -> "MKL 2025.3".
   char buf[256] = {};
   version(buf, sizeof(buf) - 1);
@@ -104,6 +108,7 @@ BlasLibrary LoadBlis() {
 
 // Each library is loaded once, on first use, and never unloaded.
 BlasLibrary& Library(GemmProvider p) {
+  SSHSDP_CHECK(p != GemmProvider::kOneDnn, NumericsError, "oneDNN is linked, not loaded");
   static std::once_flag mkl_once, blis_once;
   static BlasLibrary mkl, blis;
   if (p == GemmProvider::kMkl) {
@@ -122,10 +127,18 @@ int CheckedInt(int64_t v, const char* what) {
   return static_cast<int>(v);
 }
 
+// The table's choice for this CPU; MKL is loaded (to see whether it can be) only where the
+// table would pick it.
+GemmProvider AutoProvider(std::string* why) {
+  const CpuKind cpu = DetectCpuKind();
+  const bool mkl = cpu.vendor == CpuKind::Vendor::kIntel && GemmProviderLoads(GemmProvider::kMkl);
+  return ChooseGemmProvider(cpu, mkl, why);
+}
+
 GemmProvider ParseProvider(std::string_view name) {
   if (name == "auto") {
     std::string why;
-    return ChooseGemmProvider(DetectCpuKind(), GemmProviderLoads(GemmProvider::kMkl), &why);
+    return AutoProvider(&why);
   }
   GemmProvider p;
   if (name == "onednn") {
@@ -154,6 +167,10 @@ std::string_view GemmProviderName(GemmProvider p) {
       return "blis";
   }
   return "?";
+}
+
+std::string_view GemmProviderLabel(GemmProvider p) {
+  return p == GemmProvider::kOneDnn ? "oneDNN" : p == GemmProvider::kMkl ? "MKL" : "BLIS";
 }
 
 std::string CpuKind::Describe() const {
@@ -214,8 +231,7 @@ GemmProvider ProviderLocked(GemmState& s) {
     if (env && *env && std::string_view(env) != "auto") {
       s.provider_reason = fmt::format("SSHSDP_GEMM={}", env);
     } else {
-      ChooseGemmProvider(DetectCpuKind(), GemmProviderLoads(GemmProvider::kMkl),
-                         &s.provider_reason);
+      AutoProvider(&s.provider_reason);
     }
   }
   return *s.provider;

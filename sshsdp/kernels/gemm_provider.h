@@ -1,12 +1,16 @@
 // Which library runs the fp32 GEMMs: oneDNN (Debian's, linked), Intel MKL (PyPI's, installed by
 // scripts/setup.sh into ~/.cache/sshsdp) or BLIS (Debian's), the last two loaded at run time.
+// MKL runs in strict conditional-numerical-reproducibility mode (bits independent of alignment).
 //
 // Every fp32 product of matmul.h — Gemm, GemmStrided, GemmBatchedStrided, the linear layers,
 // and bf16 products on the widened path, which multiply in fp32 — runs on the active provider;
 // native bf16 products stay on oneDNN or sshsdp's AMX kernel. The provider is chosen once per
 // process from the CPU kind by a table of what measured fastest on that kind (docs/
-// performance.md, "GEMM providers"), or forced with SSHSDP_GEMM=auto|onednn|mkl|blis (or
-// SetGemmProvider), so every provider is tested on every machine. Providers differ only in
+// performance.md, "GEMM providers": measured on AMD Zen 5; the Intel row rests on PyTorch's MKL
+// against oneDNN on a Xeon), or forced with SSHSDP_GEMM=auto|onednn|mkl|blis (or
+// SetGemmProvider), so every provider that scripts/setup.sh installed is tested on any machine.
+// The choice is per process and not agreed between ranks (every rank of a job normally runs on
+// the same kind of CPU and installation); rank 0's header names it. Providers differ only in
 // summation order: results agree to fp32 rounding, not bit for bit (a run's header and the
 // bench JSON name the provider, through GemmPathDescription).
 //
@@ -22,8 +26,10 @@ namespace sshsdp::kernels {
 
 enum class GemmProvider { kOneDnn, kMkl, kBlis };
 
-// "onednn" / "mkl" / "blis".
+// "onednn" / "mkl" / "blis" (SSHSDP_GEMM's values).
 std::string_view GemmProviderName(GemmProvider p);
+// "oneDNN" / "MKL" / "BLIS", for headers.
+std::string_view GemmProviderLabel(GemmProvider p);
 
 // What the automatic choice looks at: the CPU's vendor and widest vector ISA.
 struct CpuKind {

@@ -21,6 +21,7 @@
 #include "sshsdp/kernels/amx_gemm.h"
 #include "sshsdp/kernels/amx_pairs.h"
 #include "sshsdp/kernels/elementwise.h"
+#include "sshsdp/kernels/gemm_provider.h"
 #include "sshsdp/kernels/testing/gemm_data.h"
 
 namespace sshsdp::kernels {
@@ -356,6 +357,16 @@ TEST(Matmul, RejectsUnsupportedDtypes) {
   EXPECT_THROW(LinearForward(&x, &w, DType::kE4M3, &y, 1, 1, 1), NumericsError);
   EXPECT_THROW(LinearBackwardWeight(&x, &x, DType::kF32, &w, DType::kE5M2, 1, 1, 1, false),
                NumericsError);
+}
+
+// The ctest entries that force a provider (SSHSDP_GEMM, kernels_matmul_test_mkl / _blis) run
+// on it, not on oneDNN.
+TEST(Matmul, ForcedProviderIsTheActiveOne) {
+  const char* forced = std::getenv("SSHSDP_GEMM");
+  if (!forced || !*forced || std::string_view(forced) == "auto") GTEST_SKIP() << "not forced";
+  EXPECT_EQ(GemmProviderName(ActiveGemmProvider()), std::string_view(forced));
+  EXPECT_NE(GemmPathDescription(DType::kF32).find(GemmProviderLabel(ActiveGemmProvider())),
+            std::string::npos);
 }
 
 TEST(Matmul, PeakIsPositiveAndImplementationNamed) {

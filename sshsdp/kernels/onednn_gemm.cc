@@ -83,17 +83,18 @@ dnnl::memory::desc GridDesc(int64_t outer, int64_t inner, int64_t rows, int64_t 
   }
 }
 
-struct Cached {
+}  // namespace
+
+// A primitive and its descriptor, cached per product.
+struct OneDnnPrimitive {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
 };
 
-}  // namespace
-
 struct OneDnnCache {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::stream stream{engine};
-  std::map<GemmKey, std::unique_ptr<Cached>> primitives;
+  std::map<GemmKey, std::unique_ptr<OneDnnPrimitive>> primitives;
 };
 
 namespace {
@@ -127,13 +128,13 @@ dnnl::matmul::primitive_desc MakeDesc(OneDnnCache& cache, const GemmKey& key) {
   return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, cache.engine);
 }
 
-Cached& GetPrimitive(GemmState& s, const GemmKey& key) {
+OneDnnPrimitive& GetPrimitive(GemmState& s, const GemmKey& key) {
   OneDnnCache& cache = Cache(s);
   auto it = cache.primitives.find(key);
   if (it != cache.primitives.end()) return *it->second;
   try {
     dnnl::matmul::primitive_desc pd = MakeDesc(cache, key);
-    auto cached = std::make_unique<Cached>(Cached{pd, dnnl::matmul(pd)});
+    auto cached = std::make_unique<OneDnnPrimitive>(OneDnnPrimitive{pd, dnnl::matmul(pd)});
     return *cache.primitives.emplace(key, std::move(cached)).first->second;
   } catch (const dnnl::error& e) {
     throw NumericsError(fmt::format(
@@ -149,7 +150,7 @@ Cached& GetPrimitive(GemmState& s, const GemmKey& key) {
 }  // namespace
 
 void OneDnnExecuteLocked(GemmState& s, const GemmKey& key, const void* a, const void* b, void* c) {
-  Cached& p = GetPrimitive(s, key);
+  OneDnnPrimitive& p = GetPrimitive(s, key);
   OneDnnCache& cache = Cache(s);
   dnnl::memory am(p.pd.src_desc(), cache.engine, const_cast<void*>(a));
   dnnl::memory bm(p.pd.weights_desc(), cache.engine, const_cast<void*>(b));

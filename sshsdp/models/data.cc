@@ -360,9 +360,15 @@ TokenFileWriter::~TokenFileWriter() {
 }
 
 void TokenFileWriter::Append(const uint32_t* tokens, size_t n) {
+  SSHSDP_CHECK(count_ + static_cast<int64_t>(n) <= 0x7FFFFFFF, IoError,
+               "token file '{}': more than 2,147,483,647 tokens do not fit llm.c's int32 count; "
+               "split the input",
+               path_);
   if (wide_) {
     out_.write(reinterpret_cast<const char*>(tokens), static_cast<std::streamsize>(n * 4));
   } else {
+    SSHSDP_CHECK(std::all_of(tokens, tokens + n, [](uint32_t t) { return t <= 0xFFFF; }), IoError,
+                 "token file '{}': a token above 65,535 in a uint16 file (write it wide)", path_);
     narrow_.assign(tokens, tokens + n);
     out_.write(reinterpret_cast<const char*>(narrow_.data()), static_cast<std::streamsize>(n * 2));
   }
@@ -372,9 +378,6 @@ void TokenFileWriter::Append(const uint32_t* tokens, size_t n) {
 }
 
 void TokenFileWriter::Commit() {
-  SSHSDP_CHECK(count_ <= 0x7FFFFFFF, IoError,
-               "token file '{}': {} tokens do not fit llm.c's int32 count; split the input", path_,
-               count_);
   const int32_t header[3] = {wide_ ? kLlmcMagic32 : kLlmcMagic,
                              wide_ ? kLlmcVersion32 : kLlmcVersion, static_cast<int32_t>(count_)};
   out_.seekp(0);

@@ -81,7 +81,9 @@ MoeConfig MoeConfigOf(const LlamaConfig& c) {
   m.gating = Gating::kSoftmax;
   m.renormalize = c.norm_topk_prob;
   m.expert_mlp = ExpertMlp::kSwiGLU;
-  m.aux_loss_weight = 0.0f;
+  // transformers adds its pooled load-balancing loss only with output_router_logits.
+  m.aux_loss_weight = c.output_router_logits ? static_cast<float>(c.router_aux_loss_coef) : 0.0f;
+  m.aux_pooled = true;
   m.Validate();
   return m;
 }
@@ -378,6 +380,11 @@ double MoeGpt::AuxLoss() const {
   SSHSDP_CHECK(order_.forward_done(), PlanError,
                "MoE GPT loss read before the last group's Forward");
   double aux = 0.0;
+  if (c_.aux_pooled) {
+    const double LN = static_cast<double>(NumMoeLayers()) * B_ * T_;
+    for (int e = 0; e < c_.n_expert; ++e) aux += pool_count_[e] * pool_psum_[e];
+    return c_.aux_loss_weight * c_.n_expert * aux / (LN * LN);
+  }
   for (int l = 0; l < c_.trunk.n_layer; ++l) {
     if (c_.IsMoeLayer(l)) aux += blocks_[l].aux;
   }

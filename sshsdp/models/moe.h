@@ -115,6 +115,12 @@ struct MoeConfig {
   bool shared_expert = false;  // an always-on expert added to every token's output
   int d_shared = 0;            // its hidden width; 0 means d_expert
   float aux_loss_weight = 0.01f;
+  // The load-balancing loss's form. false: per block, α·E·Σ_e f_e·P_e summed over the MoE
+  // blocks, f_e = the block's share of the N·k assignments (the Switch Transformer). true:
+  // transformers' load_balancing_loss_func (Qwen3-MoE with output_router_logits): counts and
+  // probabilities pooled over the L MoE blocks, α·E·Σ_e C_e·S_e / (L·N)², C_e = assignments to
+  // e and S_e = summed probabilities of e over every block's N tokens.
+  bool aux_pooled = false;
   // Run each MoE block as TWO runtime groups: block l's attention + router (ln1.g, attn.qkv,
   // attn.proj, ln2.g, moe.router) and then its experts (moe.w1, moe.w2, [moe.w3], [shared
   // expert]). Required for MXFP8 runtime weights (the expert group is MX, the attention +
@@ -139,8 +145,8 @@ struct MoeConfig {
 
 // Qwen3-MoE: the MoE model of a Llama-family config with experts (LlamaConfig::IsMoe) —
 // softmax gating, top_k, renormalised when norm_topk_prob, SwiGLU experts of d_expert, the MoE
-// blocks LlamaConfig::IsMoeLayer names, no auxiliary loss (transformers adds its own only with
-// output_router_logits).
+// blocks LlamaConfig::IsMoeLayer names, and transformers' pooled load-balancing loss
+// (aux_pooled) weighted router_aux_loss_coef when output_router_logits, none otherwise.
 MoeConfig MoeConfigOf(const LlamaConfig& c);
 
 // The model of a Llama-family config: Llama, or MoeGpt over it for qwen3_moe (expert_group:
@@ -240,6 +246,9 @@ class MoeGpt final : public Model {
   // Block l's activations after its forward (PlanError for a dense block or before).
   const BlockActs& Routed(int l) const;
   // Router of block l on ln2: scores, top-k, gates, aux loss, permutation and permuted input.
+  // aux_pooled: block l's counts and probability sums into pool_count_ / pool_psum_.
+  void PoolRouterStats(int l);
+  int NumMoeLayers() const;  // blocks with an MoE MLP
   void ForwardRouter(int l, const TensorRef& router);
   // Block l's output = res_mid + MoE(ln2) from the routing above; wx = the expert views (moe.w1
   // first, slots_ order).
@@ -294,6 +303,7 @@ class MoeGpt final : public Model {
   std::vector<int32_t> count_h_;  // host copies
   std::vector<double> psum_h_;
   std::vector<float> frac_h_;
+  std::vector<double> pool_count_, pool_psum_;  // aux_pooled: C_e and S_e over the MoE blocks
   float *dgate_ = nullptr, *dyp_ = nullptr, *dh1_ = nullptr, *dh3_ = nullptr, *dxp_ = nullptr,
         *dz_ = nullptr, *dsh1_ = nullptr, *dsh3_ = nullptr, *router32_ = nullptr;
   BackendBuffer wgrad_scratch_;  // a bf16 expert gradient summed over row chunks in fp32

@@ -42,6 +42,7 @@ void MoeGpt::ForwardRouter(int l, const TensorRef& router) {
   A.aux = kernels::MoeBalance(count_h_.data(), psum_h_.data(), N, E, k, opt.aux_weight,
                               frac_h_.data(), A.offsets_h.data());
   b_.CopyIn(A.frac, frac_h_.data(), frac_h_.size() * sizeof(float));
+  if (c_.aux_pooled) PoolRouterStats(l);
   b_.CopyIn(A.offsets, A.offsets_h.data(), A.offsets_h.size() * sizeof(int32_t));
   // 4. The permutation (counting sort): expert e owns rows [offsets[e], offsets[e+1]), its
   //    tokens in increasing order; then the permuted input.
@@ -59,11 +60,39 @@ void MoeGpt::BackwardRouter(int l, const TensorRef& router, const TensorRef& gr,
   const float* x = trunk_->Ln2(l);
 
   // 4. Router: ∂/∂score from the gates (through the renormalisation) and from the aux loss,
-  //    then through softmax or σ to the logits dz.
+  //    then through softmax or σ to the logits dz. Pooled: ∂aux/∂p_{t,e} = α·E·C_e/(L·N)²,
+  //    the per-block form's α·E·f_e/N with f_e = C_e/(L²·N), the same for every block.
+  if (c_.aux_pooled) {
+    const double L = NumMoeLayers();
+    for (int e = 0; e < E; ++e) frac_h_[e] = static_cast<float>(pool_count_[e] / (L * L * N));
+    b_.CopyIn(A.frac, frac_h_.data(), frac_h_.size() * sizeof(float));
+  }
   b_.MoeRouterBackward(A.score, A.sel, A.gate, A.frac, dgate_, N, E, k, RouterOptions(), dz_);
   b_.LinearBackwardWeight(dz_, x, DType::kF32, gr.data, gr.dtype, N, E, d, acc);
   b_.LinearBackwardData(dz_, kernels::WeightView{RouterF32(router), DType::kF32}, dx, N, E, d,
                         true);
+}
+
+int MoeGpt::NumMoeLayers() const {
+  int n = 0;
+  for (int l = 0; l < c_.trunk.n_layer; ++l) n += c_.IsMoeLayer(l);
+  return n;
+}
+
+// aux_pooled: block l's assignment counts and probability sums added to C_e and S_e (reset at
+// the first MoE block of a forward).
+void MoeGpt::PoolRouterStats(int l) {
+  const int E = c_.n_expert;
+  int first = 0;
+  while (!c_.IsMoeLayer(first)) ++first;
+  if (l == first || pool_count_.empty()) {
+    pool_count_.assign(E, 0.0);
+    pool_psum_.assign(E, 0.0);
+  }
+  for (int e = 0; e < E; ++e) {
+    pool_count_[e] += count_h_[e];
+    pool_psum_[e] += psum_h_[e];
+  }
 }
 
 }  // namespace sshsdp
