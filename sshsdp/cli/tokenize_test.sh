@@ -76,6 +76,9 @@ printf 'one short document\n' >"$tmp/one.txt"
 expect_error "a validation split that leaves a file empty is refused, writing nothing" \
   "sent 0 of the 1 documents to validation" "$bin" tokenize "${tok[@]}" --input "$tmp/one.txt" \
   --out "$tmp/x.bin" --val-out "$tmp/x_val.bin" --val-fraction 0.01
+expect_error "--out and --val-out naming one file by two spellings are refused" \
+  "name the same file" "$bin" tokenize "${tok[@]}" --input "$tmp/c.txt" --out "$tmp/x.bin" \
+  --val-out "$tmp/./x.bin" --val-fraction 0.5
 expect_error "a bad file after a good one is refused once its tokens were streamed" \
   "bad.txt:3: invalid UTF-8" "$bin" tokenize "${tok[@]}" --input "$tmp/c.txt" "$tmp/bad.txt" \
   --out "$tmp/x.bin"

@@ -209,6 +209,8 @@ TEST_F(TokenFileTest, StreamingWriterEqualsTheWholeFileAndLeavesNothingUncommitt
   {
     TokenFileWriter w(Path("abandoned.bin"), false);
     w.Append(tokens.data(), 10);
+    const uint32_t big = 70000;  // does not fit a uint16 file: refused, not truncated
+    EXPECT_THROW(w.Append(&big, 1), IoError);
   }
   for (const auto& e : std::filesystem::directory_iterator(dir_))
     EXPECT_EQ(e.path().filename().string().find("abandoned"), std::string::npos) << e.path();
