@@ -59,7 +59,9 @@ namespace sshsdp {
 // an edited offset or two swapped file entries are refused; version 1 manifests still load.
 // Version 3 stores each optimizer's own state only: a tensor's shards hold "main" and the
 // fields its optimizer keeps (Muon parameters have no "v"); older checkpoints still load.
-inline constexpr int kCheckpointFormatVersion = 3;
+// Version 4 rank files list their own shards (tensor, range, element in each field's record)
+// in their safetensors metadata, and a load requires the manifest to agree with them.
+inline constexpr int kCheckpointFormatVersion = 4;
 inline constexpr const char* kManifestFile = "manifest.json";
 
 // What a checkpoint holds besides the engine's ZeRO-1 arrays and step.

@@ -9,6 +9,7 @@
 #include <exception>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sshsdp/base/error.h"
@@ -82,10 +83,26 @@ inline size_t RecordElems(const Zero1Array& a, const Range& chunk) {
   return a.packed ? a.stored() : chunk.size();
 }
 
+// One shard a rank file holds: elements [begin, end) of update parameter `tensor`, stored in
+// the records of the fields listed in `at` as (index into the save's fields, element index
+// inside that field's record). A field the tensor's optimizer does not keep is not listed.
+struct ShardEntry {
+  std::string tensor;
+  int group = 0;
+  uint64_t begin = 0, end = 0;
+  std::vector<std::pair<size_t, uint64_t>> at;
+};
+
+// Every shard `rank`'s file holds, in record order: what the manifest lists for that file and
+// what the file's own header lists (so a manifest whose entries were moved between same-shape
+// tensors, or shifted, disagrees with the file it points into).
+std::vector<ShardEntry> ShardsInFile(const std::vector<Engine::Zero1Field>& fields, int rank);
+
 struct RankFilePlan {
   std::string prefix;             // 8-byte header length + JSON header (8-byte aligned)
   std::vector<uint64_t> offsets;  // absolute byte offset of each field's record
   uint64_t bytes = 0;
+  std::vector<ShardEntry> shards;  // ShardsInFile
 };
 
 // Rank 0: the manifest of a save whose files were reported as `reports`

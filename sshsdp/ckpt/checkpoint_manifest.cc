@@ -14,7 +14,6 @@
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
 #include "sshsdp/ckpt/crc32.h"
-#include "sshsdp/layout/shard_chain.h"
 
 namespace sshsdp {
 
@@ -22,7 +21,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-using ckpt_internal::FieldLayoutOn;
 using ckpt_internal::Hex;
 using ckpt_internal::IsTemporary;
 
@@ -157,31 +155,14 @@ ojson ckpt_internal::BuildManifest(Engine& engine, const std::vector<Engine::Zer
   }
   m["files"] = files;
 
-  // Shards: for every writer, every group, every fragment of its ZeRO-1 chunk.
+  // Shards: every fragment of every writer's ZeRO-1 chunk, as its file's header lists it.
   std::map<std::string, ojson> shards;  // tensor -> array
-  for (size_t i = 0; i < writers.size(); ++i) {
-    const int r = writers[i];
-    for (size_t k = 0; k < fields.size();) {
-      const Engine::Zero1Field& f0 = fields[k];
-      size_t e = k;
-      while (e < fields.size() && fields[e].group == f0.group) ++e;
-      ShardChain chain(f0.layout->list, f0.chain->topology(), r);
-      std::vector<Zero1Array> stored;  // how writer r stores each field (packed: its runs)
-      for (size_t j = k; j < e; ++j) stored.push_back(FieldLayoutOn(fields[j], r));
-      for (const Fragment& fr : chain.Fragments(Shard::kZero1)) {
-        const FragmentSpan s = SpanOf(*f0.pieces, fr);  // dim-0 pieces: offset, padding cut
-        if (s.length == 0) continue;
-        ojson offs;  // a field the tensor's optimizer does not keep has no offset
-        for (size_t j = k; j < e; ++j) {
-          const size_t at = stored[j - k].Index(s.shard_offset);
-          if (at != Zero1Array::kNotStored) offs[fields[j].field] = plans[i].offsets[j] + at * 4;
-        }
-        shards[f0.layout->update[s.update].name].push_back(
-            {{"file", i}, {"range", {s.begin, s.end()}}, {"offsets", offs}});
-      }
-      k = e;
+  for (size_t i = 0; i < writers.size(); ++i)
+    for (const ckpt_internal::ShardEntry& s : plans[i].shards) {
+      ojson offs;  // a field the tensor's optimizer does not keep has no offset
+      for (const auto& [j, at] : s.at) offs[fields[j].field] = plans[i].offsets[j] + at * 4;
+      shards[s.tensor].push_back({{"file", i}, {"range", {s.begin, s.end}}, {"offsets", offs}});
     }
-  }
   ojson tensors = ojson::array();
   for (const UpdateParam& u : engine.UpdateParams()) {
     ojson s = shards[u.name];

@@ -368,6 +368,14 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
     EXPECT_LT(std::max(a, b), ts.size()) << "the test model has no heads h0 and h1";
     if (std::max(a, b) < ts.size()) std::swap(ts[a]["name"], ts[b]["name"]);
     std::ofstream(swapped) << SealManifest(nlohmann::ordered_json(w));
+    // The same two tensors' shards swapped, names and order kept: every check of the manifest
+    // alone passes, only the rank files' own lists of their shards tell.
+    const std::string moved = copy("moved") + "/" + kManifestFile;
+    json v;
+    std::ifstream(moved) >> v;
+    json& vs = v["tensors"];
+    if (std::max(a, b) < vs.size()) std::swap(vs[a]["shards"], vs[b]["shards"]);
+    std::ofstream(moved) << SealManifest(nlohmann::ordered_json(v));
   }
   world_->Barrier();
   struct Case {
@@ -383,6 +391,11 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
       {dir + "/swapped",
        "io",
        {"manifest.json", "'blocks.0.attn.q.h1' in the manifest but 'blocks.0.attn.q.h0'"},
+       gc},
+      {dir + "/moved",
+       "io",
+       {"rank_0000", "tensor 'blocks.0.attn.q.h", "in the manifest but group",
+        "in this file's header"},
        gc},
       {good,
        "config",

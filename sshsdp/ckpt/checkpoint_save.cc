@@ -19,6 +19,7 @@
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
 #include "sshsdp/ckpt/posix_file.h"
+#include "sshsdp/layout/shard_chain.h"
 
 namespace sshsdp {
 
@@ -37,6 +38,8 @@ using ckpt_internal::RankFileName;
 using ckpt_internal::RankFilePlan;
 using ckpt_internal::RecordElems;
 using ckpt_internal::Report;
+using ckpt_internal::ShardEntry;
+using ckpt_internal::ShardsInFile;
 using ckpt_internal::StepDirName;
 using ckpt_internal::ThrowIfAny;
 using ckpt_internal::Try;
@@ -45,6 +48,31 @@ Zero1Array ckpt_internal::FieldLayoutOn(const Engine::Zero1Field& f, int rank) {
   if (!f.data.packed) return {};  // dense: the same on every rank
   const ShardChain chain(f.layout->list, f.chain->topology(), rank);
   return Engine::StateLayout(*f.layout, *f.pieces, chain.Fragments(Shard::kZero1)).at(f.field);
+}
+
+std::vector<ckpt_internal::ShardEntry> ckpt_internal::ShardsInFile(
+    const std::vector<Engine::Zero1Field>& fields, int rank) {
+  std::vector<ShardEntry> out;
+  for (size_t k = 0; k < fields.size();) {  // the fields of one group are consecutive
+    const Engine::Zero1Field& f0 = fields[k];
+    size_t e = k;
+    while (e < fields.size() && fields[e].group == f0.group) ++e;
+    const ShardChain chain(f0.layout->list, f0.chain->topology(), rank);
+    std::vector<Zero1Array> stored;  // how `rank` stores each field (packed: its runs)
+    for (size_t j = k; j < e; ++j) stored.push_back(FieldLayoutOn(fields[j], rank));
+    for (const Fragment& fr : chain.Fragments(Shard::kZero1)) {
+      const FragmentSpan s = SpanOf(*f0.pieces, fr);  // dim-0 pieces: offset, padding cut
+      if (s.length == 0) continue;
+      ShardEntry entry{f0.layout->update[s.update].name, f0.group, s.begin, s.end(), {}};
+      for (size_t j = k; j < e; ++j) {
+        const size_t at = stored[j - k].Index(s.shard_offset);
+        if (at != Zero1Array::kNotStored) entry.at.emplace_back(j, at);
+      }
+      out.push_back(std::move(entry));
+    }
+    k = e;
+  }
+  return out;
 }
 
 namespace {
@@ -101,6 +129,15 @@ RankFilePlan PlanRankFile(const std::vector<Engine::Zero1Field>& fields, int ran
                        {"rank", std::to_string(rank)},
                        {"step", std::to_string(step)},
                        {"layout", layout}};
+  RankFilePlan p;
+  p.shards = ShardsInFile(fields, rank);
+  ojson listed = ojson::array();  // [tensor, group, begin, end, {field: element in its record}]
+  for (const ShardEntry& s : p.shards) {
+    ojson at = ojson::object();
+    for (const auto& [j, i] : s.at) at[fields[j].field] = i;
+    listed.push_back({s.tensor, s.group, s.begin, s.end, at});
+  }
+  h["__metadata__"]["shards"] = listed.dump();  // safetensors metadata values are strings
   uint64_t off = 0;
   std::vector<uint64_t> rel;
   for (const auto& f : fields) {
@@ -112,7 +149,6 @@ RankFilePlan PlanRankFile(const std::vector<Engine::Zero1Field>& fields, int ran
   }
   std::string text = h.dump();
   while ((text.size() + 8) % 8) text.push_back(' ');
-  RankFilePlan p;
   const uint64_t n = text.size();
   p.prefix.assign(reinterpret_cast<const char*>(&n), 8);
   p.prefix += text;

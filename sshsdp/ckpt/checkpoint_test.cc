@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "sshsdp/base/error.h"
@@ -78,7 +79,9 @@ struct HandMade {
   }
 };
 
-HandMade MakeCheckpoint(const std::string& root, int64_t step) {
+// `edit_header` may change each rank file's safetensors header before it is written.
+HandMade MakeCheckpoint(const std::string& root, int64_t step,
+                        const std::function<void(int file, json& header)>& edit_header = {}) {
   HandMade h;
   h.dir = (fs::path(root) / fmt::format("step_{:08d}", step)).string();
   fs::create_directories(h.dir);
@@ -92,9 +95,11 @@ HandMade MakeCheckpoint(const std::string& root, int64_t step) {
         {"__metadata__",
          {{"format", "sshsdp-checkpoint-shard"},
           {"rank", std::to_string(f)},
-          {"step", std::to_string(step)}}},
+          {"step", std::to_string(step)},
+          {"shards", json::array({{"w", 0, b, b + n, {{"main", 0}, {"m", 0}}}}).dump()}}},
         {"group0.main", {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {0, 4 * n}}}},
         {"group0.m", {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {4 * n, 8 * n}}}}};
+    if (edit_header) edit_header(f, header);
     std::string text = header.dump();
     while ((text.size() + 8) % 8) text.push_back(' ');
     const uint64_t len = text.size();
@@ -280,6 +285,48 @@ TEST(Manifest, ManifestAndRankHeadersMustAgree) {
   moved.Write();
   ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
                        {f1, "its header says rank 0 step 1, the manifest lists it as rank 1"});
+}
+
+// Format version 4: the manifest's shards must be those each rank file's header lists.
+TEST(Manifest, ManifestMustMatchTheShardsTheFilesList) {
+  const std::string root = Tmp("listed");
+  const auto listing = [](json l) {
+    return [l](int file, json& header) {
+      if (file == 1) header["__metadata__"]["shards"] = l.dump();
+    };
+  };
+  // File 1's header says it holds 'w' [4, 6) main only: the manifest's m offset disagrees.
+  HandMade h = MakeCheckpoint(root, 1, listing(json::array({{"w", 0, 4, 6, {{"main", 0}}}})));
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {"rank_00001.safetensors", "tensor 'w' is group 0 [4, 6) m at byte",
+                        "in the manifest but group 0 [4, 6) main at byte"});
+  // It names another tensor.
+  h = MakeCheckpoint(root, 2, listing(json::array({{"u", 0, 4, 6, {{"main", 0}, {"m", 0}}}})));
+  ExpectError<IoError>(
+      [&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+      {"rank_00001.safetensors", "places tensor 'w' [4, 6) in this file", "lists no shard of it"});
+  // It lists one shard more than the manifest places there.
+  h = MakeCheckpoint(root, 3,
+                     listing(json::array({{"w", 0, 4, 6, {{"main", 0}, {"m", 0}}},
+                                          {"u", 0, 0, 1, {{"main", 1}}}})));
+  ExpectError<IoError>(
+      [&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+      {"rank_00001.safetensors", "its header lists 2 shards, the manifest places 1"});
+  // Malformed, or beyond its records.
+  h = MakeCheckpoint(root, 4, listing(json::array({{"w", 0, 4}})));
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {"rank_00001.safetensors", "malformed shard [\"w\",0,4]"});
+  h = MakeCheckpoint(root, 5, listing(json::array({{"w", 0, 4, 6, {{"main", 1}, {"m", 0}}}})));
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {"rank_00001.safetensors", "outside its records"});
+  // No list: refused at version 4, loaded as the version 3 files it then is.
+  const auto unlisted = [](int, json& header) { header["__metadata__"].erase("shards"); };
+  h = MakeCheckpoint(root, 6, unlisted);
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {"rank_00000.safetensors", "does not list its shards"});
+  h.manifest["format_version"] = 3;
+  h.Write();
+  VerifyCheckpointFiles(ReadManifest(h.dir));
 }
 
 TEST(Manifest, EditsOfASealedManifestAreRefused) {

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "sshsdp/base/error.h"
@@ -58,10 +60,15 @@ struct Record {
   uint64_t begin, end;
 };
 
+struct RankHeader {
+  std::map<std::string, Record> records;  // by record name, "group<g>.<field>"
+  nlohmann::json meta;                    // its "__metadata__"
+};
+
 // The rank file's header, checked on its own: its metadata names the manifest's rank and
 // step, every record is F32 [n] with 4·n bytes, back to back from the data start to the end of
 // the file. IoError naming the file and what disagrees.
-std::map<std::string, Record> ReadRankHeader(const Manifest& m, int file) {
+RankHeader ReadRankHeader(const Manifest& m, int file) {
   const std::string path = m.FilePath(file);
   const CheckpointFile& f = m.files[file];
   InFile in(path);
@@ -109,7 +116,87 @@ std::map<std::string, Record> ReadRankHeader(const Manifest& m, int file) {
   SSHSDP_CHECK(8 + n + at == f.bytes, IoError,
                "{}: header records end at byte {}, the file has {} bytes", path, 8 + n + at,
                f.bytes);
-  return records;
+  return {records, meta};
+}
+
+// A shard as the rank file's own header lists it (format version 4), offsets absolute.
+struct Listed {
+  int group = 0;
+  uint64_t end = 0;
+  std::map<std::string, uint64_t> offsets;  // field -> byte offset of element `begin`
+};
+using ShardKey = std::pair<std::string, uint64_t>;  // tensor, begin
+
+// The "shards" list of a rank file's metadata: [tensor, group, begin, end, {field: element
+// of its record}] each, every one inside its record. IoError naming the file when malformed.
+std::map<ShardKey, Listed> ListedShards(const std::string& path, const RankHeader& h) {
+  const nlohmann::json list = nlohmann::json::parse(h.meta.value("shards", std::string("x")),
+                                                    nullptr, /*allow_exceptions=*/false);
+  SSHSDP_CHECK(list.is_array(), IoError, "{}: its header's list of shards is not a JSON list",
+               path);
+  std::map<ShardKey, Listed> out;
+  for (const nlohmann::json& e : list) {
+    const bool ok = e.is_array() && e.size() == 5 && e[0].is_string() &&
+                    e[1].is_number_unsigned() && e[2].is_number_unsigned() &&
+                    e[3].is_number_unsigned() && e[4].is_object() && e[2] < e[3];
+    SSHSDP_CHECK(ok, IoError, "{}: its header lists a malformed shard {}", path, e.dump());
+    Listed l{e[1].get<int>(), e[3].get<uint64_t>(), {}};
+    const uint64_t begin = e[2].get<uint64_t>(), n = l.end - begin;
+    for (const auto& [field, at] : e[4].items()) {
+      const auto r = h.records.find(fmt::format("group{}.{}", l.group, field));
+      SSHSDP_CHECK(r != h.records.end() && at.is_number_unsigned() &&
+                       at.get<uint64_t>() <= (r->second.end - r->second.begin) / 4 &&
+                       n <= (r->second.end - r->second.begin) / 4 - at.get<uint64_t>(),
+                   IoError, "{}: its header lists shard {} outside its records", path, e.dump());
+      l.offsets[field] = r->second.begin + at.get<uint64_t>() * 4;
+    }
+    SSHSDP_CHECK(out.emplace(ShardKey{e[0].get<std::string>(), begin}, l).second, IoError,
+                 "{}: its header lists shard {} twice", path, e.dump());
+  }
+  return out;
+}
+
+std::string Describe(int group, uint64_t begin, uint64_t end,
+                     const std::map<std::string, uint64_t>& offsets) {
+  std::vector<std::string> at;
+  for (const auto& [field, off] : offsets) at.push_back(fmt::format("{} at byte {}", field, off));
+  return fmt::format("group {} [{}, {}) {}", group, begin, end, fmt::join(at, ", "));
+}
+
+// The manifest's shards in `file` are exactly those the file's header lists: same tensors,
+// ranges, groups and byte offsets. A manifest whose shards were swapped between same-shape
+// tensors, shifted, or moved to another file is refused, naming the tensor and both sources.
+void CheckListedShards(const Manifest& m, int file, const RankHeader& h) {
+  const std::string path = m.FilePath(file);
+  if (!h.meta.contains("shards")) {
+    SSHSDP_CHECK(m.format_version < 4, IoError,
+                 "{}: its header does not list its shards, which format version {} requires "
+                 "(the file was replaced by one of an older save?)",
+                 path, m.format_version);
+    return;
+  }
+  const std::map<ShardKey, Listed> listed = ListedShards(path, h);
+  size_t placed = 0;
+  for (const CheckpointTensor& t : m.tensors)
+    for (const CheckpointShard& s : t.shards) {
+      if (s.file != file) continue;
+      ++placed;
+      const auto it = listed.find({t.name, s.begin});
+      SSHSDP_CHECK(it != listed.end(), IoError,
+                   "{}: the manifest places tensor '{}' [{}, {}) in this file, whose header lists "
+                   "no shard of it starting at element {}: the manifest was edited",
+                   path, t.name, s.begin, s.end, s.begin);
+      const Listed& l = it->second;
+      SSHSDP_CHECK(l.group == t.group && l.end == s.end && l.offsets == s.offsets, IoError,
+                   "{}: tensor '{}' is {} in the manifest but {} in this file's header: the "
+                   "manifest was edited, or the file belongs to another save",
+                   path, t.name, Describe(t.group, s.begin, s.end, s.offsets),
+                   Describe(l.group, s.begin, l.end, l.offsets));
+    }
+  SSHSDP_CHECK(placed == listed.size(), IoError,
+               "{}: its header lists {} shards, the manifest places {} in it: the manifest was "
+               "edited, or the file belongs to another save",
+               path, listed.size(), placed);
 }
 
 // Every shard the manifest places in `file` lies inside that file's own record of its group
@@ -117,7 +204,8 @@ std::map<std::string, Record> ReadRankHeader(const Manifest& m, int file) {
 // refused naming the tensor, the manifest's offset and the file's record.
 std::string CheckFileHeader(const Manifest& m, int file) {
   try {
-    const std::map<std::string, Record> records = ReadRankHeader(m, file);
+    const RankHeader header = ReadRankHeader(m, file);
+    const std::map<std::string, Record>& records = header.records;
     for (const CheckpointTensor& t : m.tensors)
       for (const CheckpointShard& s : t.shards) {
         if (s.file != file) continue;
@@ -136,6 +224,7 @@ std::string CheckFileHeader(const Manifest& m, int file) {
                        r->second.end);
         }
       }
+    CheckListedShards(m, file, header);
   } catch (const Error& err) {
     return err.what();
   }
