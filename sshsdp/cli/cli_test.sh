@@ -99,7 +99,7 @@ timeout 60 "$bin" "${tiny[@]}" --steps 2 --trace "$tmp/late.json" --trace-steps 
   "$tmp/late.out"
 check "a --trace-steps window past --steps says the trace holds no step" $?
 expect_error "plan of an absurd world is refused, not run for hours" \
-  "plans at most 8192" "$bin" plan -n 1000000000
+  "plans at most 65536" "$bin" plan -n 1000000000
 expect_error "--save-weights on a device is refused at start-up" \
   "--save-weights /dev/full: exists and is not a regular file" \
   "$bin" "${tiny[@]}" --save-weights /dev/full --steps 1

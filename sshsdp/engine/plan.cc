@@ -23,8 +23,7 @@ void AddSend(CommCounters* c, const Topology& t, int from, int to, uint64_t byte
 
 // The rank a ring position sends to: its successor in the group.
 int RingNext(const Topology& t, Group g, int rank) {
-  const std::vector<int> m = t.GroupMembers(g, rank);
-  return m[(t.GroupPosition(g, rank) + 1) % m.size()];
+  return t.GroupMember(g, rank, (t.GroupPosition(g, rank) + 1) % t.GroupSize(g));
 }
 
 class CollectiveTally {
@@ -34,7 +33,7 @@ class CollectiveTally {
   // `calls` ring collectives in group g, each sending `bytes` to the successor.
   PlannedCollective& Ring(const char* name, Group g, const char* group, uint64_t calls,
                           uint64_t bytes, uint64_t local_copy = 0) {
-    PlannedCollective& c = Find(name, group, static_cast<int>(t_.GroupMembers(g, rank_).size()));
+    PlannedCollective& c = Find(name, group, t_.GroupSize(g));
     c.calls += calls;
     AddSend(&c.sent, t_, rank_, RingNext(t_, g, rank_), calls * bytes);
     c.sent.calls += calls;
@@ -173,12 +172,13 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
   plan.cfg.backend = cfg_in.backend;  // not `own`, which goes with this call
   const int n = model.num_groups();
   const UpdateOptions uopt = UpdateOptionsOf(cfg);
+  StructuredUpdate::PlanCache update_plans;  // one per (optimizer, replica), not per rank
   for (int r = 0; r < world; ++r) {
     std::vector<std::unique_ptr<RuntimeGroup>> groups;
     for (int g = 0; g < n; ++g) groups.push_back(PlanRuntimeGroup(model, g, cfg, topo, r));
     std::vector<UpdateGroupView> views;
     for (auto& g : groups) views.push_back(UpdateViewOf(*g));
-    const StructuredUpdate update(views, uopt, r);
+    const StructuredUpdate update(views, uopt, r, &update_plans);
     for (int g = 0; g < n; ++g)
       for (size_t u = 0; u < groups[g]->layout.update.size(); ++u)
         groups[g]->layout.update[u].optimizer = update.optimizers()[g][u];

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -169,6 +170,35 @@ TEST(RunPlan, PlanOnlyPartsRefuseToRun) {
   UpdateOptions full = UpdateOptionsOf(cfg);
   full.full_tensor = true;  // ⑥ needs the ZeRO-1 group's communicator: no plan-only form
   EXPECT_THROW(StructuredUpdate(views, full, 0), PlanError);
+}
+
+// Planning a world builds one UpdatePlan per optimizer and HSDP replica, not one per rank (the
+// ranks of a replica share it): what keeps `sshsdp plan` linear in the world size.
+TEST(RunPlan, RanksOfAReplicaShareOneUpdatePlan) {
+  Gpt model(testing::TestGpt());
+  EngineConfig cfg =
+      testing::MuonEngineConfig({1, 2, 2, 8}, 1, DType::kBF16, UnitRule::kHead, DType::kBF16);
+  const std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  cfg.backend = cpu.get();
+  const Topology topo(8, 8, 1, 2, 2);  // 4 replicas of 2 ranks
+  StructuredUpdate::PlanCache cache;
+  std::vector<const UpdatePlan*> muon;
+  for (int r = 0; r < topo.world(); ++r) {
+    std::vector<std::unique_ptr<RuntimeGroup>> groups;
+    for (int g = 0; g < model.num_groups(); ++g)
+      groups.push_back(PlanRuntimeGroup(model, g, cfg, topo, r));
+    std::vector<UpdateGroupView> views;
+    for (auto& g : groups) views.push_back(UpdateViewOf(*g));
+    StructuredUpdate update(views, UpdateOptionsOf(cfg), r, &cache);
+    muon.push_back(update.plan(OptimizerKind::kMuon));
+    ASSERT_NE(muon.back(), nullptr);
+    const std::vector<int>& ranks = muon.back()->ranks();
+    EXPECT_NE(std::find(ranks.begin(), ranks.end(), r), ranks.end()) << r;
+  }
+  EXPECT_EQ(cache.size(), 2u * topo.num_replicas());  // AdamW and Muon, per replica
+  for (int r = 0; r < topo.world(); ++r)
+    for (int q = 0; q < topo.world(); ++q)
+      EXPECT_EQ(muon[r] == muon[q], topo.Coord(r).d == topo.Coord(q).d) << r << " " << q;
 }
 
 }  // namespace

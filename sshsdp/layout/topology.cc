@@ -119,32 +119,47 @@ int Topology::Zero1ChunkOwner(int j, int replica) const {
 }
 
 std::vector<int> Topology::GroupMembers(Group g, int rank) const {
-  RankCoord me = Coord(rank);
-  int k = sg_ / sw_, m = so_ / sg_;
   std::vector<int> out;
+  for (int i = 0, n = GroupSize(g); i < n; ++i) out.push_back(GroupMember(g, rank, i));
+  return out;
+}
+
+int Topology::GroupMember(Group g, int rank, int position) const {
+  const RankCoord me = Coord(rank);
+  const int k = sg_ / sw_, m = so_ / sg_, i = position;
   switch (g) {
     case Group::kZero3:  // vary a
-      for (int a = 0; a < sw_; ++a) out.push_back(RankOf({a, me.b, me.c, me.d}));
-      break;
+      return RankOf({i, me.b, me.c, me.d});
     case Group::kZero2:  // vary (a, b), ordered by ZeRO-2 chunk a·k + b
-      for (int a = 0; a < sw_; ++a)
-        for (int b = 0; b < k; ++b) out.push_back(RankOf({a, b, me.c, me.d}));
-      break;
+      return RankOf({i / k, i % k, me.c, me.d});
     case Group::kReplicaRS:  // vary c
-      for (int c = 0; c < m; ++c) out.push_back(RankOf({me.a, me.b, c, me.d}));
-      break;
+      return RankOf({me.a, me.b, i, me.d});
     case Group::kReplicaAG:  // vary (b, c), ordered by ZeRO-1 chunk within the ZeRO-3 chunk
-      for (int b = 0; b < k; ++b)
-        for (int c = 0; c < m; ++c) out.push_back(RankOf({me.a, b, c, me.d}));
-      break;
+      return RankOf({me.a, i / m, i % m, me.d});
     case Group::kHsdp:  // vary d
-      for (int d = 0; d < num_replicas(); ++d) out.push_back(RankOf({me.a, me.b, me.c, d}));
-      break;
+      return RankOf({me.a, me.b, me.c, i});
     case Group::kWorld:
-      for (int r = 0; r < world_; ++r) out.push_back(r);
-      break;
+      return i;
   }
-  return out;
+  return 0;
+}
+
+int Topology::GroupSize(Group g) const {
+  switch (g) {
+    case Group::kZero3:
+      return sw_;
+    case Group::kZero2:
+      return sg_;
+    case Group::kReplicaRS:
+      return so_ / sg_;
+    case Group::kReplicaAG:
+      return so_ / sw_;
+    case Group::kHsdp:
+      return num_replicas();
+    case Group::kWorld:
+      return world_;
+  }
+  return 0;
 }
 
 int Topology::GroupPosition(Group g, int rank) const {

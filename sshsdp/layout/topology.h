@@ -77,6 +77,9 @@ class Topology {
   // Ordered members of `rank`'s group g: position i reads/writes the i-th slice of the
   // collective's buffer.
   std::vector<int> GroupMembers(Group g, int rank) const;
+  // GroupMembers(g, rank)[position] and GroupMembers(g, rank).size(), without the list.
+  int GroupMember(Group g, int rank, int position) const;
+  int GroupSize(Group g) const;
   // Position of `rank` in its group g.
   int GroupPosition(Group g, int rank) const;
   // A key shared by exactly the ranks in the same group g (the MPI_Comm_split color).

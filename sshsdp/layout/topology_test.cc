@@ -44,6 +44,7 @@ void CheckLayout(const Topology& t) {
       Group g = static_cast<Group>(gi);
       V m = t.GroupMembers(g, r);
       ASSERT_EQ(m[t.GroupPosition(g, r)], r) << t.ToString() << " " << GroupName(g);
+      ASSERT_EQ(static_cast<int>(m.size()), t.GroupSize(g)) << t.ToString() << " " << GroupName(g);
       for (size_t i = 0; i < m.size(); ++i) {
         EXPECT_EQ(t.GroupMembers(g, m[i]), m) << t.ToString() << " " << GroupName(g);
         EXPECT_EQ(t.GroupPosition(g, m[i]), static_cast<int>(i));

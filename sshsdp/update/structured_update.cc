@@ -25,15 +25,15 @@ StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
 }
 
 StructuredUpdate::StructuredUpdate(const std::vector<UpdateGroupView>& groups,
-                                   const UpdateOptions& options, int rank) {
+                                   const UpdateOptions& options, int rank, PlanCache* plans) {
   SSHSDP_CHECK(!options.full_tensor, PlanError,
                "structured update: a plan-only update cannot model full_tensor (⑥) Muon");
-  Build(groups, options, rank, nullptr, nullptr, nullptr);
+  Build(groups, options, rank, nullptr, nullptr, nullptr, plans);
 }
 
 void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
                              const UpdateOptions& options, int rank, Communicator* p2p,
-                             MemoryAccount* account, Communicator* zero1) {
+                             MemoryAccount* account, Communicator* zero1, PlanCache* plans) {
   SSHSDP_CHECK(!groups.empty(), PlanError, "structured update: no runtime groups");
   SSHSDP_CHECK(options.backend != nullptr, PlanError,
                "structured update: no backend to run the optimizer on (UpdateOptions::backend; "
@@ -132,8 +132,12 @@ void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
   const int replica = chains[0]->topology().Coord(rank).d;
   auto add = [&](OptimizerKind k, UpdateProgram prog, std::vector<UpdateUnit> units) {
     if (units.empty()) return;
-    auto plan =
-        std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica);
+    const std::pair<int, int> key{static_cast<int>(k), replica};
+    std::shared_ptr<const UpdatePlan> plan = plans ? (*plans)[key] : nullptr;
+    if (!plan) {
+      plan = std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica);
+      if (plans) (*plans)[key] = plan;
+    }
     executors_.push_back(
         std::make_unique<UpdateExecutor>(plan, chains, rank, p2p, *options.backend, account));
     kinds_.push_back(k);

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "sshsdp/update/adamw.h"
@@ -76,8 +77,12 @@ class StructuredUpdate {
                    Communicator* zero1 = nullptr);
   // Plan only (engine/plan.h): the same selection, plans and executors' temporaries for
   // `rank`, without communicators; Run refuses. Not for options.full_tensor (PlanError).
+  // `plans`, when given, keeps each (optimizer, HSDP replica)'s UpdatePlan for the next rank
+  // planned with the same groups and options: a replica's plan is the same on all its ranks,
+  // so planning every rank of a world builds W/so plans, not W.
+  using PlanCache = std::map<std::pair<int, int>, std::shared_ptr<const UpdatePlan>>;
   StructuredUpdate(const std::vector<UpdateGroupView>& groups, const UpdateOptions& options,
-                   int rank);
+                   int rank, PlanCache* plans = nullptr);
 
   // optimizers()[g][u]: which optimizer updates update parameter u of group g.
   const std::vector<std::vector<OptimizerKind>>& optimizers() const { return optimizers_; }
@@ -101,7 +106,8 @@ class StructuredUpdate {
 
  private:
   void Build(const std::vector<UpdateGroupView>& groups, const UpdateOptions& options, int rank,
-             Communicator* p2p, MemoryAccount* account, Communicator* zero1);
+             Communicator* p2p, MemoryAccount* account, Communicator* zero1,
+             PlanCache* plans = nullptr);
   std::vector<std::vector<OptimizerKind>> optimizers_;
   std::vector<std::unique_ptr<UpdateExecutor>> executors_;  // AdamW first, then Muon
   std::vector<OptimizerKind> kinds_;
