@@ -13,7 +13,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
-#include "sshsdp/ckpt/crc32.h"
+#include "sshsdp/base/crc32.h"
 
 namespace sshsdp {
 

@@ -18,7 +18,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
-#include "sshsdp/ckpt/posix_file.h"
+#include "sshsdp/base/posix_file.h"
 #include "sshsdp/layout/shard_chain.h"
 
 namespace sshsdp {

@@ -12,7 +12,7 @@
 
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
-#include "sshsdp/ckpt/crc32.h"
+#include "sshsdp/base/crc32.h"
 #include "sshsdp/ckpt/safetensors.h"
 
 namespace sshsdp {

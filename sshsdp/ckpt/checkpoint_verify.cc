@@ -12,8 +12,8 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
-#include "sshsdp/ckpt/crc32.h"
-#include "sshsdp/ckpt/posix_file.h"
+#include "sshsdp/base/crc32.h"
+#include "sshsdp/base/posix_file.h"
 #include "sshsdp/layout/tensor_list.h"
 
 namespace sshsdp {

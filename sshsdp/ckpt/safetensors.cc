@@ -17,7 +17,7 @@
 #include <tuple>
 
 #include "sshsdp/base/error.h"
-#include "sshsdp/ckpt/posix_file.h"
+#include "sshsdp/base/posix_file.h"
 #include "sshsdp/layout/tensor_list.h"
 #include "sshsdp/numerics/dtype.h"
 

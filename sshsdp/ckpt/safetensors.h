@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "sshsdp/ckpt/posix_file.h"
+#include "sshsdp/base/posix_file.h"
 
 namespace sshsdp {
 

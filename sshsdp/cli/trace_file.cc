@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "sshsdp/base/error.h"
-#include "sshsdp/ckpt/posix_file.h"
+#include "sshsdp/base/posix_file.h"
 
 namespace sshsdp {
 

@@ -27,11 +27,15 @@ namespace {
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                             int, float, float*, int);
+// MKL's cblas_sgemm_batch_strided: the same product over `batch` matrices a stride apart.
+using CblasSgemmBatchStrided = void (*)(int, int, int, int, int, int, float, const float*, int,
+                                        int, const float*, int, int, float, float*, int, int, int);
 
 struct BlasLibrary {
   bool loaded = false;
   std::string path, version, error;
   CblasSgemm sgemm = nullptr;
+  CblasSgemmBatchStrided sgemm_batch_strided = nullptr;  // MKL only; else a loop of sgemm
   std::function<void(int)> set_threads;
   int threads = -1;
 };
@@ -71,6 +75,7 @@ BlasLibrary LoadMkl() {
   auto cbwr = Symbol<int (*)(int)>(h, "MKL_CBWR_Set", lib);
   auto set_threads = Symbol<void (*)(int)>(h, "MKL_Set_Num_Threads", lib);
   lib.sgemm = Symbol<CblasSgemm>(h, "cblas_sgemm", lib);
+  lib.sgemm_batch_strided = Symbol<CblasSgemmBatchStrided>(h, "cblas_sgemm_batch_strided", lib);
   if (!lib.error.empty()) return lib;
   set_interface(0);  // MKL_INTERFACE_LP64: 32-bit integers
   set_layer(3);      // MKL_THREADING_GNU: libgomp
@@ -254,6 +259,15 @@ void BlasExecute(GemmProvider p, const GemmKey& key, const float* a, const float
   const int64_t sa = grid ? g[1] : m * static_cast<int64_t>(k);
   const int64_t sb = grid ? g[3] : k * static_cast<int64_t>(n);
   const int64_t sc = grid ? g[5] : m * static_cast<int64_t>(n);
+  if (lib.sgemm_batch_strided && key.batch > 1) {  // one call per outer index
+    const int stride_a = CheckedInt(sa, "A stride"), stride_b = CheckedInt(sb, "B stride");
+    const int stride_c = CheckedInt(sc, "C stride"), batch = CheckedInt(key.batch, "batch");
+    for (int64_t o = 0; o < outer; ++o)
+      lib.sgemm_batch_strided(kRowMajor, ta, tb, m, n, k, key.alpha, a + o * g[0], lda, stride_a,
+                              b + o * g[2], ldb, stride_b, beta, c + o * g[4], ldc, stride_c,
+                              batch);
+    return;
+  }
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t i = 0; i < key.batch; ++i) {
       lib.sgemm(kRowMajor, ta, tb, m, n, k, key.alpha, a + o * g[0] + i * sa, lda,

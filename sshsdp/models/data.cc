@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/base/posix_file.h"
 
 static_assert(std::endian::native == std::endian::little,
               "token files (nanoGPT .bin, llm.c) are little-endian integers read in place");
@@ -385,10 +386,8 @@ void TokenFileWriter::Commit() {
   out_.close();
   SSHSDP_CHECK(out_.good(), IoError, "token file '{}': write failed (disk full?): {}", tmp_,
                std::strerror(errno));
-  std::error_code ec;
-  std::filesystem::rename(tmp_, path_, ec);
-  SSHSDP_CHECK(!ec, IoError, "token file '{}': cannot rename {} into place: {}", path_, tmp_,
-               ec.message());
+  FsyncFile(tmp_);  // durable before it replaces anything: a power loss leaves old or new
+  RenameInto(tmp_, path_);
   committed_ = true;
 }
 

@@ -1,6 +1,6 @@
 // CRC-32, slicing by 8 (see crc32.h): eight 256-entry tables built once, then eight input
 // bytes per iteration.
-#include "sshsdp/ckpt/crc32.h"
+#include "sshsdp/base/crc32.h"
 
 #include <array>
 #include <cstring>

@@ -1,5 +1,5 @@
 // POSIX files with fsync and checked reads (see posix_file.h).
-#include "sshsdp/ckpt/posix_file.h"
+#include "sshsdp/base/posix_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,7 +12,7 @@
 #include <filesystem>
 
 #include "sshsdp/base/error.h"
-#include "sshsdp/ckpt/crc32.h"
+#include "sshsdp/base/crc32.h"
 
 namespace sshsdp {
 
@@ -85,6 +85,15 @@ void FsyncDir(const std::string& dir) {
   ::close(fd);
   SSHSDP_CHECK(rc == 0 || err == EINVAL, IoError, "{}: fsync of directory failed: {}", dir,
                std::strerror(err));
+}
+
+void FsyncFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  SSHSDP_CHECK(fd >= 0, IoError, "{}: cannot open to fsync: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  SSHSDP_CHECK(rc == 0, IoError, "{}: fsync failed: {}", path, std::strerror(err));
 }
 
 void RenameInto(const std::string& tmp, const std::string& path) {

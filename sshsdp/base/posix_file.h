@@ -1,4 +1,4 @@
-// POSIX files for checkpoints and weight files: every write is followed by an explicit fsync
+// POSIX files for checkpoints, weight and token files: every write is followed by an explicit fsync
 // before the file is renamed into place, reads are positioned (pread) and checked to the last
 // byte, and every failure message carries the file and the OS's reason (errno).
 //
@@ -59,6 +59,9 @@ class InFile {
 
 // fsync of a directory (after a rename into it); EINVAL (file systems that cannot) is ignored.
 void FsyncDir(const std::string& dir);
+// fsync of a closed file written by other means (a std::ofstream): on stable storage when this
+// returns, ready for RenameInto.
+void FsyncFile(const std::string& path);
 
 // rename(tmp, path) and fsync of path's directory: path holds either its old or its new
 // content after a crash, never a partial one.
