@@ -11,8 +11,8 @@
 #include <cstring>
 #include <filesystem>
 
-#include "sshsdp/base/error.h"
 #include "sshsdp/base/crc32.h"
+#include "sshsdp/base/error.h"
 
 namespace sshsdp {
 

@@ -8,9 +8,9 @@
 #include <set>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/base/posix_file.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
-#include "sshsdp/base/posix_file.h"
 #include "sshsdp/layout/shard_chain.h"
 #include "sshsdp/layout/tensor_list.h"
 

@@ -10,10 +10,10 @@
 #include <sstream>
 #include <type_traits>
 
+#include "sshsdp/base/crc32.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
-#include "sshsdp/base/crc32.h"
 
 namespace sshsdp {
 

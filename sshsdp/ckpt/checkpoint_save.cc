@@ -16,9 +16,9 @@
 #include <sstream>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/base/posix_file.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
-#include "sshsdp/base/posix_file.h"
 #include "sshsdp/layout/shard_chain.h"
 
 namespace sshsdp {

@@ -10,9 +10,9 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 
+#include "sshsdp/base/crc32.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
-#include "sshsdp/base/crc32.h"
 #include "sshsdp/ckpt/safetensors.h"
 
 namespace sshsdp {

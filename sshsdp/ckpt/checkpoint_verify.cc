@@ -9,11 +9,11 @@
 #include <utility>
 #include <vector>
 
+#include "sshsdp/base/crc32.h"
 #include "sshsdp/base/error.h"
+#include "sshsdp/base/posix_file.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/ckpt/checkpoint_internal.h"
-#include "sshsdp/base/crc32.h"
-#include "sshsdp/base/posix_file.h"
 #include "sshsdp/layout/tensor_list.h"
 
 namespace sshsdp {

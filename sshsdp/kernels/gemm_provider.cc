@@ -28,8 +28,8 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                             int, float, float*, int);
 // MKL's cblas_sgemm_batch_strided: the same product over `batch` matrices a stride apart.
-using CblasSgemmBatchStrided = void (*)(int, int, int, int, int, int, float, const float*, int,
-                                        int, const float*, int, int, float, float*, int, int, int);
+using CblasSgemmBatchStrided = void (*)(int, int, int, int, int, int, float, const float*, int, int,
+                                        const float*, int, int, float, float*, int, int, int);
 
 struct BlasLibrary {
   bool loaded = false;
