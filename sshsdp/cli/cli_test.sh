@@ -54,6 +54,15 @@ timeout 60 "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" --backend cuda:0 --steps 1 :
   "${tiny[@]}" --backend cuda:1 --steps 1 >"$tmp/out" 2>&1
 ! grep -q "differ from rank 0" "$tmp/out"
 check "ranks with --backend cuda:0 and cuda:1 agree" $?
+# Ranks whose kernels differ (nodes of another CPU kind, another SSHSDP_GEMM) train, with a
+# note on rank 0 naming the rank and the kernels; ranks that agree get no such note.
+"${mpirun[@]}" -np 1 -x SSHSDP_GEMM=onednn "$bin" "${tiny[@]}" --steps 1 : -np 1 \
+  -x SSHSDP_GEMM=blis "$bin" "${tiny[@]}" --steps 1 >"$tmp/out" 2>&1 &&
+  grep -q "note: the kernels of rank 1 differ from rank 0's (rank 1 vs rank 0: 'fp32 GEMM: fp32 (BLIS" "$tmp/out"
+check "ranks on other GEMM providers: noted by name" $?
+"${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --steps 1 >"$tmp/out" 2>&1 &&
+  ! grep -q "note: the kernels of" "$tmp/out"
+check "ranks on the same kernels: no note" $?
 expect_error "bench ranks with different --lr: refused" \
   "rank 1 was started with options that differ from rank 0's (rank 1 vs rank 0: 'lr=0.1' vs 'lr=0.003')" \
   "${mpirun[@]}" -np 1 "$bin" bench --model tiny --layers 1 --steps 1 : -np 1 "$bin" bench \

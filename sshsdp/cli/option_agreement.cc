@@ -35,36 +35,50 @@ std::string FirstDifferingLine(const std::string& a, const std::string& b) {
   }
 }
 
-void AgreeOnOptions(const std::string& options, std::string_view program) {
+std::string RankDifferences::Ranks() const {
+  return fmt::format("rank{} {}", ranks.size() == 1 ? "" : "s", fmt::join(ranks, ", "));
+}
+
+std::string RankDifferences::RanksWere() const {
+  return Ranks() + (ranks.size() == 1 ? " was" : " were");
+}
+
+RankDifferences DifferencesFromRankZero(const std::string& text) {
   int size = 1, rank = 0;
   CheckMpi(MPI_Comm_size(MPI_COMM_WORLD, &size), "MPI_Comm_size");
   CheckMpi(MPI_Comm_rank(MPI_COMM_WORLD, &rank), "MPI_Comm_rank");
-  if (size == 1) return;
-  const uint64_t mine = Fnv1a(options);
+  RankDifferences out;
+  if (size == 1) return out;
+  const uint64_t mine = Fnv1a(text);
   std::vector<uint64_t> hashes(static_cast<size_t>(size));
   CheckMpi(MPI_Allgather(&mine, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD),
-           "MPI_Allgather (options)");
-  std::vector<int> differ;
+           "MPI_Allgather (agreement)");
   for (int r = 1; r < size; ++r) {
-    if (hashes[static_cast<size_t>(r)] != hashes[0]) differ.push_back(r);
+    if (hashes[static_cast<size_t>(r)] != hashes[0]) out.ranks.push_back(r);
   }
-  if (differ.empty()) return;
-  // Rank 0's text and the lowest differing rank's, to every rank (the same message on all).
-  const int other = differ.front();
+  if (out.ranks.empty()) return out;
+  // Rank 0's text and the lowest differing rank's, to every rank (the same result on all).
+  const int other = out.ranks.front();
   std::string texts[2];
   for (int i = 0; i < 2; ++i) {
     const int root = i == 0 ? 0 : other;
-    int length = rank == root ? static_cast<int>(options.size()) : 0;
-    CheckMpi(MPI_Bcast(&length, 1, MPI_INT, root, MPI_COMM_WORLD), "MPI_Bcast (options)");
-    texts[i] = rank == root ? options : std::string(static_cast<size_t>(length), '\0');
+    int length = rank == root ? static_cast<int>(text.size()) : 0;
+    CheckMpi(MPI_Bcast(&length, 1, MPI_INT, root, MPI_COMM_WORLD), "MPI_Bcast (agreement)");
+    texts[i] = rank == root ? text : std::string(static_cast<size_t>(length), '\0');
     CheckMpi(MPI_Bcast(texts[i].data(), length, MPI_CHAR, root, MPI_COMM_WORLD),
-             "MPI_Bcast (options)");
+             "MPI_Bcast (agreement)");
   }
+  out.first = FirstDifferingLine(texts[1], texts[0]);
+  return out;
+}
+
+void AgreeOnOptions(const std::string& options, std::string_view program) {
+  const RankDifferences d = DifferencesFromRankZero(options);
+  if (d.ranks.empty()) return;
   throw ConfigError(fmt::format(
-      "{}: rank{} {} {} started with options that differ from rank 0's (rank {} vs rank 0: {}); "
-      "every rank must run the same command (the same flags and --config file)",
-      program, differ.size() == 1 ? "" : "s", fmt::join(differ, ", "),
-      differ.size() == 1 ? "was" : "were", other, FirstDifferingLine(texts[1], texts[0])));
+      "{}: {} started with options that differ from rank 0's (rank {} vs rank 0: {}); every "
+      "rank must run the same command (the same flags and --config file)",
+      program, d.RanksWere(), d.ranks.front(), d.first));
 }
 
 }  // namespace sshsdp

@@ -380,6 +380,28 @@ GemmPeak MeasurePeak(const TrainRun& run, const DeviceRun& dev, Communicator& wo
   return peak;
 }
 
+// The GEMM and attention paths may differ by rank (nodes of other CPU kinds, or another
+// SSHSDP_GEMM in one node's environment): legitimate, but the run's bits then depend on which
+// rank ran what, so rank 0 notes it. Collective.
+std::string AttentionPath(const TrainOptions& o, const DeviceRun& dev) {
+  return kernels::AttentionPathDescription(
+      RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype) &&
+      (!dev.backend || dev.backend->Has(BackendFeature::kBf16Attention)));
+}
+
+void NoteKernelDifferences(const TrainRun& run, const TrainLoop& loop, const DeviceRun& dev) {
+  const std::string mine =
+      fmt::format("GEMM: {}\nfp32 GEMM: {}\nattention: {}", loop.gemm_peak.path,
+                  kernels::GemmPathDescription(DType::kF32), AttentionPath(run.o, dev));
+  const RankDifferences d = DifferencesFromRankZero(mine);
+  if (d.ranks.empty() || WorldRankOrMinusOne() != 0) return;
+  fmt::print(
+      "note: the kernels of {} differ from rank 0's (rank {} vs rank 0: {}): their products "
+      "round differently, so the run's bits depend on which rank ran what; give every rank the "
+      "same SSHSDP_GEMM (and SSHSDP_BF16_GEMM, DNNL_MAX_CPU_ISA) to make them alike\n",
+      d.Ranks(), d.ranks.front(), d.first);
+}
+
 // The run's header on rank 0: model, layout, data, GEMM path and peak, attention, threads.
 void PrintHeader(const TrainRun& run, const TrainLoop& loop, const DeviceRun& dev,
                  const kernels::KernelThreadChoice& threads) {
@@ -401,11 +423,7 @@ void PrintHeader(const TrainRun& run, const TrainLoop& loop, const DeviceRun& de
       syn ? fmt::format(" | data: synthetic, optimal loss {:.4f}", syn->OptimalLoss())
           : fmt::format(" | data: {}", o.data),
       dev.backend ? fmt::format(" | backend {}", dev.backend->name()) : "", loop.gemm_peak.path,
-      loop.gemm_peak.ToString(), kernels::CpuIsaName(),
-      kernels::AttentionPathDescription(
-          RunsBf16Attention(o.model, o.weight_dtype, o.attention_dtype) &&
-          (!dev.backend || dev.backend->Has(BackendFeature::kBf16Attention))),
-      threads.description);
+      loop.gemm_peak.ToString(), kernels::CpuIsaName(), AttentionPath(o, dev), threads.description);
   for (const std::string& n : dev.notes) fmt::print("note: {}\n", n);
   std::fflush(stdout);
 }
@@ -485,6 +503,7 @@ int RunTrain(int argc, char** argv, const TrainOptions& o) {
     TrainLoop loop{model.get(), &engine, world.get()};
     LoadInitialState(run, hf, init, &loop);
     loop.gemm_peak = MeasurePeak(run, dev, *world);
+    NoteKernelDifferences(run, loop, dev);
     if (!node.threads.warning.empty()) {
       fmt::print(stderr, "sshsdp train: rank {}: warning: {}\n", rank, node.threads.warning);
     }
