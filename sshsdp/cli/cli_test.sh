@@ -54,6 +54,11 @@ timeout 60 "${mpirun[@]}" -np 1 "$bin" "${tiny[@]}" --backend cuda:0 --steps 1 :
   "${tiny[@]}" --backend cuda:1 --steps 1 >"$tmp/out" 2>&1
 ! grep -q "differ from rank 0" "$tmp/out"
 check "ranks with --backend cuda:0 and cuda:1 agree" $?
+printf 'model = "tiny"\nsteps = 1\n' >"$tmp/c.toml"
+expect_error "--metrics onto the --config file is refused" "is the file --config" \
+  "$bin" train --config "$tmp/c.toml" --metrics "$tmp/c.toml"
+grep -q 'model = "tiny"' "$tmp/c.toml"
+check "  ... and the config file is untouched" $?
 # Ranks whose kernels differ (nodes of another CPU kind, another SSHSDP_GEMM) train, with a
 # note on rank 0 naming the rank and the kernels; ranks that agree get no such note.
 "${mpirun[@]}" -np 1 -x SSHSDP_GEMM=onednn "$bin" "${tiny[@]}" --steps 1 : -np 1 \
@@ -127,8 +132,15 @@ expect_error "--trace where no file can be created is refused at start-up" \
 # A model that cannot fit the node is refused by size before anything is allocated (it was
 # ended by the OOM killer, with no message, after allocating the machine's memory).
 expect_error "a model too large for the node is refused before allocating" \
-  "would need at least" "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --d-model 4096 --heads 2 \
-  --layers 100000 --steps 1
+  "would need at least" "${mpirun[@]}" -np 2 "$bin" "${tiny[@]}" --d-model 65536 --heads 2 \
+  --layers 64 --steps 1
+# Dimensions far beyond any published model are refused by bound before anything is sized
+# from them (10^9 blocks built for minutes; 4·2·10^9 overflowed d_ff).
+expect_error "a block count beyond the bound is refused at once" \
+  "n_layer = 1000000000 is above sshsdp's bound of 4096" \
+  "$bin" "${tiny[@]}" --steps 1 --layers 1000000000
+expect_error "plan: a width beyond the bound is refused, not overflowed" \
+  "d_model = 2000000000 is above sshsdp's bound" "$bin" plan -n 1 --d-model 2000000000
 # Values whose default means "unset" are refused when given out of range, not taken as unset.
 expect_error "--sw 0 is refused, not taken as unset" "--sw: must be an integer >= 1, got '0'" \
   "$bin" "${tiny[@]}" --sw 0 --steps 1

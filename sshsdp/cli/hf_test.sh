@@ -166,4 +166,25 @@ expect_error "export-hf of a GPT weights file" "export-hf writes the Llama famil
   "$bin" export-hf --weights "$tmp/gpt.safetensors" --out "$tmp/x"
 expect_error "export-hf into its own checkpoint" "checkpoint" \
   "$bin" export-hf --ckpt "$tmp/ck" --out "$tmp/ck/step_00000006"
+# No output of train replaces the model's description or the Hugging Face directory it reads.
+cp "$data/qwen3_gqa/config.json" "$tmp/mc.json"
+expect_error "--metrics onto --model-config is refused" "is the file --model-config" \
+  "$bin" train --model-config "$tmp/mc.json" --seq-len 16 --steps 1 --metrics "$tmp/mc.json"
+cp -r "$data/qwen3_gqa" "$tmp/hf_in"
+expect_error "--metrics into the --init-from-hf directory is refused" "lies inside --init-from-hf" \
+  "$bin" train --init-from-hf "$tmp/hf_in" --seq-len 16 --steps 1 --metrics "$tmp/hf_in/config.json"
+cmp -s "$tmp/mc.json" "$data/qwen3_gqa/config.json" &&
+  cmp -s "$tmp/hf_in/config.json" "$data/qwen3_gqa/config.json"
+check "  ... and both inputs are untouched" $?
+# An export into a directory holding an earlier export leaves no stale weights beside its
+# own (a loader takes model.safetensors before an index, as transformers does).
+"$bin" train --model qwen3-small --seq-len 32 --steps 0 --save-weights "$tmp/qs.safetensors" \
+  >/dev/null 2>&1 &&
+  "$bin" export-hf --weights "$tmp/qs.safetensors" --out "$tmp/re" >/dev/null 2>&1 &&
+  "$bin" export-hf --weights "$tmp/qs.safetensors" --out "$tmp/re" --shard-mb 1 >/dev/null 2>&1 &&
+  [ ! -e "$tmp/re/model.safetensors" ] && [ -e "$tmp/re/model.safetensors.index.json" ] &&
+  "$bin" export-hf --weights "$tmp/qs.safetensors" --out "$tmp/re" >/dev/null 2>&1 &&
+  [ -e "$tmp/re/model.safetensors" ] && [ ! -e "$tmp/re/model.safetensors.index.json" ] &&
+  ! ls "$tmp/re"/model-*-of-*.safetensors >/dev/null 2>&1
+check "export-hf replaces an earlier export's weights, single file or shards, leaving none stale" $?
 finish_checks

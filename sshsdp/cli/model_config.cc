@@ -72,7 +72,7 @@ LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab) {
                "config.json gives it)",
                o.model, o.init_from_hf.empty() ? "--model-config" : "--init-from-hf");
   LlamaConfig c;
-  const bool gone = !hf.empty() && !std::filesystem::exists(hf) &&
+  const bool gone = !hf.empty() && !std::filesystem::exists(hf) && o.resumed_model.is_object() &&
                     o.resumed_model.value("type", std::string()) == "llama-family";
   if (gone) {  // a resume whose Hugging Face directory moved: the checkpoint describes the model
     c = LlamaFromModelJson(o.resumed_model);

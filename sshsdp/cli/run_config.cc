@@ -249,25 +249,62 @@ bool Within(const std::filesystem::path& p, const std::filesystem::path& root) {
   return r == root.end() || (std::next(r) == root.end() && r->empty());  // "root/" ends in ""
 }
 
+// What of a checkpoint `dir` holds: "a checkpoint's manifest.json" (a step directory),
+// "a checkpoint root's `latest` record" (with step_* directories beside it), or "".
+std::string CheckpointIn(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(dir / "manifest.json", ec)) return "a checkpoint's manifest.json";
+  if (!fs::is_regular_file(dir / "latest", ec)) return "";
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (e.is_directory(ec) && e.path().filename().string().starts_with("step_"))
+      return "a checkpoint root's `latest` record";
+  return "";
+}
+
 }  // namespace
 
 void CheckOutputsOutsideCheckpoints(const std::vector<NamedPath>& outputs,
                                     const std::vector<NamedPath>& trees) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  for (const auto& [tree_flag, tree] : trees) {
-    if (tree.empty()) continue;
-    fs::path root = fs::weakly_canonical(fs::absolute(tree, ec), ec);
-    // A step directory (step_<N>) belongs to its root, where `latest` lives.
-    if (root.filename().string().starts_with("step_")) root = root.parent_path();
-    for (const auto& [flag, path] : outputs) {
-      if (path.empty()) continue;
-      const fs::path out = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  for (const auto& [flag, path] : outputs) {
+    if (path.empty()) continue;
+    const fs::path out = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    for (const auto& [tree_flag, tree] : trees) {
+      if (tree.empty()) continue;
+      fs::path root = fs::weakly_canonical(fs::absolute(tree, ec), ec);
+      // A step directory (step_<N>) belongs to its root, where `latest` lives.
+      if (root.filename().string().starts_with("step_")) root = root.parent_path();
       SSHSDP_CHECK(!Within(out, root), ConfigError,
                    "{} {} lies inside {} {} (checkpoint tree {}): writing it would replace a "
                    "file the checkpoint needs (a rank file, the manifest, `latest`); name a "
                    "file outside it",
                    flag, path, tree_flag, tree, root.string());
+    }
+    // Any other checkpoint: a step directory (it holds a manifest) or a root (`latest`).
+    const std::string held = CheckpointIn(out.parent_path());
+    SSHSDP_CHECK(held.empty(), ConfigError,
+                 "{} {} lies in {}, which holds {}: writing there could replace a file a "
+                 "checkpoint needs; name a file outside it",
+                 flag, path, out.parent_path().string(), held);
+  }
+}
+
+void CheckOutputsOutsideInputDirs(const std::vector<NamedPath>& outputs,
+                                  const std::vector<NamedPath>& dirs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& [dir_flag, dir] : dirs) {
+    if (dir.empty() || !fs::is_directory(dir, ec)) continue;
+    const fs::path root = fs::weakly_canonical(fs::absolute(dir, ec), ec);
+    for (const auto& [flag, path] : outputs) {
+      if (path.empty()) continue;
+      const fs::path out = fs::weakly_canonical(fs::absolute(path, ec), ec);
+      SSHSDP_CHECK(!Within(out, root), ConfigError,
+                   "{} {} lies inside {} {}, a directory the run reads (its config.json, "
+                   "weights and tokenizer): name a file outside it",
+                   flag, path, dir_flag, dir);
     }
   }
 }

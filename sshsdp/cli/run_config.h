@@ -61,7 +61,14 @@ void CheckOutputsDistinct(const std::vector<NamedPath>& outputs,
 // replacing a rank file, the manifest or the `latest` record would leave a checkpoint that no
 // longer verifies. Paths are compared resolved (symlinks, `..`); a step directory's root (its
 // parent) is part of the tree. Empty paths are skipped.
+// Outputs are also refused in any directory that holds a checkpoint's manifest.json or
+// `latest` record (another checkpoint than the command's).
 void CheckOutputsOutsideCheckpoints(const std::vector<NamedPath>& outputs,
                                     const std::vector<NamedPath>& trees);
+
+// ConfigError when an output file lies inside an input directory (flag, dir: a Hugging Face
+// model directory of --init-from-hf), resolved. Empty or missing directories are skipped.
+void CheckOutputsOutsideInputDirs(const std::vector<NamedPath>& outputs,
+                                  const std::vector<NamedPath>& dirs);
 
 }  // namespace sshsdp

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/cli/run_config.h"
 #include "sshsdp/models/data.h"
 #include "sshsdp/text/tokenizer.h"
 #include "sshsdp/text/utf8.h"
@@ -125,17 +126,14 @@ void CheckOutputs(const TokenizeOptions& o) {
                "--val-out and --val-fraction go together (the file, and the share of documents "
                "it receives)");
   std::error_code ec;
-  for (const std::string& out : {o.out, o.val_out}) {
-    if (out.empty()) continue;
-    SSHSDP_CHECK(!fs::is_directory(out, ec), ConfigError,
-                 "{} is a directory: --out / --val-out name files", out);
-    for (const std::string& in : o.inputs)
-      SSHSDP_CHECK(!fs::exists(in, ec) || !fs::exists(out, ec) || !fs::equivalent(in, out, ec),
-                   ConfigError, "{} is both an input and an output: choose another --out", out);
-  }
-  SSHSDP_CHECK(
-      o.val_out.empty() || fs::weakly_canonical(o.out, ec) != fs::weakly_canonical(o.val_out, ec),
-      ConfigError, "--out and --val-out name the same file");
+  const std::vector<NamedPath> outputs = {{"--out", o.out}, {"--val-out", o.val_out}};
+  for (const auto& [flag, out] : outputs)
+    SSHSDP_CHECK(out.empty() || !fs::is_directory(out, ec), ConfigError,
+                 "{} {} is a directory: name a file", flag, out);
+  std::vector<NamedPath> inputs = {{"--tokenizer", o.tokenizer}};
+  for (const std::string& in : o.inputs) inputs.emplace_back("--input", in);
+  CheckOutputsDistinct(outputs, inputs);
+  CheckOutputsOutsideInputDirs(outputs, {{"--tokenizer", o.tokenizer}});
   for (const std::string& in : o.inputs) CheckInputFile(in);  // every input, before any is read
 }
 
@@ -236,6 +234,7 @@ void AddTokenizeOptions(CLI::App& app, TokenizeOptions& o) {
   app.add_flag("--document-per-file", o.document_per_file,
                "each plain-text file is one document (default: each blank-line-separated block)");
   app.add_option("--threads", o.threads, "encoding threads (0: the CPUs this process may use)")
+      ->check(CLI::Range(0, 1024))
       ->capture_default_str();
 }
 

@@ -64,8 +64,24 @@ expect_error "a JSONL line without the key is refused naming file and line" \
 expect_error "a directory as input is refused" "not a readable regular file (a directory" \
   "$bin" tokenize "${tok[@]}" --input "$tmp" --out "$tmp/x.bin"
 cp "$data/corpus.txt" "$tmp/c.txt"
-expect_error "an output that is an input is refused" "is both an input and an output" \
+expect_error "an output that is an input is refused" \
+  "--out $tmp/c.txt is the file --input $tmp/c.txt reads" \
   "$bin" tokenize "${tok[@]}" --input "$tmp/c.txt" --out "$tmp/c.txt"
+cp "$data/gpt2_style.json" "$tmp/t.json"
+expect_error "an output that is the tokenizer is refused" "is the file --tokenizer" \
+  "$bin" tokenize --tokenizer "$tmp/t.json" --input "$tmp/c.txt" --out "$tmp/t.json"
+mkdir -p "$tmp/hfdir" && cp "$data/gpt2_style.json" "$tmp/hfdir/tokenizer.json"
+expect_error "an output inside the tokenizer's model directory is refused" \
+  "lies inside --tokenizer $tmp/hfdir" \
+  "$bin" tokenize --tokenizer "$tmp/hfdir" --input "$tmp/c.txt" --out "$tmp/hfdir/x.bin"
+"$bin" tokenize --tokenizer "$tmp/hfdir" --input "$tmp/c.txt" --out "$tmp/d.bin" >/dev/null &&
+  "$bin" tokenize --tokenizer "$tmp/t.json" --input "$tmp/c.txt" --out "$tmp/f.bin" >/dev/null &&
+  cmp -s "$tmp/d.bin" "$tmp/f.bin"
+check "--tokenizer takes a model directory holding tokenizer.json" $?
+cmp -s "$tmp/t.json" "$data/gpt2_style.json"
+check "the tokenizer named as output is untouched" $?
+expect_error "--threads beyond 1024 is refused" "--threads" \
+  "$bin" tokenize --tokenizer "$tmp/t.json" --input "$tmp/c.txt" --out "$tmp/x.bin" --threads 100000
 python3 -c "
 import json,sys; t=json.load(open(sys.argv[1])); t['model']['type']='WordPiece'
 json.dump(t, open(sys.argv[2],'w'))" "$data/gpt2_style.json" "$tmp/wp.json"

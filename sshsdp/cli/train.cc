@@ -92,12 +92,12 @@ void CheckOutputs(const TrainOptions& o) {
   CheckWritableOutput("--trace", o.trace);
   const std::vector<NamedPath> outputs = {
       {"--save-weights", o.save_weights}, {"--metrics", o.metrics}, {"--trace", o.trace}};
-  CheckOutputsDistinct(
-      outputs,
-      {{"--data", o.data == "synthetic" ? "" : o.data},
-       {"--val-data", o.val_data},
-       {"--init-weights", o.init_weights},
-       {"--init-from-hf", o.init_from_hf.empty() ? "" : o.init_from_hf + "/model.safetensors"}});
+  CheckOutputsDistinct(outputs, {{"--data", o.data == "synthetic" ? "" : o.data},
+                                 {"--val-data", o.val_data},
+                                 {"--init-weights", o.init_weights},
+                                 {"--config", o.config},
+                                 {"--model-config", o.model_config}});
+  CheckOutputsOutsideInputDirs(outputs, {{"--init-from-hf", o.init_from_hf}});
   CheckOutputsOutsideCheckpoints(outputs, {{"--ckpt-dir", o.ckpt_dir}, {"--resume", o.resume}});
 }
 

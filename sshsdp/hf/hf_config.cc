@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <type_traits>
 
 #include "sshsdp/base/error.h"
 
@@ -13,6 +15,18 @@ namespace {
 template <class T>
 T Get(const nlohmann::json& j, const char* key, T fallback, const std::string& source) {
   if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // An integer literal within T's range: nlohmann's get<int> would wrap 2^40 to 0 and
+    // truncate 1e9.
+    const nlohmann::json& v = j.at(key);
+    const bool fits =
+        v.is_number_unsigned()
+            ? v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max())
+            : v.is_number_integer() && v.get<int64_t>() >= std::numeric_limits<T>::min() &&
+                  v.get<int64_t>() <= std::numeric_limits<T>::max();
+    SSHSDP_CHECK(fits, ConfigError, "{}: '{}' is {}, not an integer from {} to {}", source, key,
+                 v.dump(), std::numeric_limits<T>::min(), std::numeric_limits<T>::max());
+  }
   try {
     return j.at(key).get<T>();
   } catch (const nlohmann::json::exception&) {

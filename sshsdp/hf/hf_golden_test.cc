@@ -253,6 +253,10 @@ TEST(HfConfigTest, RefusesWhatSshsdpDoesNotCompute) {
   refused("num_key_value_heads", 3, "does not divide");
   refused("head_dim", 15, "head_dim 15 is odd");
   refused("hidden_size", "48", "'hidden_size' is \"48\"");
+  // Integers are read as what they must be, not wrapped or truncated.
+  refused("hidden_size", int64_t{1} << 40, "'hidden_size' is 1099511627776, not an integer");
+  refused("num_hidden_layers", 1e9, "'num_hidden_layers' is 1000000000.0, not an integer");
+  refused("num_hidden_layers", 100000, "num_hidden_layers = 100000 is above sshsdp's bound");
   // Keys left out take transformers' defaults of the model_type.
   nlohmann::json bare = base;
   bare.erase("head_dim");

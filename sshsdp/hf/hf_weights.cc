@@ -10,6 +10,7 @@
 #include <set>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/base/posix_file.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/hf/hf_config.h"
 #include "sshsdp/layout/tensor_list.h"
@@ -185,6 +186,23 @@ SafeTensor Assemble(const HfTensor& t, const LlamaConfig& c,
   return out;
 }
 
+// The weight files of an earlier export in `dir` that this one did not write: a loader takes
+// model.safetensors before an index (as transformers does), so a stale one would be loaded
+// in place of the new shards.
+void RemoveStaleWeights(const std::string& dir, const std::set<std::string>& written) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool weights = name == "model.safetensors" || name == "model.safetensors.index.json" ||
+                         (name.starts_with("model-") && name.ends_with(".safetensors") &&
+                          name.find("-of-") != std::string::npos);
+    if (!weights || written.count(name)) continue;
+    fs::remove(e.path(), ec);
+    SSHSDP_CHECK(!ec, IoError, "{}: cannot remove this weight file of an earlier export: {}",
+                 e.path().string(), ec.message());
+  }
+}
+
 }  // namespace
 
 void WriteHfCheckpoint(const std::string& dir, const LlamaConfig& c,
@@ -200,21 +218,27 @@ void WriteHfCheckpoint(const std::string& dir, const LlamaConfig& c,
   }
   fs::create_directories(dir);
   const std::map<std::string, std::string> meta = {{"format", "pt"}};
+  std::set<std::string> written;
+  auto write_text = [&](const std::string& name, const std::string& text) {
+    WriteFileAtomically(dir + "/" + name, [&](OutFile& f) { f.Write(text.data(), text.size()); });
+    written.insert(name);
+  };
   if (shards.size() == 1) {
     WriteSafetensors(dir + "/model.safetensors", shards[0], meta);
+    written.insert("model.safetensors");
   } else {
     nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", {}}};
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string name =
           fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
       WriteSafetensors(dir + "/" + name, shards[i], meta);
+      written.insert(name);
       for (const auto& [tensor, s] : shards[i]) index["weight_map"][tensor] = name;
     }
-    std::ofstream(dir + "/model.safetensors.index.json") << index.dump(2) << "\n";
+    write_text("model.safetensors.index.json", index.dump(2) + "\n");
   }
-  std::ofstream out(dir + "/config.json");
-  out << HfConfigJson(c).dump(2) << "\n";
-  SSHSDP_CHECK(out.good(), IoError, "{}/config.json: cannot write it", dir);
+  RemoveStaleWeights(dir, written);
+  write_text("config.json", HfConfigJson(c).dump(2) + "\n");
 }
 
 }  // namespace sshsdp

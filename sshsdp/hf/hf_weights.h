@@ -72,8 +72,10 @@ std::map<std::string, std::vector<float>> ReadHfWeights(const std::string& dir,
 // Writes c's config.json and its weights from `update` (update name -> tensor, as
 // ReadConsolidated or a weights file give them) into `dir` (created if absent): one
 // model.safetensors, or shards model-0000i-of-0000n.safetensors with
-// model.safetensors.index.json when the weights exceed max_shard_bytes. fp32. ConfigError
-// naming a missing or mis-shaped update parameter.
+// model.safetensors.index.json when the weights exceed max_shard_bytes. fp32. Every file is
+// written through a temporary renamed into place, and the weight files of an earlier export
+// there that this one does not replace are removed (as transformers' save_pretrained does).
+// ConfigError naming a missing or mis-shaped update parameter.
 void WriteHfCheckpoint(const std::string& dir, const LlamaConfig& c,
                        const std::map<std::string, SafeTensor>& update,
                        int64_t max_shard_bytes = int64_t{5} << 30);

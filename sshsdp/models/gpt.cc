@@ -14,6 +14,7 @@
 #include "sshsdp/base/op_profile.h"
 #include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
+#include "sshsdp/models/size_limits.h"
 
 namespace sshsdp {
 namespace {
@@ -79,6 +80,11 @@ GptConfig GptConfig::Preset(std::string_view name) {
 }
 
 void GptConfig::Validate() const {
+  CheckDimensions("GPT config", {{"n_layer", n_layer, kMaxLayers},
+                                 {"d_model", d_model, kMaxWidth},
+                                 {"d_ff", d_ff, kMaxFfnWidth},
+                                 {"n_head", n_head, kMaxHeadsOrExperts},
+                                 {"seq_len", seq_len, kMaxSeqLen}});
   SSHSDP_CHECK(vocab > 0 && seq_len > 0 && d_model > 0 && n_head > 0 && n_layer > 0 && ff() > 0 &&
                    vocab_multiple > 0,
                ConfigError,

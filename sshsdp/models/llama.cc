@@ -9,6 +9,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/base/op_profile.h"
 #include "sshsdp/models/layers.h"
+#include "sshsdp/models/size_limits.h"
 
 namespace sshsdp {
 namespace {
@@ -56,6 +57,14 @@ bool LlamaConfig::IsMoeLayer(int l) const {
 }
 
 void LlamaConfig::Validate() const {
+  CheckDimensions("Llama config", {{"num_hidden_layers", n_layer, kMaxLayers},
+                                   {"hidden_size", d_model, kMaxWidth},
+                                   {"intermediate_size", d_ff, kMaxFfnWidth},
+                                   {"moe_intermediate_size", d_expert, kMaxFfnWidth},
+                                   {"num_attention_heads", n_head, kMaxHeadsOrExperts},
+                                   {"num_key_value_heads", n_kv_head, kMaxHeadsOrExperts},
+                                   {"num_experts", n_expert, kMaxHeadsOrExperts},
+                                   {"seq_len", seq_len, kMaxSeqLen}});
   SSHSDP_CHECK(model_type == "llama" || model_type == "qwen3" || model_type == "qwen3_moe",
                ConfigError, "Llama config: model_type '{}' is not llama, qwen3 or qwen3_moe",
                model_type);

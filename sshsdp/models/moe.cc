@@ -17,6 +17,7 @@
 #include "sshsdp/base/error.h"
 #include "sshsdp/kernels/mx_linear.h"
 #include "sshsdp/models/layers.h"
+#include "sshsdp/models/size_limits.h"
 
 namespace sshsdp {
 namespace {
@@ -118,6 +119,9 @@ void MoeConfig::Validate() const {
   SSHSDP_CHECK(trunk.mx_gemm == DType::kF32, ConfigError,
                "MoE config: MXFP8 experts are dequantized for fp32 GEMMs (trunk.mx_gemm bf16 "
                "is the dense GPT's)");
+  CheckDimensions("MoE config", {{"experts", n_expert, kMaxHeadsOrExperts},
+                                 {"expert width", d_expert, kMaxFfnWidth},
+                                 {"shared expert width", d_shared, kMaxFfnWidth}});
   SSHSDP_CHECK(n_expert >= 1 && top_k >= 1 && top_k <= n_expert, ConfigError,
                "MoE config: need 1 <= top_k ({}) <= experts ({})", top_k, n_expert);
   SSHSDP_CHECK(

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -26,6 +27,10 @@ namespace sshsdp {
 namespace {
 
 using json = nlohmann::json;
+
+// Token ids a tokenizer may use: the largest vocabulary a model or token file takes (the
+// id_to_token table is sized by the largest id).
+constexpr int64_t kMaxTokenizerVocab = int64_t{1} << 24;
 
 // GPT-2's pre-tokenization regex (ByteLevel with use_regex).
 constexpr const char* kGpt2Pattern =
@@ -180,8 +185,11 @@ void ReadModel(const json& m, Tokenizer::Impl& t) {
   Refuse(m, "byte_fallback", t.where, "byte fallback");
   t.ignore_merges = m.value("ignore_merges", false);
   for (const auto& [tok, id] : Need(m, "vocab", t.where).items()) {
+    SSHSDP_CHECK(
+        id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxTokenizerVocab,
+        ConfigError, "{}: token '{}' has id {}, not an integer from 0 to {}", t.where, tok,
+        id.dump(), kMaxTokenizerVocab - 1);
     const int32_t i = id.get<int32_t>();
-    SSHSDP_CHECK(i >= 0, ConfigError, "{}: token '{}' has negative id {}", t.where, tok, i);
     t.vocab.emplace(tok, i);
     if (static_cast<size_t>(i) >= t.id_to_token.size()) t.id_to_token.resize(i + 1);
     t.id_to_token[i] = tok;
@@ -261,7 +269,10 @@ Tokenizer Tokenizer::FromJson(std::string_view text, const std::string& where) {
   return Tokenizer(std::move(t));
 }
 
-Tokenizer Tokenizer::FromFile(const std::string& path) {
+Tokenizer Tokenizer::FromFile(const std::string& file_or_dir) {
+  // A Hugging Face model directory holds its tokenizer.json.
+  const std::string path =
+      std::filesystem::is_directory(file_or_dir) ? file_or_dir + "/tokenizer.json" : file_or_dir;
   std::ifstream in(path, std::ios::binary);
   SSHSDP_CHECK(in.good(), IoError, "--tokenizer {}: cannot read it", path);
   std::stringstream ss;

@@ -29,8 +29,9 @@ namespace sshsdp {
 
 class Tokenizer {
  public:
-  // IoError for an unreadable file or invalid JSON; ConfigError naming what is unsupported.
-  static Tokenizer FromFile(const std::string& path);
+  // A tokenizer.json, or a Hugging Face model directory holding one. IoError for an
+  // unreadable file or invalid JSON; ConfigError naming what is unsupported.
+  static Tokenizer FromFile(const std::string& file_or_dir);
   static Tokenizer FromJson(std::string_view json_text, const std::string& where);
 
   // IoError naming the byte offset of invalid UTF-8.

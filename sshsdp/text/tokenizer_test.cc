@@ -125,6 +125,9 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
        },
        "decoder 'WordPiece'"},
       {"missing byte", [](auto& j) { j["model"]["vocab"].erase("\u0101"); }, "byte 0x01"},
+      {"huge id", [](auto& j) { j["model"]["vocab"]["#"] = 1000000000000; },
+       "token '#' has id 1000000000000, not an integer from 0 to 16777215"},
+      {"negative id", [](auto& j) { j["model"]["vocab"]["#"] = -3; }, "has id -3"},
   };
   for (const Case& c : cases) {
     nlohmann::json j = base;

@@ -304,6 +304,17 @@ if [ "$section" = errors ]; then
     -- "${resume[@]}" "$step" --metrics "$step/../step_00000002/rank_00001.safetensors"
   "${inspect[@]}" "$good" >/dev/null 2>&1
   check "  ... and the checkpoint still verifies after both" $?
+  # ... nor of another checkpoint: a step directory (its manifest) or a root (`latest`).
+  cp -r "$good" "$tmp/other"
+  other_step=$(ls -d "$tmp/other"/step_* | head -1)
+  expect_error "ckpt export onto another checkpoint's rank file is refused" \
+    "which holds a checkpoint's manifest.json" \
+    -- timeout 60 "$bin" ckpt export "$good" "$other_step/rank_00000.safetensors"
+  expect_error "--save-weights onto another checkpoint root's latest is refused" \
+    "which holds a checkpoint root's \`latest\` record" \
+    -- job 2 --steps 2 --save-weights "$tmp/other/latest"
+  "${inspect[@]}" "$tmp/other" >/dev/null 2>&1
+  check "  ... and that checkpoint still verifies" $?
   mkdir -p "$tmp/outdir"
   expect_error "ckpt export onto a directory is refused before writing" "is a directory" \
     -- timeout 60 "$bin" ckpt export "$good" "$tmp/outdir"
