@@ -83,11 +83,13 @@ inline size_t RecordElems(const Zero1Array& a, const Range& chunk) {
   return a.packed ? a.stored() : chunk.size();
 }
 
-// One shard a rank file holds: elements [begin, end) of update parameter `tensor`, stored in
+// One shard a rank file holds: elements [begin, end) of update parameter `tensor` (of
+// `shape`), stored in
 // the records of the fields listed in `at` as (index into the save's fields, element index
 // inside that field's record). A field the tensor's optimizer does not keep is not listed.
 struct ShardEntry {
   std::string tensor;
+  std::vector<int64_t> shape;  // the whole tensor's
   int group = 0;
   uint64_t begin = 0, end = 0;
   std::vector<std::pair<size_t, uint64_t>> at;

@@ -2,6 +2,7 @@
 // files hold it (resharding), and single-process consolidation (see checkpoint.h).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -164,6 +165,14 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
               SSHSDP_CHECK(covered == sp.length, IoError,
                            "{}: tensor '{}' elements [{}, {}) are not fully in the checkpoint",
                            m.ManifestPath(), t.name, sp.begin, sp.end());
+              // A save refuses a state that is not finite: one here was written by other means.
+              const float* bad =
+                  std::find_if(dst, dst + sp.length, [](float v) { return !std::isfinite(v); });
+              SSHSDP_CHECK(bad == dst + sp.length, IoError,
+                           "{}: tensor '{}' field '{}' holds {} at element {}, which no save "
+                           "writes (the rank files were edited or corrupted before their "
+                           "checksums were recomputed); use another checkpoint",
+                           m.dir, t.name, f.field, *bad, sp.begin + (bad - dst));
             }
           }
           engine.UploadZero1Mirrors();  // on a backend: the state into its memory, agreed

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
+#include "sshsdp/base/crc32.h"
 #include "sshsdp/base/error.h"
 #include "sshsdp/ckpt/checkpoint.h"
 #include "sshsdp/comm/mpi_communicator.h"
@@ -376,6 +378,25 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
     json& vs = v["tensors"];
     if (std::max(a, b) < vs.size()) std::swap(vs[a]["shards"], vs[b]["shards"]);
     std::ofstream(moved) << SealManifest(nlohmann::ordered_json(v));
+    // A NaN written into a main weight, the file's CRC-32 recomputed and the manifest re-sealed:
+    // every checksum holds, the load refuses the value naming the tensor.
+    const std::string nan = copy("nan") + "/" + kManifestFile;
+    json n;
+    std::ifstream(nan) >> n;
+    const json& shard = n["tensors"][0]["shards"][0];
+    const std::string file = fs::path(nan).parent_path().string() + "/" +
+                             n["files"][shard["file"].get<int>()]["name"].get<std::string>();
+    std::string bytes;
+    {
+      std::ifstream in(file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    const float q = std::nanf("");
+    std::memcpy(bytes.data() + shard["offsets"]["main"].get<uint64_t>(), &q, 4);
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    n["files"][shard["file"].get<int>()]["crc32"] =
+        fmt::format("0x{:08x}", Crc32(bytes.data(), bytes.size()));
+    std::ofstream(nan) << SealManifest(nlohmann::ordered_json(n));
   }
   world_->Barrier();
   struct Case {
@@ -391,6 +412,10 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
       {dir + "/swapped",
        "io",
        {"manifest.json", "'blocks.0.attn.q.h1' in the manifest but 'blocks.0.attn.q.h0'"},
+       gc},
+      {dir + "/nan",
+       "io",
+       {"tensor '", "field 'main' holds nan at element 0, which no save writes"},
        gc},
       {dir + "/moved",
        "io",

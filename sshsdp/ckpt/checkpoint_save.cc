@@ -63,7 +63,8 @@ std::vector<ckpt_internal::ShardEntry> ckpt_internal::ShardsInFile(
     for (const Fragment& fr : chain.Fragments(Shard::kZero1)) {
       const FragmentSpan s = SpanOf(*f0.pieces, fr);  // dim-0 pieces: offset, padding cut
       if (s.length == 0) continue;
-      ShardEntry entry{f0.layout->update[s.update].name, f0.group, s.begin, s.end(), {}};
+      const UpdateParam& u = f0.layout->update[s.update];
+      ShardEntry entry{u.name, u.shape, f0.group, s.begin, s.end(), {}};
       for (size_t j = k; j < e; ++j) {
         const size_t at = stored[j - k].Index(s.shard_offset);
         if (at != Zero1Array::kNotStored) entry.at.emplace_back(j, at);
@@ -131,11 +132,12 @@ RankFilePlan PlanRankFile(const std::vector<Engine::Zero1Field>& fields, int ran
                        {"layout", layout}};
   RankFilePlan p;
   p.shards = ShardsInFile(fields, rank);
-  ojson listed = ojson::array();  // [tensor, group, begin, end, {field: element in its record}]
+  // [tensor, shape, group, begin, end, {field: element in its record}]
+  ojson listed = ojson::array();
   for (const ShardEntry& s : p.shards) {
     ojson at = ojson::object();
     for (const auto& [j, i] : s.at) at[fields[j].field] = i;
-    listed.push_back({s.tensor, s.group, s.begin, s.end, at});
+    listed.push_back({s.tensor, s.shape, s.group, s.begin, s.end, at});
   }
   h["__metadata__"]["shards"] = listed.dump();  // safetensors metadata values are strings
   uint64_t off = 0;

@@ -96,7 +96,7 @@ HandMade MakeCheckpoint(const std::string& root, int64_t step,
          {{"format", "sshsdp-checkpoint-shard"},
           {"rank", std::to_string(f)},
           {"step", std::to_string(step)},
-          {"shards", json::array({{"w", 0, b, b + n, {{"main", 0}, {"m", 0}}}}).dump()}}},
+          {"shards", json::array({{"w", {2, 3}, 0, b, b + n, {{"main", 0}, {"m", 0}}}}).dump()}}},
         {"group0.main", {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {0, 4 * n}}}},
         {"group0.m", {{"dtype", "F32"}, {"shape", {n}}, {"data_offsets", {4 * n, 8 * n}}}}};
     if (edit_header) edit_header(f, header);
@@ -296,19 +296,21 @@ TEST(Manifest, ManifestMustMatchTheShardsTheFilesList) {
     };
   };
   // File 1's header says it holds 'w' [4, 6) main only: the manifest's m offset disagrees.
-  HandMade h = MakeCheckpoint(root, 1, listing(json::array({{"w", 0, 4, 6, {{"main", 0}}}})));
+  HandMade h =
+      MakeCheckpoint(root, 1, listing(json::array({{"w", {2, 3}, 0, 4, 6, {{"main", 0}}}})));
   ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
                        {"rank_00001.safetensors", "tensor 'w' is group 0 [4, 6) m at byte",
                         "in the manifest but group 0 [4, 6) main at byte"});
   // It names another tensor.
-  h = MakeCheckpoint(root, 2, listing(json::array({{"u", 0, 4, 6, {{"main", 0}, {"m", 0}}}})));
+  h = MakeCheckpoint(root, 2,
+                     listing(json::array({{"u", {2, 3}, 0, 4, 6, {{"main", 0}, {"m", 0}}}})));
   ExpectError<IoError>(
       [&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
       {"rank_00001.safetensors", "places tensor 'w' [4, 6) in this file", "lists no shard of it"});
   // It lists one shard more than the manifest places there.
   h = MakeCheckpoint(root, 3,
-                     listing(json::array({{"w", 0, 4, 6, {{"main", 0}, {"m", 0}}},
-                                          {"u", 0, 0, 1, {{"main", 1}}}})));
+                     listing(json::array({{"w", {2, 3}, 0, 4, 6, {{"main", 0}, {"m", 0}}},
+                                          {"u", {1}, 0, 0, 1, {{"main", 1}}}})));
   ExpectError<IoError>(
       [&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
       {"rank_00001.safetensors", "its header lists 2 shards, the manifest places 1"});
@@ -316,9 +318,17 @@ TEST(Manifest, ManifestMustMatchTheShardsTheFilesList) {
   h = MakeCheckpoint(root, 4, listing(json::array({{"w", 0, 4}})));
   ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
                        {"rank_00001.safetensors", "malformed shard [\"w\",0,4]"});
-  h = MakeCheckpoint(root, 5, listing(json::array({{"w", 0, 4, 6, {{"main", 1}, {"m", 0}}}})));
+  h = MakeCheckpoint(root, 5,
+                     listing(json::array({{"w", {2, 3}, 0, 4, 6, {{"main", 1}, {"m", 0}}}})));
   ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
                        {"rank_00001.safetensors", "outside its records"});
+  // The tensor's shape transposed in the header (the manifest's [2, 3]).
+  h = MakeCheckpoint(root, 7,
+                     listing(json::array({{"w", {3, 2}, 0, 4, 6, {{"main", 0}, {"m", 0}}}})));
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {"rank_00001.safetensors",
+                        "tensor 'w' has shape [2, 3] in the manifest but "
+                        "[3, 2] in this file's header"});
   // No list: refused at version 4, loaded as the version 3 files it then is.
   const auto unlisted = [](int, json& header) { header["__metadata__"].erase("shards"); };
   h = MakeCheckpoint(root, 6, unlisted);

@@ -121,14 +121,16 @@ RankHeader ReadRankHeader(const Manifest& m, int file) {
 
 // A shard as the rank file's own header lists it (format version 4), offsets absolute.
 struct Listed {
+  std::vector<int64_t> shape;
   int group = 0;
   uint64_t end = 0;
   std::map<std::string, uint64_t> offsets;  // field -> byte offset of element `begin`
 };
 using ShardKey = std::pair<std::string, uint64_t>;  // tensor, begin
 
-// The "shards" list of a rank file's metadata: [tensor, group, begin, end, {field: element
-// of its record}] each, every one inside its record. IoError naming the file when malformed.
+// The "shards" list of a rank file's metadata: [tensor, shape, group, begin, end, {field:
+// element of its record}] each, every one inside its record. IoError naming the file when
+// malformed.
 std::map<ShardKey, Listed> ListedShards(const std::string& path, const RankHeader& h) {
   const nlohmann::json list = nlohmann::json::parse(h.meta.value("shards", std::string("x")),
                                                     nullptr, /*allow_exceptions=*/false);
@@ -136,13 +138,15 @@ std::map<ShardKey, Listed> ListedShards(const std::string& path, const RankHeade
                path);
   std::map<ShardKey, Listed> out;
   for (const nlohmann::json& e : list) {
-    const bool ok = e.is_array() && e.size() == 5 && e[0].is_string() &&
-                    e[1].is_number_unsigned() && e[2].is_number_unsigned() &&
-                    e[3].is_number_unsigned() && e[4].is_object() && e[2] < e[3];
+    const bool ok = e.is_array() && e.size() == 6 && e[0].is_string() && e[1].is_array() &&
+                    std::all_of(e[1].begin(), e[1].end(),
+                                [](const nlohmann::json& d) { return d.is_number_unsigned(); }) &&
+                    e[2].is_number_unsigned() && e[2] <= 1u << 30 && e[3].is_number_unsigned() &&
+                    e[4].is_number_unsigned() && e[5].is_object() && e[3] < e[4];
     SSHSDP_CHECK(ok, IoError, "{}: its header lists a malformed shard {}", path, e.dump());
-    Listed l{e[1].get<int>(), e[3].get<uint64_t>(), {}};
-    const uint64_t begin = e[2].get<uint64_t>(), n = l.end - begin;
-    for (const auto& [field, at] : e[4].items()) {
+    Listed l{e[1].get<std::vector<int64_t>>(), e[2].get<int>(), e[4].get<uint64_t>(), {}};
+    const uint64_t begin = e[3].get<uint64_t>(), n = l.end - begin;
+    for (const auto& [field, at] : e[5].items()) {
       const auto r = h.records.find(fmt::format("group{}.{}", l.group, field));
       SSHSDP_CHECK(r != h.records.end() && at.is_number_unsigned() &&
                        at.get<uint64_t>() <= (r->second.end - r->second.begin) / 4 &&
@@ -187,6 +191,10 @@ void CheckListedShards(const Manifest& m, int file, const RankHeader& h) {
                    "no shard of it starting at element {}: the manifest was edited",
                    path, t.name, s.begin, s.end, s.begin);
       const Listed& l = it->second;
+      SSHSDP_CHECK(l.shape == t.shape, IoError,
+                   "{}: tensor '{}' has shape {} in the manifest but {} in this file's header: "
+                   "the manifest was edited, or the file belongs to another save",
+                   path, t.name, ShapeString(t.shape), ShapeString(l.shape));
       SSHSDP_CHECK(l.group == t.group && l.end == s.end && l.offsets == s.offsets, IoError,
                    "{}: tensor '{}' is {} in the manifest but {} in this file's header: the "
                    "manifest was edited, or the file belongs to another save",

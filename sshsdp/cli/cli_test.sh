@@ -59,6 +59,14 @@ expect_error "--metrics onto the --config file is refused" "is the file --config
   "$bin" train --config "$tmp/c.toml" --metrics "$tmp/c.toml"
 grep -q 'model = "tiny"' "$tmp/c.toml"
 check "  ... and the config file is untouched" $?
+timeout 60 "$bin" "${tiny[@]}" --steps 1 --trace-steps 1:2 >"$tmp/ts.out" 2>&1 &&
+  grep -q "note: --trace-steps 1:2 has no effect without --trace" "$tmp/ts.out"
+check "--trace-steps without --trace trains with a note" $?
+expect_error "bench --json and --trace naming one file is refused" "name the same file" \
+  "$bin" bench --model tiny --layers 1 --steps 1 --json "$tmp/b.json" --trace "$tmp/b.json"
+expect_error "plan --ranks-per-node -1 is refused like train's" "--ranks-per-node -1 must be" \
+  "$bin" plan -n 4 --ranks-per-node -1
+expect_error "plan --rank-columns -1 is refused" "--rank-columns" "$bin" plan -n 4 --rank-columns -1
 # Ranks whose kernels differ (nodes of another CPU kind, another SSHSDP_GEMM) train, with a
 # note on rank 0 naming the rank and the kernels; ranks that agree get no such note.
 "${mpirun[@]}" -np 1 -x SSHSDP_GEMM=onednn "$bin" "${tiny[@]}" --steps 1 : -np 1 \

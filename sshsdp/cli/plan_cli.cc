@@ -225,6 +225,7 @@ void AddPlanOptions(CLI::App& app, PlanOptions& o) {
   app.add_flag("--json", o.json, "print the whole plan as one JSON document")->configurable(false);
   app.add_option("--rank-columns", o.max_rank_columns,
                  "text output: one column per rank up to this many ranks, else min / mean / max")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str()
       ->configurable(false);
   AddTrainOptions(app, o.train);
@@ -248,6 +249,7 @@ int RunPlanCommand(const PlanOptions& o) {
                  "(--sw/--sg/--so/--ranks-per-node; without them a resume adopts the saved one, "
                  "which `sshsdp ckpt inspect {}` prints)",
                  t.resume);
+    CheckRanksPerNode(t.ranks_per_node, o.world_size);
     SSHSDP_CHECK(t.vocab_size >= 0 && t.vocab_size <= kMaxTokenFileVocab, ConfigError,
                  "--vocab-size must lie in 1..{} (0: from the data), got {}", kMaxTokenFileVocab,
                  t.vocab_size);

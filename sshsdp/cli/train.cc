@@ -168,6 +168,8 @@ void CheckInputs(TrainRun& run) {
   run.fault = ParseFault(o.fault);
   CheckOutputs(o);
   run.trace_window = ParseTraceSteps(o.trace_steps);  // ConfigError if malformed
+  if (o.trace.empty() && o.trace_steps != TrainOptions{}.trace_steps && WorldRankOrMinusOne() == 0)
+    fmt::print("note: --trace-steps {} has no effect without --trace FILE\n", o.trace_steps);
   if (!o.trace.empty() && run.trace_window.first > o.steps && WorldRankOrMinusOne() == 0)
     fmt::print(
         "note: --trace-steps {} starts after the last step (--steps {}): --trace {} will hold "
