@@ -165,14 +165,20 @@ LoadResult LoadCheckpoint(Engine& engine, Communicator& world, const std::string
               SSHSDP_CHECK(covered == sp.length, IoError,
                            "{}: tensor '{}' elements [{}, {}) are not fully in the checkpoint",
                            m.ManifestPath(), t.name, sp.begin, sp.end());
-              // A save refuses a state that is not finite: one here was written by other means.
+              // train saves only finite states: one here was written by other means.
               const float* bad =
                   std::find_if(dst, dst + sp.length, [](float v) { return !std::isfinite(v); });
-              SSHSDP_CHECK(bad == dst + sp.length, IoError,
-                           "{}: tensor '{}' field '{}' holds {} at element {}, which no save "
-                           "writes (the rank files were edited or corrupted before their "
-                           "checksums were recomputed); use another checkpoint",
-                           m.dir, t.name, f.field, *bad, sp.begin + (bad - dst));
+              if (bad != dst + sp.length) {
+                const uint64_t e = sp.begin + static_cast<uint64_t>(bad - dst);
+                const auto in = std::upper_bound(
+                    t.shards.begin(), t.shards.end(), e,
+                    [](uint64_t v, const CheckpointShard& s) { return v < s.end; });
+                throw IoError(fmt::format(
+                    "{}: tensor '{}' field '{}' holds {} at element {}, which train never saves "
+                    "(the file was edited or corrupted before its checksum was recomputed); use "
+                    "another checkpoint",
+                    m.FilePath(in->file), t.name, f.field, *bad, e));
+              }
             }
           }
           engine.UploadZero1Mirrors();  // on a backend: the state into its memory, agreed

@@ -415,7 +415,7 @@ TEST_F(CheckpointMpi, BadCheckpointsFailOnEveryRankNamingTheFile) {
        gc},
       {dir + "/nan",
        "io",
-       {"tensor '", "field 'main' holds nan at element 0, which no save writes"},
+       {"rank_0000", "tensor '", "field 'main' holds nan at element 0, which train never saves"},
        gc},
       {dir + "/moved",
        "io",

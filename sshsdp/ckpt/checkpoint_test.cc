@@ -322,6 +322,11 @@ TEST(Manifest, ManifestMustMatchTheShardsTheFilesList) {
                      listing(json::array({{"w", {2, 3}, 0, 4, 6, {{"main", 1}, {"m", 0}}}})));
   ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
                        {"rank_00001.safetensors", "outside its records"});
+  h = MakeCheckpoint(root, 8, [](int file, json& header) {
+    if (file == 1) header["__metadata__"]["shards"] = json::array();  // a list, not its text
+  });
+  ExpectError<IoError>([&] { VerifyCheckpointFiles(ReadManifest(h.dir)); },
+                       {"rank_00001.safetensors", "not a JSON list in a string"});
   // The tensor's shape transposed in the header (the manifest's [2, 3]).
   h = MakeCheckpoint(root, 7,
                      listing(json::array({{"w", {3, 2}, 0, 4, 6, {{"main", 0}, {"m", 0}}}})));

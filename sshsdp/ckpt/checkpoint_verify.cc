@@ -132,9 +132,13 @@ using ShardKey = std::pair<std::string, uint64_t>;  // tensor, begin
 // element of its record}] each, every one inside its record. IoError naming the file when
 // malformed.
 std::map<ShardKey, Listed> ListedShards(const std::string& path, const RankHeader& h) {
-  const nlohmann::json list = nlohmann::json::parse(h.meta.value("shards", std::string("x")),
-                                                    nullptr, /*allow_exceptions=*/false);
-  SSHSDP_CHECK(list.is_array(), IoError, "{}: its header's list of shards is not a JSON list",
+  const nlohmann::json& text = h.meta.at("shards");  // present: CheckListedShards
+  const nlohmann::json list = text.is_string()
+                                  ? nlohmann::json::parse(text.get<std::string>(), nullptr, false)
+                                  : nlohmann::json();
+  SSHSDP_CHECK(list.is_array(), IoError,
+               "{}: its header's list of shards is not a JSON list in a string (the file was "
+               "edited or corrupted); use another checkpoint",
                path);
   std::map<ShardKey, Listed> out;
   for (const nlohmann::json& e : list) {
@@ -143,7 +147,10 @@ std::map<ShardKey, Listed> ListedShards(const std::string& path, const RankHeade
                                 [](const nlohmann::json& d) { return d.is_number_unsigned(); }) &&
                     e[2].is_number_unsigned() && e[2] <= 1u << 30 && e[3].is_number_unsigned() &&
                     e[4].is_number_unsigned() && e[5].is_object() && e[3] < e[4];
-    SSHSDP_CHECK(ok, IoError, "{}: its header lists a malformed shard {}", path, e.dump());
+    SSHSDP_CHECK(ok, IoError,
+                 "{}: its header lists a malformed shard {} (the file was edited or corrupted); "
+                 "use another checkpoint",
+                 path, e.dump());
     Listed l{e[1].get<std::vector<int64_t>>(), e[2].get<int>(), e[4].get<uint64_t>(), {}};
     const uint64_t begin = e[3].get<uint64_t>(), n = l.end - begin;
     for (const auto& [field, at] : e[5].items()) {
@@ -175,7 +182,7 @@ void CheckListedShards(const Manifest& m, int file, const RankHeader& h) {
   if (!h.meta.contains("shards")) {
     SSHSDP_CHECK(m.format_version < 4, IoError,
                  "{}: its header does not list its shards, which format version {} requires "
-                 "(the file was replaced by one of an older save?)",
+                 "(the file was replaced by one of an older save?); use another checkpoint",
                  path, m.format_version);
     return;
   }

@@ -170,7 +170,9 @@ void CheckInputs(BenchRun& run) {
   if (WorldRankOrMinusOne() == 0) {  // outputs usable now, not after the whole benchmark
     CheckWritableOutput("--trace", o.trace);
     CheckWritableOutput("--json", o.json, /*renamed_into_place=*/false);
-    CheckOutputsDistinct({{"--trace", o.trace}, {"--json", o.json}}, {});
+    const std::vector<NamedPath> outputs = {{"--trace", o.trace}, {"--json", o.json}};
+    CheckOutputsDistinct(outputs, {});
+    CheckOutputsOutsideCheckpoints(outputs, {});
   }
   for (int b : o.batch_sizes)
     SSHSDP_CHECK(b >= 1, ConfigError, "--batch-size values must be >= 1, got {}", b);

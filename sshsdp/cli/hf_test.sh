@@ -173,6 +173,13 @@ expect_error "--metrics onto --model-config is refused" "is the file --model-con
 cp -r "$data/qwen3_gqa" "$tmp/hf_in"
 expect_error "--metrics into the --init-from-hf directory is refused" "lies inside --init-from-hf" \
   "$bin" train --init-from-hf "$tmp/hf_in" --seq-len 16 --steps 1 --metrics "$tmp/hf_in/config.json"
+# A Hugging Face cache snapshot: its files are links to blobs outside the directory; writing
+# the link's name (a rename replaces the link in the snapshot) is refused all the same.
+mkdir -p "$tmp/hfc/blobs" "$tmp/hfc/snap" && cp "$data/qwen3_gqa"/* "$tmp/hfc/blobs/" &&
+  for f in "$tmp/hfc/blobs"/*; do ln -s "../blobs/$(basename "$f")" "$tmp/hfc/snap/"; done
+expect_error "--save-weights onto a snapshot's linked weights is refused" \
+  "lies inside --init-from-hf" "$bin" train --init-from-hf "$tmp/hfc/snap" --seq-len 16 \
+  --steps 1 --save-weights "$tmp/hfc/snap/model.safetensors"
 cmp -s "$tmp/mc.json" "$data/qwen3_gqa/config.json" &&
   cmp -s "$tmp/hf_in/config.json" "$data/qwen3_gqa/config.json"
 check "  ... and both inputs are untouched" $?

@@ -12,12 +12,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string_view>
 
 #include "sshsdp/base/error.h"
+#include "sshsdp/ckpt/checkpoint.h"
 
 namespace sshsdp {
 
@@ -243,22 +246,47 @@ void CheckWritableOutput(const char* flag, const std::string& path, bool renamed
 
 namespace {
 
+namespace fs = std::filesystem;
+
 // Whether `p` is `root` or lies below it, both resolved.
-bool Within(const std::filesystem::path& p, const std::filesystem::path& root) {
+bool Within(const fs::path& p, const fs::path& root) {
   auto [r, q] = std::mismatch(root.begin(), root.end(), p.begin(), p.end());
   return r == root.end() || (std::next(r) == root.end() && r->empty());  // "root/" ends in ""
 }
 
-// What of a checkpoint `dir` holds: "a checkpoint's manifest.json" (a step directory),
-// "a checkpoint root's `latest` record" (with step_* directories beside it), or "".
-std::string CheckpointIn(const std::filesystem::path& dir) {
-  namespace fs = std::filesystem;
+// The places writing `path` touches: its name in its resolved directory (what a rename into
+// place replaces: a symlink there, say a Hugging Face snapshot's link to its blob, is itself
+// in the directory) and the file it resolves to (what an append writes through a link).
+std::vector<fs::path> WrittenPlaces(const std::string& path) {
   std::error_code ec;
-  if (fs::is_regular_file(dir / "manifest.json", ec)) return "a checkpoint's manifest.json";
-  if (!fs::is_regular_file(dir / "latest", ec)) return "";
+  const fs::path abs = fs::absolute(path, ec);
+  return {fs::weakly_canonical(abs.parent_path(), ec) / abs.filename(),
+          fs::weakly_canonical(abs, ec)};
+}
+
+// ConfigError naming the output and `why` when writing `path` touches `root` or below.
+void CheckOutside(const char* flag, const std::string& path, const fs::path& root,
+                  const std::string& why) {
+  for (const fs::path& p : WrittenPlaces(path))
+    SSHSDP_CHECK(!Within(p, root), ConfigError, "{} {} lies inside {}; name a file outside it",
+                 flag, path, why);
+}
+
+// What of a checkpoint `dir` holds: "a checkpoint's manifest.json" (a step directory: a
+// manifest of sshsdp's format), "a checkpoint root's `latest` record" (with step_*
+// directories beside it), or "".
+std::string CheckpointIn(const fs::path& dir) {
+  std::error_code ec;
+  if (fs::is_regular_file(dir / kManifestFile, ec)) {
+    std::ifstream in(dir / kManifestFile);
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.value("format", std::string()) == "sshsdp-checkpoint")
+      return fmt::format("a checkpoint's {}", kManifestFile);
+  }
+  if (!fs::is_regular_file(dir / kLatestFile, ec)) return "";
   for (const auto& e : fs::directory_iterator(dir, ec))
     if (e.is_directory(ec) && e.path().filename().string().starts_with("step_"))
-      return "a checkpoint root's `latest` record";
+      return fmt::format("a checkpoint root's `{}` record", kLatestFile);
   return "";
 }
 
@@ -266,46 +294,42 @@ std::string CheckpointIn(const std::filesystem::path& dir) {
 
 void CheckOutputsOutsideCheckpoints(const std::vector<NamedPath>& outputs,
                                     const std::vector<NamedPath>& trees) {
-  namespace fs = std::filesystem;
   std::error_code ec;
   for (const auto& [flag, path] : outputs) {
     if (path.empty()) continue;
-    const fs::path out = fs::weakly_canonical(fs::absolute(path, ec), ec);
     for (const auto& [tree_flag, tree] : trees) {
       if (tree.empty()) continue;
       fs::path root = fs::weakly_canonical(fs::absolute(tree, ec), ec);
       // A step directory (step_<N>) belongs to its root, where `latest` lives.
       if (root.filename().string().starts_with("step_")) root = root.parent_path();
-      SSHSDP_CHECK(!Within(out, root), ConfigError,
-                   "{} {} lies inside {} {} (checkpoint tree {}): writing it would replace a "
-                   "file the checkpoint needs (a rank file, the manifest, `latest`); name a "
-                   "file outside it",
-                   flag, path, tree_flag, tree, root.string());
+      CheckOutside(flag, path, root,
+                   fmt::format("{} {} (checkpoint tree {}): writing it would replace a file the "
+                               "checkpoint needs (a rank file, the manifest, `latest`)",
+                               tree_flag, tree, root.string()));
     }
     // Any other checkpoint: a step directory (it holds a manifest) or a root (`latest`).
-    const std::string held = CheckpointIn(out.parent_path());
-    SSHSDP_CHECK(held.empty(), ConfigError,
-                 "{} {} lies in {}, which holds {}: writing there could replace a file a "
-                 "checkpoint needs; name a file outside it",
-                 flag, path, out.parent_path().string(), held);
+    for (const fs::path& p : WrittenPlaces(path)) {
+      const std::string held = CheckpointIn(p.parent_path());
+      SSHSDP_CHECK(held.empty(), ConfigError,
+                   "{} {} lies in {}, which holds {}: writing there could replace a file a "
+                   "checkpoint needs; name a file outside it",
+                   flag, path, p.parent_path().string(), held);
+    }
   }
 }
 
 void CheckOutputsOutsideInputDirs(const std::vector<NamedPath>& outputs,
                                   const std::vector<NamedPath>& dirs) {
-  namespace fs = std::filesystem;
   std::error_code ec;
   for (const auto& [dir_flag, dir] : dirs) {
     if (dir.empty() || !fs::is_directory(dir, ec)) continue;
     const fs::path root = fs::weakly_canonical(fs::absolute(dir, ec), ec);
-    for (const auto& [flag, path] : outputs) {
-      if (path.empty()) continue;
-      const fs::path out = fs::weakly_canonical(fs::absolute(path, ec), ec);
-      SSHSDP_CHECK(!Within(out, root), ConfigError,
-                   "{} {} lies inside {} {}, a directory the run reads (its config.json, "
-                   "weights and tokenizer): name a file outside it",
-                   flag, path, dir_flag, dir);
-    }
+    for (const auto& [flag, path] : outputs)
+      if (!path.empty())
+        CheckOutside(flag, path, root,
+                     fmt::format("{} {}, a directory the run reads (its config.json, weights "
+                                 "and tokenizer)",
+                                 dir_flag, dir));
   }
 }
 

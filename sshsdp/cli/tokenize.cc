@@ -134,6 +134,7 @@ void CheckOutputs(const TokenizeOptions& o) {
   for (const std::string& in : o.inputs) inputs.emplace_back("--input", in);
   CheckOutputsDistinct(outputs, inputs);
   CheckOutputsOutsideInputDirs(outputs, {{"--tokenizer", o.tokenizer}});
+  CheckOutputsOutsideCheckpoints(outputs, {});
   for (const std::string& in : o.inputs) CheckInputFile(in);  // every input, before any is read
 }
 

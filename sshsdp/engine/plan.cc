@@ -172,8 +172,11 @@ RunPlan PlanRun(const Model& model, int world, const EngineConfig& cfg_in) {
   plan.cfg.backend = cfg_in.backend;  // not `own`, which goes with this call
   const int n = model.num_groups();
   const UpdateOptions uopt = UpdateOptionsOf(cfg);
-  StructuredUpdate::PlanCache update_plans;  // one per (optimizer, replica), not per rank
+  // One update plan per (optimizer, replica), not per rank; ranks are numbered replica by
+  // replica (Topology::Coord: d = rank / so), so only the current replica's are kept.
+  StructuredUpdate::PlanCache update_plans;
   for (int r = 0; r < world; ++r) {
+    if (r % topo.so() == 0) update_plans.clear();
     std::vector<std::unique_ptr<RuntimeGroup>> groups;
     for (int g = 0; g < n; ++g) groups.push_back(PlanRuntimeGroup(model, g, cfg, topo, r));
     std::vector<UpdateGroupView> views;

@@ -173,7 +173,8 @@ TEST(RunPlan, PlanOnlyPartsRefuseToRun) {
 }
 
 // Planning a world builds one UpdatePlan per optimizer and HSDP replica, not one per rank (the
-// ranks of a replica share it): what keeps `sshsdp plan` linear in the world size.
+// ranks of a replica share it): what keeps `sshsdp plan` from growing with the square of the
+// world.
 TEST(RunPlan, RanksOfAReplicaShareOneUpdatePlan) {
   Gpt model(testing::TestGpt());
   EngineConfig cfg =

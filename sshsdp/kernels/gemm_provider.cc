@@ -11,6 +11,7 @@
 #include <dlfcn.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdlib>
 #include <functional>
@@ -75,8 +76,10 @@ BlasLibrary LoadMkl() {
   auto cbwr = Symbol<int (*)(int)>(h, "MKL_CBWR_Set", lib);
   auto set_threads = Symbol<void (*)(int)>(h, "MKL_Set_Num_Threads", lib);
   lib.sgemm = Symbol<CblasSgemm>(h, "cblas_sgemm", lib);
-  lib.sgemm_batch_strided = Symbol<CblasSgemmBatchStrided>(h, "cblas_sgemm_batch_strided", lib);
   if (!lib.error.empty()) return lib;
+  // Optional (MKL 2020 update 2 and later): without it, batches run as a loop of sgemm.
+  lib.sgemm_batch_strided =
+      reinterpret_cast<CblasSgemmBatchStrided>(dlsym(h, "cblas_sgemm_batch_strided"));
   set_interface(0);  // MKL_INTERFACE_LP64: 32-bit integers
   set_layer(3);      // MKL_THREADING_GNU: libgomp
   // Conditional numerical reproducibility, strict: the same bits for the same inputs whatever
@@ -259,13 +262,17 @@ void BlasExecute(GemmProvider p, const GemmKey& key, const float* a, const float
   const int64_t sa = grid ? g[1] : m * static_cast<int64_t>(k);
   const int64_t sb = grid ? g[3] : k * static_cast<int64_t>(n);
   const int64_t sc = grid ? g[5] : m * static_cast<int64_t>(n);
-  if (lib.sgemm_batch_strided && key.batch > 1) {  // one call per outer index
-    const int stride_a = CheckedInt(sa, "A stride"), stride_b = CheckedInt(sb, "B stride");
-    const int stride_c = CheckedInt(sc, "C stride"), batch = CheckedInt(key.batch, "batch");
+  // One batched call per outer index where MKL takes it: its C matrices must not overlap
+  // (stride ≥ ldc·m: attention's output written into packed rows, a head's dh columns apart,
+  // is refused with "Parameter 17 was incorrect" and nothing computed), and every offset
+  // within the batch must fit its 32-bit integers.
+  const int64_t span = std::max({sa, sb, sc}) * key.batch;
+  if (lib.sgemm_batch_strided && key.batch > 1 && sc >= ldc * static_cast<int64_t>(m) &&
+      span <= INT_MAX) {
     for (int64_t o = 0; o < outer; ++o)
-      lib.sgemm_batch_strided(kRowMajor, ta, tb, m, n, k, key.alpha, a + o * g[0], lda, stride_a,
-                              b + o * g[2], ldb, stride_b, beta, c + o * g[4], ldc, stride_c,
-                              batch);
+      lib.sgemm_batch_strided(kRowMajor, ta, tb, m, n, k, key.alpha, a + o * g[0], lda,
+                              static_cast<int>(sa), b + o * g[2], ldb, static_cast<int>(sb), beta,
+                              c + o * g[4], ldc, static_cast<int>(sc), static_cast<int>(key.batch));
     return;
   }
   for (int64_t o = 0; o < outer; ++o) {

@@ -180,5 +180,29 @@ TEST_F(GemmProviderTest, EveryProviderRunsAStridedGridWithAlpha) {
   }
 }
 
+TEST_F(GemmProviderTest, EveryProviderWritesAGridIntoPackedRows) {
+  // Attention's output: O = P·V per (batch, head), written into [B, T, H·dh] rows a head's dh
+  // columns apart — C matrices that interleave (MKL's batched call refuses those).
+  const int64_t B = 2, H = 3, T = 9, dh = 5, row = 3 * H * dh;
+  const auto qkv = Random(B * T * row, 5);
+  const auto probs = Random(B * H * T * T, 6);
+  std::vector<float> want(B * T * H * dh);
+  for (GemmProvider p : Loadable()) {
+    SetGemmProvider(p);
+    std::vector<float> got(B * T * H * dh, std::numeric_limits<float>::quiet_NaN());
+    GemmBatchedStrided(false, false, B, H, T, dh, T, probs.data(), T, {H * T * T, T * T},
+                       qkv.data() + 2 * H * dh, row, {T * row, dh}, got.data(), H * dh,
+                       {T * H * dh, dh}, false, 1.0f);
+    if (p == GemmProvider::kOneDnn) {
+      want = got;
+      continue;
+    }
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])))
+          << GemmProviderName(p) << " element " << i;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sshsdp::kernels

@@ -125,6 +125,9 @@ std::vector<int> Topology::GroupMembers(Group g, int rank) const {
 }
 
 int Topology::GroupMember(Group g, int rank, int position) const {
+  SSHSDP_CHECK(position >= 0 && position < GroupSize(g), LayoutError,
+               "position {} outside the {} members of a {} group of {}", position, GroupSize(g),
+               GroupName(g), ToString());
   const RankCoord me = Coord(rank);
   const int k = sg_ / sw_, m = so_ / sg_, i = position;
   switch (g) {

@@ -174,6 +174,15 @@ uint64_t PairKey(int32_t a, int32_t b) {
   return static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32 | static_cast<uint32_t>(b);
 }
 
+// A token id: an integer below kMaxTokenizerVocab (the id_to_token table is sized by it).
+int32_t TokenId(const json& id, const std::string& what, const std::string& where) {
+  SSHSDP_CHECK(
+      id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxTokenizerVocab,
+      ConfigError, "{}: {} has id {}, not an integer from 0 to {}", where, what, id.dump(),
+      kMaxTokenizerVocab - 1);
+  return id.get<int32_t>();
+}
+
 void ReadModel(const json& m, Tokenizer::Impl& t) {
   const std::string type = m.value("type", "BPE");
   SSHSDP_CHECK(type == "BPE", ConfigError,
@@ -185,11 +194,7 @@ void ReadModel(const json& m, Tokenizer::Impl& t) {
   Refuse(m, "byte_fallback", t.where, "byte fallback");
   t.ignore_merges = m.value("ignore_merges", false);
   for (const auto& [tok, id] : Need(m, "vocab", t.where).items()) {
-    SSHSDP_CHECK(
-        id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < kMaxTokenizerVocab,
-        ConfigError, "{}: token '{}' has id {}, not an integer from 0 to {}", t.where, tok,
-        id.dump(), kMaxTokenizerVocab - 1);
-    const int32_t i = id.get<int32_t>();
+    const int32_t i = TokenId(id, fmt::format("token '{}'", tok), t.where);
     t.vocab.emplace(tok, i);
     if (static_cast<size_t>(i) >= t.id_to_token.size()) t.id_to_token.resize(i + 1);
     t.id_to_token[i] = tok;
@@ -228,9 +233,8 @@ void ReadAddedTokens(const json& list, Tokenizer::Impl& t) {
     const std::string what = fmt::format("added token {}", a.value("content", ""));
     for (const char* opt : {"single_word", "lstrip", "rstrip"}) Refuse(a, opt, t.where, opt);
     AddedToken tok{Need(a, "content", t.where).get<std::string>(),
-                   Need(a, "id", t.where).get<int32_t>(), a.value("special", false)};
-    SSHSDP_CHECK(!tok.content.empty() && tok.id >= 0, ConfigError, "{}: {} is empty or has id {}",
-                 t.where, what, tok.id);
+                   TokenId(Need(a, "id", t.where), what, t.where), a.value("special", false)};
+    SSHSDP_CHECK(!tok.content.empty(), ConfigError, "{}: {} is empty", t.where, what);
     if (static_cast<size_t>(tok.id) >= t.id_to_token.size()) t.id_to_token.resize(tok.id + 1);
     t.id_to_token[tok.id] = tok.content;
     t.added_first[static_cast<uint8_t>(tok.content[0])] = 1;

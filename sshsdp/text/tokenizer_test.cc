@@ -128,6 +128,8 @@ TEST(Tokenizer, RefusesWhatItDoesNotImplementByName) {
       {"huge id", [](auto& j) { j["model"]["vocab"]["#"] = 1000000000000; },
        "token '#' has id 1000000000000, not an integer from 0 to 16777215"},
       {"negative id", [](auto& j) { j["model"]["vocab"]["#"] = -3; }, "has id -3"},
+      {"huge added id", [](auto& j) { j["added_tokens"][0]["id"] = 2147483647; },
+       "has id 2147483647, not an integer from 0 to 16777215"},
   };
   for (const Case& c : cases) {
     nlohmann::json j = base;

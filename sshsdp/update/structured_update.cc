@@ -7,6 +7,18 @@
 #include "sshsdp/base/error.h"
 
 namespace sshsdp {
+namespace {
+
+// Whether two unit lists are the same units (a cached plan serves another rank only then).
+bool SameUnits(const std::vector<UpdateUnit>& a, const std::vector<UpdateUnit>& b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](const UpdateUnit& x, const UpdateUnit& y) {
+                      return x.name == y.name && x.group == y.group && x.begin == y.begin &&
+                             x.rows == y.rows && x.cols == y.cols;
+                    });
+}
+
+}  // namespace
 
 std::vector<std::string> OptimizerStateFields(OptimizerKind k) {
   const std::unique_ptr<Backend> cpu = MakeCpuBackend();  // the fields only: no kernel runs
@@ -134,6 +146,10 @@ void StructuredUpdate::Build(const std::vector<UpdateGroupView>& groups,
     if (units.empty()) return;
     const std::pair<int, int> key{static_cast<int>(k), replica};
     std::shared_ptr<const UpdatePlan> plan = plans ? (*plans)[key] : nullptr;
+    SSHSDP_CHECK(!plan || SameUnits(plan->units(), units), PlanError,
+                 "structured update: a cached {} plan of replica {} has other units than rank "
+                 "{}'s; share a PlanCache only between ranks of one model and options",
+                 OptimizerName(k), replica, rank);
     if (!plan) {
       plan = std::make_shared<const UpdatePlan>(std::move(prog), std::move(units), chains, replica);
       if (plans) (*plans)[key] = plan;
