@@ -188,10 +188,12 @@ check "  ... and both inputs are untouched" $?
 "$bin" train --model qwen3-small --seq-len 32 --steps 0 --save-weights "$tmp/qs.safetensors" \
   >/dev/null 2>&1 &&
   "$bin" export-hf --weights "$tmp/qs.safetensors" --out "$tmp/re" >/dev/null 2>&1 &&
+  cp "$root/sshsdp/text/testdata/gpt2_style.json" "$tmp/re/tokenizer.json" &&
   "$bin" export-hf --weights "$tmp/qs.safetensors" --out "$tmp/re" --shard-mb 1 >/dev/null 2>&1 &&
   [ ! -e "$tmp/re/model.safetensors" ] && [ -e "$tmp/re/model.safetensors.index.json" ] &&
   "$bin" export-hf --weights "$tmp/qs.safetensors" --out "$tmp/re" >/dev/null 2>&1 &&
   [ -e "$tmp/re/model.safetensors" ] && [ ! -e "$tmp/re/model.safetensors.index.json" ] &&
-  ! ls "$tmp/re"/model-*-of-*.safetensors >/dev/null 2>&1
-check "export-hf replaces an earlier export's weights, single file or shards, leaving none stale" $?
+  ! ls "$tmp/re"/model-*-of-*.safetensors >/dev/null 2>&1 &&
+  cmp -s "$tmp/re/tokenizer.json" "$root/sshsdp/text/testdata/gpt2_style.json"
+check "export-hf replaces an earlier export's weights, single file or shards, leaving none stale (and other files alone)" $?
 finish_checks
