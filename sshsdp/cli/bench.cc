@@ -43,7 +43,8 @@ std::optional<LlamaConfig> BenchLlama(const BenchOptions& o) {
   if (o.model_config.empty() && !LlamaConfig::IsPreset(o.model)) return std::nullopt;
   LlamaConfig c =
       o.model_config.empty() ? LlamaConfig::Preset(o.model) : ReadHfConfig(o.model_config);
-  SSHSDP_CHECK(o.model_config.empty() || o.model == BenchOptions{}.model, ConfigError,
+  SSHSDP_CHECK(o.model_config.empty() || (o.model == BenchOptions{}.model && !o.model_given),
+               ConfigError,
                "--model {} and --model-config both name the architecture; leave --model out (the "
                "config.json gives it)",
                o.model);

@@ -42,6 +42,7 @@ namespace sshsdp {
 struct BenchOptions {
   std::string model = "small";
   std::string model_config;     // a Hugging Face config.json (the Llama family), instead of model
+  bool model_given = false;     // --model on the command line (main.cc)
   std::string recorded_config;  // every option as text (set by main): ranks must agree
   int layers = 0, d_model = 0, heads = 0, seq_len = 0;  // 0: the preset's value
   std::vector<int> batch_sizes = {4};                   // workload sweep (samples/microbatch/rank)

@@ -155,6 +155,12 @@ expect_error "--layers with a config.json" "fixes the architecture" \
   "$bin" train --model-config "$data/qwen3_gqa/config.json" --layers 3 --steps 1
 expect_error "--model with a config.json" "both name the architecture" \
   "$bin" train --model small --model-config "$data/qwen3_gqa/config.json" --steps 1
+expect_error "--model naming the default preset with a config.json" "both name the architecture" \
+  "$bin" train --model tiny --model-config "$data/qwen3_gqa/config.json" --steps 1
+"$bin" train --model-config "$data/qwen3_gqa/config.json" --seq-len 16 --dump-config \
+  >"$tmp/dumped.toml" 2>/dev/null && grep -q '^model="tiny"' "$tmp/dumped.toml" &&
+  "$bin" train --config "$tmp/dumped.toml" --steps 1 >/dev/null 2>&1
+check "a dumped config of a config.json run (it lists model=\"tiny\") trains" $?
 expect_error "--model with an HF directory" "--init-from-hf both name the architecture" \
   "$bin" train --model qwen3-tiny --init-from-hf "$data/qwen3_gqa" --steps 1
 expect_error "bench --model with a config.json" "both name the architecture" \

@@ -143,6 +143,12 @@ int main(int argc, char** argv) {
   std::unique_ptr<CLI::App> app;
   int rc = 0;
   if (!Parse(cmd, app, user, {}, &rc)) return rc;
+  // --model on the command line itself: a --config file or a checkpoint's record may name the
+  // default preset next to --model-config (a dumped config lists every option), the command
+  // line may not. Later parses rebuild `cmd`, so this is kept here.
+  const bool model_given = (cmd->t->parsed() && cmd->t->count("--model") > 0) ||
+                           (cmd->p->parsed() && cmd->p->count("--model") > 0) ||
+                           (cmd->b->parsed() && cmd->b->count("--model") > 0);
   if (cmd->t->parsed() && (!cmd->train.config.empty() || !cmd->train.resume.empty())) {
     // Precedence: command line > --config > the checkpoint's record > defaults.
     try {
@@ -198,10 +204,12 @@ int main(int argc, char** argv) {
       fmt::print("{}", sshsdp::RecordedConfig(*cmd->p));
       return 0;
     }
+    cmd->plan.train.model_given = model_given;
     return sshsdp::RunPlanCommand(cmd->plan);
   }
   if (cmd->b->parsed()) {
     cmd->bench.recorded_config = sshsdp::RecordedConfig(*cmd->b);
+    cmd->bench.model_given = model_given;
     return sshsdp::RunBench(argc, argv, cmd->bench);
   }
   if (cmd->g->parsed()) return sshsdp::RunGenerate(cmd->generate);
@@ -219,6 +227,7 @@ int main(int argc, char** argv) {
       fmt::print("{}", sshsdp::RecordedConfig(t));
       return 0;
     }
+    cmd->train.model_given = model_given;
     cmd->train.layout_given = t.count("--sw") + t.count("--sg") + t.count("--so") > 0;
     cmd->train.ranks_per_node_given = t.count("--ranks-per-node") > 0;
     cmd->train.recorded_config = sshsdp::RecordedConfig(t);

@@ -67,7 +67,7 @@ LlamaConfig MakeLlamaConfig(const TrainOptions& o, int data_vocab) {
                "--model-config and --init-from-hf exclude each other: the model directory of "
                "--init-from-hf holds its config.json");
   const std::string hf = o.init_from_hf.empty() ? o.model_config : o.init_from_hf;
-  SSHSDP_CHECK(hf.empty() || o.model == TrainOptions{}.model, ConfigError,
+  SSHSDP_CHECK(hf.empty() || (o.model == TrainOptions{}.model && !o.model_given), ConfigError,
                "--model {} and {} both name the architecture; leave --model out (the "
                "config.json gives it)",
                o.model, o.init_from_hf.empty() ? "--model-config" : "--init-from-hf");

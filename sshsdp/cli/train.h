@@ -81,6 +81,7 @@ struct TrainOptions {
   std::string ckpt_fault;             // hidden, tests only: kill a rank during a save (see ckpt)
   std::string fault;                  // hidden, tests only: RANK:STEP throws inside that step
   double comm_timeout = 600;          // watchdog seconds (comm/watchdog.h); 0: off
+  bool model_given = false;           // --model on the command line (main.cc)
   bool layout_given = true;           // false: no --sw/--sg/--so (a resume adopts the saved ones)
   bool ranks_per_node_given = true;   // false: no --ranks-per-node (a resume adopts the saved one)
   std::string recorded_config;        // the options as a --config file (run_config.h)
