@@ -155,6 +155,8 @@ expect_error "--layers with a config.json" "fixes the architecture" \
   "$bin" train --model-config "$data/qwen3_gqa/config.json" --layers 3 --steps 1
 expect_error "--model with a config.json" "both name the architecture" \
   "$bin" train --model small --model-config "$data/qwen3_gqa/config.json" --steps 1
+expect_error "--model-config naming a missing file is named" "nonexist.json: cannot read it" \
+  "$bin" train --model-config "$tmp/nonexist.json" --steps 1
 expect_error "--model naming the default preset with a config.json" "both name the architecture" \
   "$bin" train --model tiny --model-config "$data/qwen3_gqa/config.json" --steps 1
 "$bin" train --model-config "$data/qwen3_gqa/config.json" --seq-len 16 --dump-config \
