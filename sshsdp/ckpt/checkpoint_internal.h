@@ -98,7 +98,9 @@ struct ShardEntry {
 // Every shard `rank`'s file holds, in record order: what the manifest lists for that file and
 // what the file's own header lists (so a manifest whose entries were moved between same-shape
 // tensors, or shifted, disagrees with the file it points into).
-std::vector<ShardEntry> ShardsInFile(const std::vector<Engine::Zero1Field>& fields, int rank);
+// stored[j] = FieldLayoutOn(fields[j], rank).
+std::vector<ShardEntry> ShardsInFile(const std::vector<Engine::Zero1Field>& fields,
+                                     const std::vector<Zero1Array>& stored, int rank);
 
 struct RankFilePlan {
   std::string prefix;             // 8-byte header length + JSON header (8-byte aligned)

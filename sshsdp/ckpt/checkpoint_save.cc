@@ -51,22 +51,21 @@ Zero1Array ckpt_internal::FieldLayoutOn(const Engine::Zero1Field& f, int rank) {
 }
 
 std::vector<ckpt_internal::ShardEntry> ckpt_internal::ShardsInFile(
-    const std::vector<Engine::Zero1Field>& fields, int rank) {
+    const std::vector<Engine::Zero1Field>& fields, const std::vector<Zero1Array>& stored,
+    int rank) {
   std::vector<ShardEntry> out;
   for (size_t k = 0; k < fields.size();) {  // the fields of one group are consecutive
     const Engine::Zero1Field& f0 = fields[k];
     size_t e = k;
     while (e < fields.size() && fields[e].group == f0.group) ++e;
     const ShardChain chain(f0.layout->list, f0.chain->topology(), rank);
-    std::vector<Zero1Array> stored;  // how `rank` stores each field (packed: its runs)
-    for (size_t j = k; j < e; ++j) stored.push_back(FieldLayoutOn(fields[j], rank));
     for (const Fragment& fr : chain.Fragments(Shard::kZero1)) {
       const FragmentSpan s = SpanOf(*f0.pieces, fr);  // dim-0 pieces: offset, padding cut
       if (s.length == 0) continue;
       const UpdateParam& u = f0.layout->update[s.update];
       ShardEntry entry{u.name, u.shape, f0.group, s.begin, s.end(), {}};
       for (size_t j = k; j < e; ++j) {
-        const size_t at = stored[j - k].Index(s.shard_offset);
+        const size_t at = stored[j].Index(s.shard_offset);
         if (at != Zero1Array::kNotStored) entry.at.emplace_back(j, at);
       }
       out.push_back(std::move(entry));
@@ -130,8 +129,10 @@ RankFilePlan PlanRankFile(const std::vector<Engine::Zero1Field>& fields, int ran
                        {"rank", std::to_string(rank)},
                        {"step", std::to_string(step)},
                        {"layout", layout}};
+  std::vector<Zero1Array> stored;  // how `rank` stores each field (packed: its runs)
+  for (const auto& f : fields) stored.push_back(FieldLayoutOn(f, rank));
   RankFilePlan p;
-  p.shards = ShardsInFile(fields, rank);
+  p.shards = ShardsInFile(fields, stored, rank);
   // [tensor, shape, group, begin, end, {field: element in its record}]
   ojson listed = ojson::array();
   for (const ShardEntry& s : p.shards) {
@@ -142,8 +143,9 @@ RankFilePlan PlanRankFile(const std::vector<Engine::Zero1Field>& fields, int ran
   h["__metadata__"]["shards"] = listed.dump();  // safetensors metadata values are strings
   uint64_t off = 0;
   std::vector<uint64_t> rel;
-  for (const auto& f : fields) {
-    const size_t elems = RecordElems(FieldLayoutOn(f, rank), f.chunk);
+  for (size_t j = 0; j < fields.size(); ++j) {
+    const Engine::Zero1Field& f = fields[j];
+    const size_t elems = RecordElems(stored[j], f.chunk);
     const uint64_t bytes = elems * 4;
     h[RecordName(f)] = {{"dtype", "F32"}, {"shape", {elems}}, {"data_offsets", {off, off + bytes}}};
     rel.push_back(off);

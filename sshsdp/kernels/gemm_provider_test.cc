@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <string>
 #include <vector>
@@ -157,27 +158,34 @@ TEST_F(GemmProviderTest, EveryProviderComputesTheLinearLayersProducts) {
   }
 }
 
-TEST_F(GemmProviderTest, EveryProviderRunsAStridedGridWithAlpha) {
-  // Attention's scores: a [2 batches, 3 heads] grid of q·kᵀ on packed rows of width 3·h·dh.
-  const int64_t B = 2, H = 3, T = 9, dh = 5, row = 3 * H * dh;
-  const auto qkv = Random(B * T * row, 4);
-  const float scale = 0.5f;
-  std::vector<float> want(B * H * T * T);
+// Runs `product` (writing n floats over a NaN-filled output) on every loadable provider and
+// holds each to oneDNN's result, which the double-precision tests above check.
+void ExpectProvidersAgree(size_t n, const std::function<void(float*)>& product) {
+  std::vector<float> want;
   for (GemmProvider p : Loadable()) {
     SetGemmProvider(p);
-    std::vector<float> got(B * H * T * T, std::numeric_limits<float>::quiet_NaN());
-    GemmBatchedStrided(false, true, B, H, T, T, dh, qkv.data(), row, {T * row, dh},
-                       qkv.data() + H * dh, row, {T * row, dh}, got.data(), T, {H * T * T, T * T},
-                       false, scale);
+    std::vector<float> got(n, std::numeric_limits<float>::quiet_NaN());
+    product(got.data());
     if (p == GemmProvider::kOneDnn) {
       want = got;
       continue;
     }
-    for (size_t i = 0; i < got.size(); ++i) {
+    for (size_t i = 0; i < n; ++i) {
       ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])))
           << GemmProviderName(p) << " element " << i;
     }
   }
+}
+
+TEST_F(GemmProviderTest, EveryProviderRunsAStridedGridWithAlpha) {
+  // Attention's scores: a [2 batches, 3 heads] grid of q·kᵀ on packed rows of width 3·h·dh.
+  const int64_t B = 2, H = 3, T = 9, dh = 5, row = 3 * H * dh;
+  const auto qkv = Random(B * T * row, 4);
+  ExpectProvidersAgree(B * H * T * T, [&](float* out) {
+    GemmBatchedStrided(false, true, B, H, T, T, dh, qkv.data(), row, {T * row, dh},
+                       qkv.data() + H * dh, row, {T * row, dh}, out, T, {H * T * T, T * T}, false,
+                       0.5f);
+  });
 }
 
 TEST_F(GemmProviderTest, EveryProviderWritesAGridIntoPackedRows) {
@@ -186,22 +194,11 @@ TEST_F(GemmProviderTest, EveryProviderWritesAGridIntoPackedRows) {
   const int64_t B = 2, H = 3, T = 9, dh = 5, row = 3 * H * dh;
   const auto qkv = Random(B * T * row, 5);
   const auto probs = Random(B * H * T * T, 6);
-  std::vector<float> want(B * T * H * dh);
-  for (GemmProvider p : Loadable()) {
-    SetGemmProvider(p);
-    std::vector<float> got(B * T * H * dh, std::numeric_limits<float>::quiet_NaN());
+  ExpectProvidersAgree(B * T * H * dh, [&](float* out) {
     GemmBatchedStrided(false, false, B, H, T, dh, T, probs.data(), T, {H * T * T, T * T},
-                       qkv.data() + 2 * H * dh, row, {T * row, dh}, got.data(), H * dh,
-                       {T * H * dh, dh}, false, 1.0f);
-    if (p == GemmProvider::kOneDnn) {
-      want = got;
-      continue;
-    }
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])))
-          << GemmProviderName(p) << " element " << i;
-    }
-  }
+                       qkv.data() + 2 * H * dh, row, {T * row, dh}, out, H * dh, {T * H * dh, dh},
+                       false, 1.0f);
+  });
 }
 
 }  // namespace
